@@ -1,0 +1,45 @@
+"""The library entry points: one call per pipeline run, for the CLI and for other tools.
+
+    spec = load_spec("swish.toml")           # or spec_from_flags(...)
+    files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory
+    write_files(files, "ops/")               # atomic, refuses to clobber without force=True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .derivation import Derivation, derive
+from .domain import InputDomain, infer_domains
+from .expression import ParsedExpression, parse_forward
+from .plan import BackwardPlan, make_plan
+from .render import render_op
+from .spec import OpSpec
+
+
+@dataclass(frozen=True)
+class CompiledOp:
+    """Every stage's result for one op, for tools that want more than the files."""
+
+    spec: OpSpec
+    parsed: ParsedExpression
+    derivation: Derivation
+    plan: BackwardPlan
+    domains: tuple[InputDomain, ...]
+
+
+def compile_op(spec: OpSpec) -> CompiledOp:
+    """Run the pipeline up to (not including) rendering."""
+    parsed = parse_forward(spec)
+    derivation = derive(parsed, where=f"{spec.source}: forward")
+    return CompiledOp(spec, parsed, derivation, make_plan(derivation), infer_domains(spec, parsed))
+
+
+def generate_op(spec: OpSpec, *, module_import: str | None = None) -> dict[str, str]:
+    """The op's generated files, ``{relative path: text}``; nothing is written.
+
+    ``module_import`` is the module the generated test imports the op from (default: the op's name,
+    for a test file next to the module).
+    """
+    op = compile_op(spec)
+    return render_op(spec, op.derivation, op.plan, op.domains, module_import=module_import)

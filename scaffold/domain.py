@@ -1,0 +1,157 @@
+"""Where the generated tests draw their inputs from.
+
+For each tensor argument: an interval (declared in the spec, or inferred from the functions the forward
+applies to it: log needs a positive input, atanh one inside (-1, 1), ...) and points to stay away from
+(declared, or inferred from the kinks of Abs, sign, Heaviside, Max, Min and Piecewise conditions, and the
+poles of divisions). Inference handles arguments that are affine in one tensor (``log(2*x - 1)``); for
+anything else it keeps the tensors involved positive, and the spec can always say better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from sympy.codegen import cfunctions
+
+from .expression import ParsedExpression
+from .spec import OpSpec
+
+DEFAULT_DOMAIN = (-3.0, 3.0)
+WIDTH = 3.0  # width of an inferred interval bounded on one side only
+MARGIN = 0.25  # distance kept from an inferred bound
+
+_POSITIVE = (sympy.log, cfunctions.log2, cfunctions.log10, sympy.loggamma, sympy.digamma, sympy.polygamma)
+_UNIT = (sympy.asin, sympy.acos, sympy.atanh, sympy.erfinv)
+_KINKS = (sympy.Abs, sympy.sign, sympy.Heaviside)
+
+
+@dataclass(frozen=True)
+class InputDomain:
+    """The interval test inputs of one tensor are drawn from, and the points they keep away from."""
+
+    name: str
+    low: float
+    high: float
+    avoid: tuple[float, ...]
+    reason: str
+
+
+@dataclass
+class _Bounds:
+    low: float | None = None
+    high: float | None = None
+    avoid: set[float] | None = None
+    reasons: list[str] | None = None
+
+    def add_low(self, value: float, reason: str) -> None:
+        self.low = value if self.low is None else max(self.low, value)
+        self.reasons.append(reason)
+
+    def add_high(self, value: float, reason: str) -> None:
+        self.high = value if self.high is None else min(self.high, value)
+        self.reasons.append(reason)
+
+
+def _affine(arg: sympy.Expr, tensors: set[sympy.Symbol]) -> tuple[sympy.Symbol, float, float] | None:
+    """``arg == k*s + c`` for one tensor ``s`` and numbers ``k != 0``, ``c``; else None."""
+    symbols = arg.free_symbols & tensors
+    if len(symbols) != 1 or arg.free_symbols - tensors:
+        return None
+    (s,) = symbols
+    poly = sympy.Poly(arg, s) if arg.is_polynomial(s) else None
+    if poly is None or poly.degree() != 1:
+        return None
+    k, c = (float(v) for v in poly.all_coeffs())
+    return s, k, c
+
+
+def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, ...]:
+    defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
+    expr = parsed.expr.xreplace({k: sympy.sympify(v) for k, v in defaults.items()})
+    tensors = {parsed.symbols[t.name] for t in spec.tensors}
+    bounds = {s: _Bounds(avoid=set(), reasons=[]) for s in tensors}
+
+    def constrain(arg: sympy.Expr, low: float | None, high: float | None, what: str) -> None:
+        if (low is not None and high is None and (arg - low).is_positive) or (
+            low is None and high is not None and (high - arg).is_positive
+        ):
+            return  # holds everywhere, e.g. log(x**2 + 1)
+        affine = _affine(arg, tensors)
+        if affine is None:
+            for s in arg.free_symbols & tensors:
+                bounds[s].add_low(0.0, f"{what} (kept positive)")
+            return
+        s, k, c = affine
+        for bound, is_low in ((low, True), (high, False)):
+            if bound is None:
+                continue
+            x = (bound - c) / k
+            if (k > 0) == is_low:
+                bounds[s].add_low(x, what)
+            else:
+                bounds[s].add_high(x, what)
+
+    def kink(a: sympy.Expr, what: str) -> None:
+        affine = _affine(a, tensors)
+        if affine is not None:
+            s, k, c = affine
+            bounds[s].avoid.add(-c / k)
+            bounds[s].reasons.append(what)
+
+    for node in sympy.preorder_traversal(expr):
+        text = sympy.sstr(node)
+        if isinstance(node, _POSITIVE):
+            constrain(node.args[-1], 0.0, None, f"{text} needs a positive input")
+        elif isinstance(node, cfunctions.log1p):
+            constrain(node.args[0], -1.0, None, f"{text} needs an input above -1")
+        elif isinstance(node, sympy.acosh):
+            constrain(node.args[0], 1.0, None, f"{text} needs an input above 1")
+        elif isinstance(node, _UNIT):
+            constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in (-1, 1)")
+        elif isinstance(node, sympy.Pow) and node.exp.is_Number and not node.exp.is_Integer:
+            constrain(node.base, 0.0, None, f"{text} needs a positive base")
+        elif isinstance(node, sympy.Pow) and not node.exp.is_Number and node.base.free_symbols & tensors:
+            constrain(node.base, 0.0, None, f"{text} needs a positive base")
+        elif isinstance(node, sympy.Pow) and node.exp.is_Number and node.exp.is_negative:
+            kink(node.base, f"{text} has a pole")
+        elif isinstance(node, _KINKS):
+            kink(node.args[0], f"{text} has a kink")
+        elif isinstance(node, (sympy.Max, sympy.Min)):
+            for i, a in enumerate(node.args):
+                for b in node.args[i + 1 :]:
+                    kink(a - b, f"{text} has a kink")
+        elif isinstance(node, sympy.core.relational.Relational):
+            kink(node.lhs - node.rhs, f"the condition {text} switches there")
+
+    domains = []
+    for t in spec.tensors:
+        s = parsed.symbols[t.name]
+        b = bounds[s]
+        if t.domain is not None:
+            low, high = t.domain
+            reason = "declared in the spec"
+        elif b.low is None and b.high is None:
+            low, high = DEFAULT_DOMAIN
+            reason = "the default"
+        else:
+            if b.low is not None and b.high is not None:
+                margin = min(MARGIN, (b.high - b.low) / 8)
+                low, high = b.low + margin, b.high - margin
+            elif b.low is not None:
+                low, high = b.low + MARGIN, b.low + WIDTH
+            else:
+                low, high = b.high - WIDTH, b.high - MARGIN
+            reason = "inferred: " + "; ".join(dict.fromkeys(r for r in b.reasons if "kink" not in r and "switch" not in r and "pole" not in r))
+        avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
+        domains.append(InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason))
+    return tuple(domains)
+
+
+def learnable_init(tensor_init: float | None, domain: InputDomain) -> float:
+    """The init of a learnable tensor: the spec's, else 1.0 if inside its domain, else the midpoint."""
+    if tensor_init is not None:
+        return tensor_init
+    if domain.low < 1.0 < domain.high and all(abs(1.0 - a) > 0.1 for a in domain.avoid):
+        return 1.0
+    return round((domain.low + domain.high) / 2, 6)

@@ -1,0 +1,366 @@
+"""Stage 2: parse the forward expression into sympy, safely.
+
+The text is parsed with Python's :mod:`ast` and every node is checked against an allow-list before a sympy
+object is built from it; user text is never passed to ``eval``, ``sympify`` or ``parse_expr``. Numbers are
+bounded so that no input makes sympy compute for ever (``2**10**10``).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+from sympy.codegen.cfunctions import exp2, expm1, hypot, log1p, log2, log10
+
+from .errors import ExpressionError
+from .spec import OpSpec
+
+MAX_LENGTH = 5000
+MAX_DEPTH = 60
+MAX_NODES = 2000
+MAX_INTEGER_DIGITS = 30
+MAX_EXPONENT = 64
+MAX_POWER_DIGITS = 300
+
+# name -> (sympy constructor, allowed argument counts)
+FUNCTIONS: dict[str, tuple[Callable[..., sympy.Expr], tuple[int, ...]]] = {
+    "exp": (sympy.exp, (1,)),
+    "log": (sympy.log, (1, 2)),
+    "ln": (sympy.log, (1,)),
+    "log2": (log2, (1,)),
+    "log10": (log10, (1,)),
+    "log1p": (log1p, (1,)),
+    "expm1": (expm1, (1,)),
+    "exp2": (exp2, (1,)),
+    "sqrt": (sympy.sqrt, (1,)),
+    "cbrt": (sympy.cbrt, (1,)),
+    "sin": (sympy.sin, (1,)),
+    "cos": (sympy.cos, (1,)),
+    "tan": (sympy.tan, (1,)),
+    "asin": (sympy.asin, (1,)),
+    "acos": (sympy.acos, (1,)),
+    "atan": (sympy.atan, (1,)),
+    "atan2": (sympy.atan2, (2,)),
+    "sinh": (sympy.sinh, (1,)),
+    "cosh": (sympy.cosh, (1,)),
+    "tanh": (sympy.tanh, (1,)),
+    "asinh": (sympy.asinh, (1,)),
+    "acosh": (sympy.acosh, (1,)),
+    "atanh": (sympy.atanh, (1,)),
+    "hypot": (hypot, (2,)),
+    "erf": (sympy.erf, (1,)),
+    "erfc": (sympy.erfc, (1,)),
+    "erfinv": (sympy.erfinv, (1,)),
+    "loggamma": (sympy.loggamma, (1,)),
+    "lgamma": (sympy.loggamma, (1,)),
+    "digamma": (sympy.digamma, (1,)),
+    "polygamma": (sympy.polygamma, (2,)),
+    "Abs": (sympy.Abs, (1,)),
+    "abs": (sympy.Abs, (1,)),
+    "sign": (sympy.sign, (1,)),
+    "Heaviside": (sympy.Heaviside, (1, 2)),
+    "Max": (sympy.Max, tuple(range(2, 17))),
+    "Min": (sympy.Min, tuple(range(2, 17))),
+    "max": (sympy.Max, tuple(range(2, 17))),
+    "min": (sympy.Min, tuple(range(2, 17))),
+    "Rational": (sympy.Rational, (1, 2)),
+}
+CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
+KNOWN_NAMES = frozenset(FUNCTIONS) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+
+_COMPARISONS = {
+    ast.Lt: sympy.StrictLessThan,
+    ast.LtE: sympy.LessThan,
+    ast.Gt: sympy.StrictGreaterThan,
+    ast.GtE: sympy.GreaterThan,
+    ast.Eq: sympy.Eq,
+    ast.NotEq: sympy.Ne,
+}
+
+
+@dataclass(frozen=True)
+class ParsedExpression:
+    """The forward as sympy, with the symbol of every argument (in call order)."""
+
+    expr: sympy.Expr
+    symbols: dict[str, sympy.Symbol]
+    tensor_names: tuple[str, ...]
+    scalar_names: tuple[str, ...]
+
+
+def make_symbols(spec: OpSpec) -> dict[str, sympy.Symbol]:
+    """One sympy symbol per argument: tensors and float scalars are real, int scalars integer."""
+    symbols = {t.name: sympy.Symbol(t.name, real=True) for t in spec.tensors}
+    for s in spec.scalars:
+        assumptions = {"float": {"real": True}, "int": {"integer": True}, "bool": {}}[s.type]
+        symbols[s.name] = sympy.Symbol(s.name, **assumptions)
+    return symbols
+
+
+def parse_forward(spec: OpSpec) -> ParsedExpression:
+    """Parse ``spec.forward`` into a sympy expression over the spec's arguments."""
+    where = f"{spec.source}: forward"
+    symbols = make_symbols(spec)
+    for name in symbols:
+        if name in KNOWN_NAMES:
+            raise ExpressionError(
+                f"argument name {name!r} is also the name of a function or constant in expressions",
+                where=where,
+                hint=f"rename the argument, e.g. to {name + '_'!r}",
+            )
+    expr = parse_expression(spec.forward, symbols, where=where)
+    if not isinstance(expr, sympy.Expr) or isinstance(expr, sympy.logic.boolalg.Boolean):
+        raise ExpressionError(
+            f"the forward {spec.forward!r} is a condition, not a number",
+            where=where,
+            hint="use Piecewise((value, condition), (other, True)) for an op defined by cases",
+        )
+    used = expr.free_symbols
+    tensor_names = tuple(t.name for t in spec.tensors)
+    if not any(symbols[n] in used for n in tensor_names):
+        raise ExpressionError(
+            f"the forward {spec.forward!r} does not depend on any tensor argument "
+            f"({', '.join(tensor_names)})",
+            where=where,
+            hint="use the declared tensors in the expression, or declare the names it uses with --tensor",
+        )
+    unused = [n for n in tensor_names if symbols[n] not in used]
+    if unused:
+        raise ExpressionError(
+            f"tensor argument{'s' if len(unused) > 1 else ''} {', '.join(map(repr, unused))} "
+            f"{'are' if len(unused) > 1 else 'is'} declared but not used in the forward",
+            where=where,
+            hint="remove the declaration or use it in the expression",
+        )
+    if expr.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I):
+        raise ExpressionError(
+            "the forward simplifies to something infinite, undefined or complex", where=where,
+            hint="check for a division by zero or a log of a negative constant",
+        )
+    return ParsedExpression(
+        expr=expr,
+        symbols=symbols,
+        tensor_names=tensor_names,
+        scalar_names=tuple(s.name for s in spec.scalars),
+    )
+
+
+def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward") -> sympy.Expr:
+    """Parse ``text`` into sympy, allowing only arithmetic, known functions and the given names."""
+    if not text.strip():
+        raise ExpressionError("the expression is empty", where=where)
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(f"the expression is longer than {MAX_LENGTH} characters", where=where)
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        pointer = f" at column {exc.offset}" if exc.offset else ""
+        raise ExpressionError(
+            f"cannot parse {text.strip()!r}{pointer}: {exc.msg}",
+            where=where,
+            hint="write Python-style math, e.g. x / (1 + exp(-x)); powers are written **",
+        ) from None
+    count = sum(1 for _ in ast.walk(tree))
+    if count > MAX_NODES:
+        raise ExpressionError(f"the expression has more than {MAX_NODES} parts", where=where)
+    return _Builder(text.strip(), symbols, where).build(tree.body, 0)
+
+
+class _Builder:
+    def __init__(self, text: str, symbols: dict[str, sympy.Symbol], where: str) -> None:
+        self.text = text
+        self.symbols = symbols
+        self.where = where
+
+    def fail(self, node: ast.AST, message: str, hint: str | None = None) -> ExpressionError:
+        segment = ast.get_source_segment(self.text, node) or ""
+        at = f" in {segment!r}" if segment and segment != self.text else ""
+        return ExpressionError(message + at, where=self.where, hint=hint)
+
+    def build(self, node: ast.AST, depth: int) -> sympy.Basic:
+        if depth > MAX_DEPTH:
+            raise self.fail(node, f"the expression is nested more than {MAX_DEPTH} levels deep")
+        method = getattr(self, "build_" + type(node).__name__, None)
+        if method is None:
+            raise self.fail(
+                node,
+                f"{_describe(node)} is not allowed in an expression",
+                hint="use numbers, argument names, + - * / **, comparisons and functions such as exp(x)",
+            )
+        return method(node, depth + 1)
+
+    def build_Constant(self, node: ast.Constant, depth: int) -> sympy.Basic:
+        value = node.value
+        if isinstance(value, bool):
+            return sympy.true if value else sympy.false
+        if isinstance(value, int):
+            if len(str(value)) > MAX_INTEGER_DIGITS:
+                raise self.fail(node, f"the number {value} is too large")
+            return sympy.Integer(value)
+        if isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                raise self.fail(node, "the number is not finite")
+            return sympy.Float(repr(value))
+        raise self.fail(node, f"{_describe(node)} is not allowed in an expression")
+
+    def build_Name(self, node: ast.Name, depth: int) -> sympy.Basic:
+        name = node.id
+        if name in self.symbols:
+            return self.symbols[name]
+        if name in CONSTANTS:
+            return CONSTANTS[name]
+        if name in ("True", "False"):
+            return sympy.true if name == "True" else sympy.false
+        if name in FUNCTIONS or name == "Piecewise":
+            raise self.fail(node, f"{name!r} is a function; call it, e.g. {name}(x)")
+        declared = ", ".join(self.symbols) or "none"
+        raise self.fail(
+            node,
+            f"unknown name {name!r} (declared arguments: {declared})",
+            hint=f"declare it with --tensor {name} or --scalar {name}=VALUE, or [tensors.{name}] in the spec",
+        )
+
+    def build_UnaryOp(self, node: ast.UnaryOp, depth: int) -> sympy.Basic:
+        operand = self.build(node.operand, depth)
+        if isinstance(node.op, ast.USub):
+            return -self._expr(operand, node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return self._expr(operand, node.operand)
+        if isinstance(node.op, (ast.Not, ast.Invert)):
+            return sympy.Not(self._condition(operand, node.operand))
+        raise self.fail(node, f"the operator {type(node.op).__name__} is not allowed")
+
+    def build_BinOp(self, node: ast.BinOp, depth: int) -> sympy.Basic:
+        left = self.build(node.left, depth)
+        right = self.build(node.right, depth)
+        op = node.op
+        if isinstance(op, (ast.BitAnd, ast.BitOr)):
+            combine = sympy.And if isinstance(op, ast.BitAnd) else sympy.Or
+            return combine(self._condition(left, node.left), self._condition(right, node.right))
+        if isinstance(op, ast.BitXor):
+            raise self.fail(node, "'^' is not a power here", hint="write powers with **, e.g. x**2")
+        a, b = self._expr(left, node.left), self._expr(right, node.right)
+        if isinstance(op, ast.Add):
+            return a + b
+        if isinstance(op, ast.Sub):
+            return a - b
+        if isinstance(op, ast.Mult):
+            return a * b
+        if isinstance(op, ast.Div):
+            if b == 0:
+                raise self.fail(node, "division by zero")
+            return a / b
+        if isinstance(op, ast.Pow):
+            return self._power(node, a, b)
+        raise self.fail(node, f"the operator {_OPERATOR_NAMES.get(type(op), type(op).__name__)} is not allowed")
+
+    def _power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
+        if exponent.is_Number and abs(exponent) > MAX_EXPONENT:
+            raise self.fail(node, f"the exponent {exponent} is too large (at most {MAX_EXPONENT})")
+        if base.is_Number and exponent.is_Number:
+            if base == 0 and exponent.is_negative:
+                raise self.fail(node, "division by zero")
+            if base != 0 and float(abs(exponent)) * math.log10(float(abs(base))) > MAX_POWER_DIGITS:
+                raise self.fail(node, f"the power {base}**{exponent} has more than {MAX_POWER_DIGITS} digits")
+        return sympy.Pow(base, exponent)
+
+    def build_Compare(self, node: ast.Compare, depth: int) -> sympy.Basic:
+        operands = [self._expr(self.build(n, depth), n) for n in [node.left, *node.comparators]]
+        parts = []
+        for op, (a, b) in zip(node.ops, zip(operands, operands[1:])):
+            relation = _COMPARISONS.get(type(op))
+            if relation is None:
+                raise self.fail(node, f"the comparison {type(op).__name__} is not allowed")
+            parts.append(relation(a, b))
+        return sympy.And(*parts) if len(parts) > 1 else parts[0]
+
+    def build_BoolOp(self, node: ast.BoolOp, depth: int) -> sympy.Basic:
+        values = [self._condition(self.build(v, depth), v) for v in node.values]
+        return sympy.And(*values) if isinstance(node.op, ast.And) else sympy.Or(*values)
+
+    def build_Call(self, node: ast.Call, depth: int) -> sympy.Basic:
+        if not isinstance(node.func, ast.Name):
+            raise self.fail(node, "only plain function names can be called, e.g. exp(x)")
+        name = node.func.id
+        if node.keywords:
+            raise self.fail(node, f"{name}() takes no keyword arguments")
+        if any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.fail(node, "starred arguments are not allowed")
+        if name == "Piecewise":
+            return self._piecewise(node, depth)
+        if name not in FUNCTIONS:
+            if name in self.symbols:
+                raise self.fail(node, f"{name!r} is an argument, not a function")
+            raise self.fail(
+                node,
+                f"unknown function {name!r}",
+                hint="supported: " + ", ".join(sorted(set(FUNCTIONS) | {"Piecewise"}, key=str.lower)),
+            )
+        constructor, arities = FUNCTIONS[name]
+        if len(node.args) not in arities:
+            expected = " or ".join(map(str, arities)) if len(arities) < 4 else f"{arities[0]} or more"
+            raise self.fail(node, f"{name}() takes {expected} argument(s), got {len(node.args)}")
+        args = [self._expr(self.build(a, depth), a) for a in node.args]
+        if name == "Rational":
+            if not all(a.is_Integer for a in args) or (len(args) == 2 and args[1] == 0):
+                raise self.fail(node, "Rational() takes integers, e.g. Rational(1, 3), and a non-zero denominator")
+        if name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
+            raise self.fail(node, "polygamma(n, x) needs a literal integer order n between 0 and 16")
+        return constructor(*args)
+
+    def _piecewise(self, node: ast.Call, depth: int) -> sympy.Basic:
+        pairs = []
+        for arg in node.args:
+            if not (isinstance(arg, ast.Tuple) and len(arg.elts) == 2):
+                raise self.fail(arg, "Piecewise takes (value, condition) pairs, e.g. Piecewise((x, x > 0), (0, True))")
+            value = self._expr(self.build(arg.elts[0], depth), arg.elts[0])
+            condition = self._condition(self.build(arg.elts[1], depth), arg.elts[1])
+            pairs.append((value, condition))
+        if not pairs:
+            raise self.fail(node, "Piecewise needs at least one (value, condition) pair")
+        if pairs[-1][1] is not sympy.true:
+            raise self.fail(
+                node,
+                "Piecewise needs a last pair whose condition is True, so every input has a value",
+                hint="add an 'otherwise' pair such as (0, True)",
+            )
+        return sympy.Piecewise(*pairs)
+
+    def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            raise self.fail(
+                node, "a condition is used as a number",
+                hint="use conditions only inside Piecewise((value, condition), ...)",
+            )
+        return value
+
+    def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:
+        if isinstance(value, (sympy.logic.boolalg.Boolean, sympy.Symbol)):
+            return value
+        raise self.fail(node, "expected a condition such as x > 0")
+
+
+_OPERATOR_NAMES = {ast.FloorDiv: "'//'", ast.Mod: "'%'", ast.MatMult: "'@'", ast.LShift: "'<<'", ast.RShift: "'>>'"}
+
+
+def _describe(node: ast.AST) -> str:
+    return {
+        "Attribute": "attribute access ('.')",
+        "Subscript": "indexing ('[...]')",
+        "Lambda": "a lambda",
+        "Constant": "a string or bytes literal",
+        "Tuple": "a tuple",
+        "List": "a list",
+        "Dict": "a dict",
+        "Set": "a set",
+        "IfExp": "an 'if ... else' expression (use Piecewise)",
+        "NamedExpr": "an assignment ('=')",
+        "ListComp": "a comprehension",
+        "GeneratorExp": "a comprehension",
+        "JoinedStr": "an f-string",
+        "Await": "await",
+        "Starred": "a starred expression",
+    }.get(type(node).__name__, f"a {type(node).__name__} node")

@@ -1,0 +1,394 @@
+"""Stage 5: print sympy expressions as torch source.
+
+A mapping table plus ``_print_<Class>`` methods, strict: :func:`check_printable` walks an expression
+before it is printed and any node without a faithful torch translation is an error naming that node;
+nothing is printed half-right. It fixes what sympy's own ``TorchPrinter`` gets wrong:
+
+* ``Max``/``Min`` with numbers or scalar arguments use ``torch.clamp`` (``torch.maximum`` needs tensors);
+* ``Heaviside`` keeps its value at 0 and the input's dtype; as a factor it is a boolean mask, ``(x > 0)``;
+* ``Piecewise`` becomes nested ``torch.where``, and a branch with a restricted domain (log, sqrt, ...)
+  gets its input clamped into the branch's region, so the untaken branch cannot put a NaN into the
+  gradient of the ``where``;
+* ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
+* functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`.
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy.codegen import cfunctions
+from sympy.printing.precedence import PRECEDENCE
+from sympy.printing.str import StrPrinter
+
+from .errors import DerivationError
+
+# sympy function class -> (torch function, math function or None)
+FUNCTIONS: dict[type, tuple[str, str | None]] = {
+    sympy.exp: ("torch.exp", "math.exp"),
+    sympy.log: ("torch.log", "math.log"),
+    cfunctions.log1p: ("torch.log1p", "math.log1p"),
+    cfunctions.expm1: ("torch.expm1", "math.expm1"),
+    cfunctions.log2: ("torch.log2", "math.log2"),
+    cfunctions.log10: ("torch.log10", "math.log10"),
+    cfunctions.exp2: ("torch.exp2", None),
+    sympy.sin: ("torch.sin", "math.sin"),
+    sympy.cos: ("torch.cos", "math.cos"),
+    sympy.tan: ("torch.tan", "math.tan"),
+    sympy.asin: ("torch.asin", "math.asin"),
+    sympy.acos: ("torch.acos", "math.acos"),
+    sympy.atan: ("torch.atan", "math.atan"),
+    sympy.sinh: ("torch.sinh", "math.sinh"),
+    sympy.cosh: ("torch.cosh", "math.cosh"),
+    sympy.tanh: ("torch.tanh", "math.tanh"),
+    sympy.asinh: ("torch.asinh", "math.asinh"),
+    sympy.acosh: ("torch.acosh", "math.acosh"),
+    sympy.atanh: ("torch.atanh", "math.atanh"),
+    sympy.erf: ("torch.erf", "math.erf"),
+    sympy.erfc: ("torch.erfc", "math.erfc"),
+    sympy.erfinv: ("torch.erfinv", None),
+    sympy.loggamma: ("torch.lgamma", "math.lgamma"),
+    sympy.digamma: ("torch.digamma", None),
+    sympy.Abs: ("torch.abs", "abs"),
+    sympy.sign: ("torch.sign", None),
+    sympy.atan2: ("torch.atan2", "math.atan2"),
+    cfunctions.hypot: ("torch.hypot", "math.hypot"),
+}
+# Functions whose inputs are restricted: inside a Piecewise branch their inputs are kept in the branch.
+RESTRICTED = (
+    sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
+    sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
+)  # fmt: skip
+_BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot)
+_ALLOWED = (
+    sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
+    sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.logic.boolalg.BooleanAtom,
+    sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
+)  # fmt: skip
+_NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, sympy.core.numbers.NegativeInfinity,
+             sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
+
+
+def _unsupported(node: sympy.Basic, where: str) -> DerivationError:
+    if isinstance(node, (sympy.Derivative, sympy.Subs, sympy.Integral)):
+        message = f"sympy leaves {sympy.sstr(node)} unevaluated; it has no torch translation"
+        hint = "rewrite that part of the forward with functions sympy can differentiate"
+    elif isinstance(node, sympy.DiracDelta):
+        message = f"{sympy.sstr(node)} has no torch translation"
+        hint = "DiracDelta comes from differentiating a step; do not use it in the forward"
+    elif isinstance(node, _NOT_REAL):
+        message = f"the expression contains {sympy.sstr(node)}, which is not a finite real number"
+        hint = "check for a division by zero or a function evaluated outside its domain"
+    else:
+        message = f"{sympy.sstr(node)} has no torch translation"
+        hint = "use the functions listed in the README (exp, log, erf, Max, Piecewise, ...)"
+    return DerivationError(message, where=where, hint=hint)
+
+
+def check_printable(expr: sympy.Basic, *, where: str) -> None:
+    """Raise :class:`DerivationError` naming the first sub-expression that cannot be printed as torch."""
+    for node in sympy.preorder_traversal(expr):
+        if isinstance(node, _NOT_REAL) or not (isinstance(node, _ALLOWED) or type(node) in FUNCTIONS):
+            raise _unsupported(node, where)
+
+
+class TorchPrinter(StrPrinter):
+    """Prints sympy expressions as torch code.
+
+    ``tensors`` are the names of tensor-valued symbols (arguments, temporaries, ``grad_output``); every
+    other symbol is a Python number, and expressions over those alone are printed as plain Python.
+    """
+
+    printmethod = "_torchcode"
+
+    def __init__(self, tensors: frozenset[str] | set[str]) -> None:
+        super().__init__({"order": "none"})
+        self.tensors = frozenset(tensors)
+        self.uses_math = False
+        self._substitutions: list[dict[sympy.Symbol, str]] = []
+        self._dtype_anchored = False
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def is_tensor(self, expr: sympy.Basic) -> bool:
+        return any(s.name in self.tensors for s in expr.free_symbols)
+
+    def _math(self, name: str) -> str:
+        if name.startswith("math."):
+            self.uses_math = True
+        return name
+
+    def emptyPrinter(self, expr: object) -> str:  # noqa: N802 - sympy's name
+        raise _unsupported(expr, "printing") if isinstance(expr, sympy.Basic) else TypeError(expr)
+
+    def _print_Basic(self, expr: sympy.Basic) -> str:  # noqa: N802
+        raise _unsupported(expr, "printing")
+
+    # -- atoms ------------------------------------------------------------------------------------
+
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:  # noqa: N802
+        for substitution in reversed(self._substitutions):
+            if expr in substitution:
+                return substitution[expr]
+        return expr.name
+
+    def _print_Float(self, expr: sympy.Float) -> str:  # noqa: N802
+        return repr(float(expr))
+
+    def _print_Rational(self, expr: sympy.Rational) -> str:  # noqa: N802
+        return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
+
+    def _print_Pi(self, expr: sympy.Basic) -> str:  # noqa: N802
+        return self._math("math.pi")
+
+    def _print_Exp1(self, expr: sympy.Basic) -> str:  # noqa: N802
+        return self._math("math.e")
+
+    def _print_BooleanTrue(self, expr: sympy.Basic) -> str:  # noqa: N802
+        return "True"
+
+    def _print_BooleanFalse(self, expr: sympy.Basic) -> str:  # noqa: N802
+        return "False"
+
+    # -- arithmetic -------------------------------------------------------------------------------
+
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # noqa: N802
+        base, exponent = expr.args
+        tensor = self.is_tensor(base)
+        if exponent == sympy.S.Half:
+            return f"torch.sqrt({self._print(base)})" if tensor else f"{self._math('math.sqrt')}({self._print(base)})"
+        if exponent == -sympy.S.Half:
+            if tensor:
+                return f"torch.rsqrt({self._print(base)})"
+            return f"1 / {self._math('math.sqrt')}({self._print(base)})"
+        if exponent.is_Number and exponent.is_negative:
+            inverse = base if exponent == -1 else sympy.Pow(base, -exponent, evaluate=False)
+            return f"1 / {self.parenthesize(inverse, PRECEDENCE['Mul'], strict=True)}"
+        prec = PRECEDENCE["Pow"]
+        exponent_text = self._print(exponent)
+        if not (exponent.is_Integer and exponent >= 0) and not exponent.is_Symbol:
+            exponent_text = f"({exponent_text})"
+        return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
+
+    def _print_Mul(self, expr: sympy.Mul) -> str:  # noqa: N802
+        coefficient, factors = expr.as_coeff_mul()
+        sign = "-" if coefficient.is_negative else ""
+        coefficient = abs(coefficient)
+        # A step or a case distinction between numbers, multiplying a float tensor, is printed as a
+        # boolean mask or a plain torch.where: the float factor fixes the result's dtype.
+        masks = [f for f in factors if self._is_dtype_free(f)]
+        if not any(self.is_tensor(f) for f in factors if f not in masks):
+            masks = []
+        numerator: list[str] = []
+        denominator: list[str] = []
+        if coefficient.is_Rational:
+            if coefficient.p != 1:
+                numerator.append(str(coefficient.p))
+            if coefficient.q != 1:
+                denominator.append(str(coefficient.q))
+        elif coefficient != 1:
+            numerator.append(self._print(coefficient))
+        prec = PRECEDENCE["Mul"]
+        for factor in factors:
+            if factor in masks:
+                continue
+            if factor.is_Pow and factor.exp.is_Rational and factor.exp.is_negative and factor.exp != -sympy.S.Half:
+                inverse = factor.base if factor.exp == -1 else sympy.Pow(factor.base, -factor.exp, evaluate=False)
+                denominator.append(self.parenthesize(inverse, prec, strict=True))
+            else:
+                numerator.append(self.parenthesize(factor, prec))
+        self._dtype_anchored, anchored = bool(masks), self._dtype_anchored
+        try:
+            numerator += [self._print_mask(m) for m in masks]
+        finally:
+            self._dtype_anchored = anchored
+        text = " * ".join(numerator) or "1"
+        if len(denominator) == 1:
+            text += " / " + denominator[0]
+        elif denominator:
+            text += " / (" + " * ".join(denominator) + ")"
+        return sign + text
+
+    def _is_dtype_free(self, factor: sympy.Basic) -> bool:
+        if isinstance(factor, sympy.Heaviside):
+            return factor.args[1] in (0, 1) and self.is_tensor(factor.args[0])
+        if isinstance(factor, sympy.Piecewise):
+            return self.is_tensor(factor) and not any(self.is_tensor(p.expr) for p in factor.args)
+        return False
+
+    def _print_mask(self, factor: sympy.Basic) -> str:
+        if isinstance(factor, sympy.Heaviside):
+            op = ">" if factor.args[1] == 0 else ">="
+            return f"({self._print(factor.args[0])} {op} 0)"
+        return self._print(factor)
+
+    # -- functions --------------------------------------------------------------------------------
+
+    def _print_Function(self, expr: sympy.Function) -> str:  # noqa: N802
+        if type(expr) not in FUNCTIONS:
+            raise _unsupported(expr, "printing")
+        torch_name, math_name = FUNCTIONS[type(expr)]
+        args = ", ".join(self._print(a) for a in expr.args)
+        if self.is_tensor(expr):
+            if isinstance(expr, _BINARY_TENSOR_ONLY) and not all(self.is_tensor(a) for a in expr.args):
+                raise DerivationError(
+                    f"{sympy.sstr(expr)} mixes a tensor and a non-tensor argument, which {torch_name} "
+                    "does not accept",
+                    where="printing",
+                    hint="make both arguments tensors",
+                )
+            return f"{torch_name}({args})"
+        if isinstance(expr, sympy.sign):
+            (arg,) = expr.args
+            return f"(({self._print(arg)} > 0) - ({self._print(arg)} < 0))"
+        if math_name is None:
+            raise DerivationError(
+                f"{sympy.sstr(expr)} has only non-tensor arguments and Python's math module has no "
+                f"{type(expr).__name__}",
+                where="printing",
+                hint="declare the argument as a tensor",
+            )
+        return f"{self._math(math_name)}({args})"
+
+    def _print_polygamma(self, expr: sympy.polygamma) -> str:
+        order, arg = expr.args
+        if not self.is_tensor(arg) or not order.is_Integer:
+            raise _unsupported(expr, "printing")
+        if order == 0:
+            return f"torch.digamma({self._print(arg)})"
+        return f"torch.polygamma({int(order)}, {self._print(arg)})"
+
+    def _print_digamma(self, expr: sympy.Basic) -> str:
+        return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
+
+    def _print_Heaviside(self, expr: sympy.Heaviside) -> str:  # noqa: N802
+        arg, at_zero = expr.args
+        text = self._print(arg)
+        if not self.is_tensor(arg):
+            return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
+        value = self._print(sympy.Float(at_zero))
+        if not arg.is_Symbol:
+            text = f"({text})"
+        return f"torch.heaviside({text}, {text}.new_tensor({value}))"
+
+    def _minmax(self, expr: sympy.Basic, torch_name: str, clamp_side: str, builtin: str) -> str:
+        tensors = [a for a in expr.args if self.is_tensor(a)]
+        numbers = [a for a in expr.args if not self.is_tensor(a)]
+        if not tensors:
+            return f"{builtin}({', '.join(self._print(a) for a in numbers)})"
+        text = self._print(tensors[0])
+        for other in tensors[1:]:
+            text = f"{torch_name}({text}, {self._print(other)})"
+        if numbers:
+            bound = self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
+            text = f"torch.clamp({text}, {clamp_side}={bound})"
+        return text
+
+    def _print_Max(self, expr: sympy.Max) -> str:  # noqa: N802
+        return self._minmax(expr, "torch.maximum", "min", "max")
+
+    def _print_Min(self, expr: sympy.Min) -> str:  # noqa: N802
+        return self._minmax(expr, "torch.minimum", "max", "min")
+
+    # -- conditions -------------------------------------------------------------------------------
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:  # noqa: N802
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        prec = PRECEDENCE["Relational"]
+        return f"{self.parenthesize(expr.lhs, prec)} {op} {self.parenthesize(expr.rhs, prec)}"
+
+    def _print_And(self, expr: sympy.And) -> str:  # noqa: N802
+        return self._boolean(expr, "&", "and")
+
+    def _print_Or(self, expr: sympy.Or) -> str:  # noqa: N802
+        return self._boolean(expr, "|", "or")
+
+    def _print_Not(self, expr: sympy.Not) -> str:  # noqa: N802
+        (arg,) = expr.args
+        return f"~({self._print(arg)})" if self.is_tensor(arg) else f"not ({self._print(arg)})"
+
+    def _boolean(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
+        op = tensor_op if self.is_tensor(expr) else python_op
+        return f" {op} ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
+
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:  # noqa: N802
+        pairs = list(expr.args)
+        if pairs[-1].cond is not sympy.true:
+            raise DerivationError(
+                f"{sympy.sstr(expr)} has no value where none of its conditions hold",
+                where="printing",
+                hint="end the Piecewise with an (expr, True) pair",
+            )
+        if not self.is_tensor(expr):
+            text = self._print(pairs[-1].expr)
+            for value, cond in reversed(pairs[:-1]):
+                text = f"({self._print(value)} if {self._print(cond)} else {text})"
+            return text
+        any_tensor_value = any(self.is_tensor(p.expr) for p in pairs)
+        previous: list[sympy.Basic] = []
+        branches = []
+        for value, cond in pairs:
+            region = sympy.And(cond, *[sympy.Not(c) for c in previous]) if previous else cond
+            previous.append(cond)
+            branches.append((self._print_branch(value, region), cond))
+        text = branches[-1][0]
+        if not any_tensor_value and not self._dtype_anchored:
+            # Both values are numbers: anchor the dtype on a tensor of the condition.
+            anchor = sorted((s.name for s in expr.free_symbols if s.name in self.tensors))[0]
+            text = f"{anchor}.new_tensor({text})"
+        for value_text, cond in reversed(branches[:-1]):
+            text = f"torch.where({self._print(cond)}, {value_text}, {text})"
+        return text
+
+    def _print_branch(self, value: sympy.Expr, region: sympy.Basic) -> str:
+        """Print one Piecewise value; keep its input inside its region when its functions need that."""
+        guard = _region_bound(region, self.tensors)
+        if guard is None or (not value.has(*RESTRICTED) and not _has_singular_power(value)):
+            return self._print(value)
+        symbol, inside = guard
+        condition = self._print(region)
+        self._substitutions.append(
+            {symbol: f"torch.where({condition}, {symbol.name}, {self._print(inside)})"}
+        )
+        try:
+            return self._print(value)
+        finally:
+            self._substitutions.pop()
+
+
+def _has_singular_power(expr: sympy.Basic) -> bool:
+    return any(
+        isinstance(p, sympy.Pow) and p.exp.is_Number and (p.exp.is_negative or not p.exp.is_Integer)
+        for p in sympy.preorder_traversal(expr)
+    )
+
+
+def _region_bound(region: sympy.Basic, tensors: frozenset[str]) -> tuple[sympy.Symbol, sympy.Expr] | None:
+    """For a region ``x > a`` (or <, >=, <=, their negations), the tensor ``x`` and a point inside it."""
+    region = sympy.simplify_logic(region) if isinstance(region, sympy.And) else region
+    if isinstance(region, sympy.Not):
+        region = region.args[0].negated
+    if not isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.LessThan)):
+        return None
+    lhs, rhs = region.lhs, region.rhs
+    if not (lhs.is_Symbol and lhs.name in tensors):
+        lhs, rhs, region = rhs, lhs, region.reversed
+    if not (lhs.is_Symbol and lhs.name in tensors) or any(s.name in tensors for s in rhs.free_symbols):
+        return None
+    upward = isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan))
+    return lhs, rhs + 1 if upward else rhs - 1
+
+
+def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str) -> tuple[str, bool]:
+    """Print ``expr`` as torch code; return the code and whether it uses the math module."""
+    check_printable(expr, where=where)
+    printer = TorchPrinter(tensors)
+    try:
+        text = printer.doprint(expr)
+    except DerivationError as exc:
+        if exc.where == "printing":
+            exc.where = where
+            exc.args = (str(exc),)
+        raise
+    return text, printer.uses_math
+
+

@@ -1,0 +1,246 @@
+"""Stage 6: render the generated files, in memory.
+
+Builds the view of one op (every piece of code as a string, printed from the plan) and fills the jinja2
+templates with it. Templates hold layout only; what goes into them is decided here. Rendering is
+deterministic: the same spec gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import jinja2
+import sympy
+
+from ._version import __version__
+from .derivation import KINK_CONVENTION, Derivation
+from .domain import InputDomain, learnable_init
+from .errors import DerivationError
+from .plan import GRAD_OUTPUT, OUTPUT, BackwardPlan, Step
+from .printing import print_torch
+from .spec import OpSpec
+
+TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
+
+
+def templates_dir() -> Path:
+    """The templates folder: inside the installed package, or beside it in a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / TEMPLATES["module"]).is_file():
+            return candidate
+    raise FileNotFoundError(f"scaffold's templates are missing (looked in {here / 'templates'})")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+@dataclass(frozen=True)
+class GeneratedFile:
+    path: str  # relative to the output directory
+    text: str
+
+
+def _docstring_text(text: str) -> str:
+    """Make ``text`` safe inside a triple-quoted docstring."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def _math(expr: sympy.Basic) -> str:
+    return sympy.sstr(expr, order="none")
+
+
+class _CodePrinter:
+    """Prints expressions of one op, remembering whether any needed the math module."""
+
+    def __init__(self, spec: OpSpec, plan: BackwardPlan) -> None:
+        self.tensors = (
+            {t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT} | set(plan.temporaries)
+        )
+        self.where = f"{spec.source}: forward"
+        self.uses_math = False
+
+    def __call__(self, expr: sympy.Basic) -> str:
+        text, uses_math = print_torch(expr, self.tensors, where=self.where)
+        self.uses_math |= uses_math
+        return text
+
+    def steps(self, steps: tuple[Step, ...]) -> list[str]:
+        return [f"{s.name} = {self(s.expr)}" for s in steps]
+
+
+def _guard(indices: tuple[int, ...]) -> str:
+    return " or ".join(f"ctx.needs_input_grad[{i}]" for i in indices)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return repr(tuple(shape))
+
+
+def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> dict:
+    code = _CodePrinter(spec, plan)
+    tensor_names = [t.name for t in spec.tensors]
+    scalar_names = [s.name for s in spec.scalars]
+    all_names = tensor_names + scalar_names
+
+    forward_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
+
+    needed_scalars = set(plan.ctx_scalars)
+    unpack = [n if n in tensor_names or n in needed_scalars else "_" for n in all_names]
+    saved_inputs = [n for n in plan.saved if n != OUTPUT]
+    saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
+
+    shared_blocks = [{"guard": _guard(b.users), "lines": code.steps(b.steps)} for b in plan.shared]
+    gradients = []
+    for g in plan.gradients:
+        shape = f"ctx.{g.name}_shape"
+        if g.is_zero:
+            value = f"{GRAD_OUTPUT}.new_zeros({shape})"
+            comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
+        else:
+            expr = code(g.expr)
+            if not g.expr.is_Symbol:
+                expr = f"({expr})"
+            value = f"{expr}.sum_to_size({shape})"
+            comment = f"Summed over the dimensions broadcasting added, back to {g.name}'s shape."
+        gradients.append(
+            {"index": g.index, "name": g.name, "lines": code.steps(g.steps), "value": value, "comment": comment}
+        )
+    returns = [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names)
+
+    has_kinks = any(
+        derivation.forward.has(cls) for cls in (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Max, sympy.Min, sympy.Piecewise)
+    )
+    scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
+    learnables = [t for t in spec.tensors if t.learnable]
+    return {
+        "forward_lines": forward_lines,
+        "unpack": ", ".join(unpack) + ("," if len(unpack) == 1 else ""),
+        "saved_args": ", ".join(saved_args),
+        "saved_unpack": ", ".join(saved_inputs + ([OUTPUT] if OUTPUT in plan.saved else []))
+        + ("," if len(plan.saved) == 1 else ""),
+        "saved_comment": _saved_comment(saved_inputs, OUTPUT in plan.saved),
+        "ctx_scalars": list(plan.ctx_scalars),
+        "shape_names": tensor_names,
+        "shared_blocks": shared_blocks,
+        "gradients": gradients,
+        "grad_init": " = ".join(f"grad_{n}" for n in tensor_names) + " = None",
+        "returns": ", ".join(returns) + ("," if len(returns) == 1 else ""),
+        "uses_math": code.uses_math,
+        "forward_params": ", ".join(all_names),
+        "functional_params": ", ".join([f"{n}: torch.Tensor" for n in tensor_names] + scalar_params),
+        "call_args": ", ".join(all_names),
+        "forward_math": _docstring_text(_math(derivation.forward)),
+        "partials": [(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
+        "kink_note": KINK_CONVENTION if has_kinks else "",
+        "module_init_params": ", ".join(scalar_params),
+        "scalar_names": scalar_names,
+        "learnables": learnables,
+        "module_forward_params": ", ".join(f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable),
+        "module_call_args": ", ".join(
+            [f"self.{t.name}" if t.learnable else t.name for t in spec.tensors] + [f"self.{n}" for n in scalar_names]
+        ),
+        "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+    }
+
+
+def _saved_comment(inputs: list[str], output: bool) -> str:
+    what = [*inputs] + (["the output"] if output else [])
+    if not what:
+        return "The gradients need no tensors: nothing is saved."
+    listed = ", ".join(what[:-1]) + (" and " if len(what) > 1 else "") + what[-1]
+    reason = " (reused where a derivative contains the whole forward)" if output else ""
+    return f"The gradient formulas read {listed}{reason}; nothing else is saved."
+
+
+def test_context(spec: OpSpec, plan: BackwardPlan, domains: tuple[InputDomain, ...], module_import: str) -> dict:
+    code = _CodePrinter(spec, plan)
+    reference_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
+    by_name = {d.name: d for d in domains}
+    inputs = []
+    for t in spec.tensors:
+        d = by_name[t.name]
+        inputs.append(
+            {
+                "name": t.name,
+                "shape": _shape(t.shape),
+                "shape_list": list(t.shape),
+                "low": repr(d.low),
+                "high": repr(d.high),
+                "avoid": _shape(d.avoid),
+                "description": _domain_description(d),
+            }
+        )
+    scalars = [s.default for s in spec.scalars]
+    return {
+        "module_import": module_import,
+        "inputs": inputs,
+        "reference_lines": reference_lines,
+        "reference_params": ", ".join(a.name for a in spec.arguments),
+        "uses_math": code.uses_math,
+        "scalars": repr(tuple(scalars)),
+        "scalar_names": ", ".join(s.name for s in spec.scalars),
+        "module_kwargs": ", ".join(f"{s.name}={s.default!r}" for s in spec.scalars),
+        "learnables": [t.name for t in spec.tensors if t.learnable],
+        "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
+        "tensor_names": [t.name for t in spec.tensors],
+        "learnable_inits": {t.name: learnable_init(t.init, by_name[t.name]) for t in spec.tensors if t.learnable},
+    }
+
+
+def _domain_description(d: InputDomain) -> str:
+    text = f"uniform in [{d.low!r}, {d.high!r}] ({d.reason})"
+    if d.avoid:
+        text += ", away from " + ", ".join(map(repr, d.avoid))
+    return text
+
+
+def render_op(
+    spec: OpSpec,
+    derivation: Derivation,
+    plan: BackwardPlan,
+    domains: tuple[InputDomain, ...],
+    *,
+    module_import: str | None = None,
+) -> dict[str, str]:
+    """Render the op's module and its test file: ``{relative path: text}``."""
+    env = environment()
+    common = {
+        "version": __version__,
+        "source": spec.source,
+        "name": spec.name,
+        "camel": spec.camel,
+        "forward_text": spec.forward,
+        "doc": _docstring_text(spec.doc.strip()),
+    }
+    module = env.get_template(TEMPLATES["module"]).render(
+        **common, **module_context(spec, derivation, plan), inits={
+            t.name: learnable_init(t.init, next(d for d in domains if d.name == t.name)) for t in spec.tensors
+            if t.learnable
+        }, shapes={t.name: _shape(t.shape) for t in spec.tensors}
+    )
+    test = env.get_template(TEMPLATES["test"]).render(
+        **common, **test_context(spec, plan, domains, module_import or spec.name)
+    )
+    files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
+    for path, text in files.items():
+        try:
+            ast.parse(text, filename=path)
+        except SyntaxError as exc:  # a bug in scaffold, not in the user's input
+            raise DerivationError(
+                f"the generated {path} does not parse (line {exc.lineno}: {exc.msg}); please report this",
+                where=spec.source,
+            ) from exc
+    return files

@@ -1,0 +1,433 @@
+"""Stage 1: the op spec.
+
+A spec comes from a TOML file (:func:`load_spec`) or from command-line flags (:func:`spec_from_flags`);
+both produce the same frozen :class:`OpSpec`, validated once, here, so later stages can trust it.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+#: Example shape of a tensor argument in the generated tests when the spec gives none.
+DEFAULT_SHAPE = (4, 5)
+#: Default shape of a learnable tensor (an ``nn.Parameter``): one value, broadcast over the input.
+DEFAULT_LEARNABLE_SHAPE = ()
+
+SCALAR_TYPES = {"float": float, "int": int, "bool": bool}
+
+# Names the generated module and test file use themselves; an argument of that name would shadow them.
+RESERVED_ARGUMENT_NAMES = frozenset(
+    {
+        "torch", "nn", "math", "pytest", "ctx", "self", "inputs", "output", "grad_output",
+        "gradcheck", "gradgradcheck", "super", "float", "int", "bool", "abs", "max", "min",
+        "len", "range", "tuple", "zip", "isinstance", "device", "dtype", "generator",
+    }
+)  # fmt: skip
+# Module names an op may not take: its file would shadow the library the generated code imports.
+RESERVED_OP_NAMES = frozenset({"torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest"})
+
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+
+
+def camel_case(name: str) -> str:
+    """``leaky_relu`` -> ``LeakyRelu``."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+
+
+def _suggest(name: str) -> str:
+    ascii_name = re.sub(r"[^A-Za-z0-9_]", "_", name.encode("ascii", "replace").decode()).strip("_")
+    if not ascii_name or not ascii_name[0].isalpha():
+        ascii_name = "v" + ascii_name
+    return ascii_name + "_" if ascii_name in RESERVED_ARGUMENT_NAMES or keyword.iskeyword(ascii_name) else ascii_name
+
+
+def check_identifier(name: object, *, what: str, where: str) -> str:
+    """Return ``name`` if it is a plain ASCII Python identifier usable in generated code, else raise."""
+    if not isinstance(name, str):
+        raise SpecError(f"{what} must be a string, not {type(name).__name__}", where=where)
+    if not _IDENTIFIER.match(name):
+        raise SpecError(
+            f"{what} {name!r} is not a valid name: use ASCII letters, digits and underscores, "
+            "starting with a letter",
+            where=where,
+            hint=f"try {_suggest(name)!r}",
+        )
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        raise SpecError(f"{what} {name!r} is a Python keyword", where=where, hint=f"try {name + '_'!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of the op."""
+
+    name: str
+    shape: tuple[int, ...] = DEFAULT_SHAPE
+    domain: tuple[float, float] | None = None
+    avoid: tuple[float, ...] | None = None
+    learnable: bool = False
+    init: float | None = None
+
+    def __post_init__(self) -> None:
+        where = f"tensors.{self.name}"
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shape):
+            raise SpecError(
+                f"shape must be a list of positive integers, got {list(self.shape)!r}",
+                where=where + ".shape",
+                hint="use [] for a single value, [4, 5] for a 4x5 tensor",
+            )
+        if self.domain is not None:
+            low, high = self.domain
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise SpecError(
+                    f"domain must be two finite numbers [low, high] with low < high, got {list(self.domain)!r}",
+                    where=where + ".domain",
+                )
+        if self.avoid is not None and not all(math.isfinite(v) for v in self.avoid):
+            raise SpecError("avoid must be a list of finite numbers", where=where + ".avoid")
+        if self.init is not None:
+            if not self.learnable:
+                raise SpecError(
+                    "init is only used for learnable tensors",
+                    where=where + ".init",
+                    hint="add 'learnable = true' or remove 'init'",
+                )
+            if not math.isfinite(self.init):
+                raise SpecError(f"init must be a finite number, got {self.init!r}", where=where + ".init")
+
+
+@dataclass(frozen=True)
+class ScalarArg:
+    """A non-tensor argument of the op (a Python float, int or bool)."""
+
+    name: str
+    type: str
+    default: float | int | bool
+
+    def __post_init__(self) -> None:
+        where = f"scalars.{self.name}"
+        if self.type not in SCALAR_TYPES:
+            raise SpecError(
+                f"type must be one of float, int, bool, got {self.type!r}", where=where + ".type"
+            )
+        expected = SCALAR_TYPES[self.type]
+        value = self.default
+        ok = isinstance(value, bool) if expected is bool else (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (expected is float or isinstance(value, int))
+        )
+        if not ok:
+            raise SpecError(
+                f"default {value!r} is not a {self.type}", where=where + ".default",
+                hint="write true/false for bool, 3 for int, 1.5 for float",
+            )
+        if expected is float:
+            if not math.isfinite(float(value)):
+                raise SpecError(f"default must be finite, got {value!r}", where=where + ".default")
+            object.__setattr__(self, "default", float(value))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A validated op: its name, forward expression and arguments, in declaration order."""
+
+    name: str
+    forward: str
+    tensors: tuple[TensorArg, ...]
+    scalars: tuple[ScalarArg, ...] = ()
+    doc: str = ""
+    #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
+    source: str = "command-line flags"
+
+    def __post_init__(self) -> None:
+        where = self.source
+        check_identifier(self.name, what="op name", where=f"{where}: name")
+        if self.name in RESERVED_OP_NAMES or self.name.startswith("test_"):
+            raise SpecError(
+                f"op name {self.name!r} would shadow a module the generated code or pytest relies on",
+                where=f"{where}: name",
+                hint=f"try {'my_' + self.name!r}",
+            )
+        if not isinstance(self.forward, str) or not self.forward.strip():
+            raise SpecError(
+                "the forward expression is empty",
+                where=f"{where}: forward",
+                hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
+            )
+        if not self.tensors:
+            raise SpecError(
+                "the op has no tensor arguments",
+                where=where,
+                hint="declare at least one, e.g. [tensors.x] in a spec file or --tensor x on the command line",
+            )
+        taken = {self.name, camel_case(self.name), camel_case(self.name) + "Function"}
+        seen: set[str] = set()
+        for kind, arg in [("tensors", t) for t in self.tensors] + [("scalars", s) for s in self.scalars]:
+            arg_where = f"{where}: {kind}.{arg.name}"
+            check_identifier(arg.name, what="argument name", where=arg_where)
+            if arg.name in RESERVED_ARGUMENT_NAMES or arg.name.startswith("tmp"):
+                raise SpecError(
+                    f"argument name {arg.name!r} is used by the generated code itself",
+                    where=arg_where,
+                    hint=f"try {arg.name + '_'!r}",
+                )
+            if arg.name in taken:
+                raise SpecError(
+                    f"argument name {arg.name!r} would shadow the op's own function or class",
+                    where=arg_where,
+                    hint=f"rename the argument, e.g. {arg.name + '_in'!r}",
+                )
+            if arg.name in seen:
+                raise SpecError(f"argument {arg.name!r} is declared twice", where=arg_where)
+            seen.add(arg.name)
+
+    @property
+    def camel(self) -> str:
+        return camel_case(self.name)
+
+    @property
+    def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
+        """All arguments in call order: tensors, then scalars."""
+        return self.tensors + self.scalars
+
+
+# --- TOML ------------------------------------------------------------------------------------------
+
+_TOP_KEYS = {"name", "forward", "doc", "tensors", "scalars"}
+_TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
+_SCALAR_KEYS = {"type", "default"}
+
+
+def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise SpecError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
+            where=where,
+            hint=f"allowed keys here: {', '.join(sorted(allowed))}",
+        )
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"expected a number, got {value!r}", where=where)
+    return float(value)
+
+
+def _number_list(value: Any, where: str) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise SpecError(f"expected a list of numbers, got {value!r}", where=where)
+    return tuple(_number(v, where) for v in value)
+
+
+def _tensor_from_table(name: str, table: Any, where: str) -> TensorArg:
+    check_identifier(name, what="argument name", where=where)
+    if not isinstance(table, dict):
+        raise SpecError("expected a table of settings", where=where, hint=f"write [tensors.{name}]")
+    _check_keys(table, _TENSOR_KEYS, where)
+    learnable = table.get("learnable", False)
+    if not isinstance(learnable, bool):
+        raise SpecError(f"learnable must be true or false, got {learnable!r}", where=where + ".learnable")
+    shape = table.get("shape", DEFAULT_LEARNABLE_SHAPE if learnable else DEFAULT_SHAPE)
+    if not isinstance(shape, list) and not isinstance(shape, tuple):
+        raise SpecError(f"shape must be a list of positive integers, got {shape!r}", where=where + ".shape")
+    domain = table.get("domain")
+    if domain is not None:
+        domain = _number_list(domain, where + ".domain")
+        if len(domain) != 2:
+            raise SpecError(f"domain must be [low, high], got {list(domain)!r}", where=where + ".domain")
+    avoid = table.get("avoid")
+    init = table.get("init")
+    return TensorArg(
+        name=name,
+        shape=tuple(shape),
+        domain=domain,
+        avoid=None if avoid is None else _number_list(avoid, where + ".avoid"),
+        learnable=learnable,
+        init=None if init is None else _number(init, where + ".init"),
+    )
+
+
+def _scalar_from_table(name: str, table: Any, where: str) -> ScalarArg:
+    check_identifier(name, what="argument name", where=where)
+    if not isinstance(table, dict):
+        raise SpecError("expected a table of settings", where=where, hint=f"write [scalars.{name}]")
+    _check_keys(table, _SCALAR_KEYS, where)
+    if "default" not in table:
+        raise SpecError("a scalar needs a default value", where=where, hint="add e.g. 'default = 1.0'")
+    default = table["default"]
+    type_ = table.get("type", _infer_type(default))
+    return ScalarArg(name=name, type=type_, default=default)
+
+
+def _infer_type(value: object) -> str:
+    return "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "float"
+
+
+def spec_from_mapping(data: dict[str, Any], *, source: str) -> OpSpec:
+    """Build an :class:`OpSpec` from a parsed TOML document (or any equivalent mapping)."""
+    _check_keys(data, _TOP_KEYS, source)
+    for key in ("name", "forward"):
+        if key not in data:
+            raise SpecError(f"missing required key {key!r}", where=source)
+        if not isinstance(data[key], str):
+            raise SpecError(f"{key} must be a string, got {data[key]!r}", where=f"{source}: {key}")
+    tensors_table = data.get("tensors", {})
+    scalars_table = data.get("scalars", {})
+    for key, table in (("tensors", tensors_table), ("scalars", scalars_table)):
+        if not isinstance(table, dict):
+            raise SpecError(f"{key} must be a table, e.g. [{key}.x]", where=f"{source}: {key}")
+    doc = data.get("doc", "")
+    if not isinstance(doc, str):
+        raise SpecError("doc must be a string", where=f"{source}: doc")
+    return OpSpec(
+        name=data["name"],
+        forward=data["forward"],
+        tensors=tuple(
+            _tensor_from_table(n, t, f"{source}: tensors.{n}") for n, t in tensors_table.items()
+        ),
+        scalars=tuple(
+            _scalar_from_table(n, t, f"{source}: scalars.{n}") for n, t in scalars_table.items()
+        ),
+        doc=doc,
+        source=source,
+    )
+
+
+def load_spec(path: str | Path) -> OpSpec:
+    """Read and validate a TOML op spec."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("spec file not found", where=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the spec file: {exc}", where=str(path)) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"invalid TOML: {exc}", where=str(path)) from None
+    return spec_from_mapping(data, source=path.name)
+
+
+# --- command-line flags ----------------------------------------------------------------------------
+
+
+def _parse_shape(text: str, where: str) -> tuple[int, ...]:
+    text = text.strip()
+    if text in ("", "[]", "()", "scalar"):
+        return ()
+    parts = re.split(r"[,x]", text.strip("[]()"))
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise SpecError(
+            f"cannot read shape {text!r}", where=where, hint="write e.g. x=4,5 or beta=[] for one value"
+        ) from None
+
+
+def _parse_scalar_value(text: str, type_: str | None, where: str) -> tuple[str, float | int | bool]:
+    lowered = text.strip().lower()
+    if type_ in (None, "bool") and lowered in ("true", "false"):
+        return "bool", lowered == "true"
+    try:
+        value: float | int = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            raise SpecError(
+                f"cannot read the default value {text!r}", where=where,
+                hint="write e.g. alpha=0.5, n=3 or flag=true",
+            ) from None
+    return (type_ or _infer_type(value)), (float(value) if type_ == "float" else value)
+
+
+def spec_from_flags(
+    name: str,
+    forward: str,
+    tensors: list[str],
+    scalars: list[str] = (),  # type: ignore[assignment]
+    learnable: list[str] = (),  # type: ignore[assignment]
+    doc: str = "",
+) -> OpSpec:
+    """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
+
+    ``tensors`` items are ``NAME`` or ``NAME=SHAPE`` (``x=4,5``, ``beta=[]``); ``learnable`` items are
+    ``NAME`` or ``NAME=INIT`` and declare learnable 0-dim tensors unless also given with ``--tensor``;
+    ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``.
+    """
+    tensor_args: dict[str, dict[str, Any]] = {}
+    for item in tensors:
+        arg, _, shape = item.partition("=")
+        where = f"--tensor {item}"
+        check_identifier(arg.strip(), what="argument name", where=where)
+        tensor_args[arg.strip()] = {"shape": list(_parse_shape(shape, where))} if "=" in item else {}
+    for item in learnable:
+        arg, _, init = item.partition("=")
+        where = f"--learnable {item}"
+        arg = check_identifier(arg.strip(), what="argument name", where=where)
+        settings = tensor_args.setdefault(arg, {})
+        settings["learnable"] = True
+        if init:
+            settings["init"] = _number(_parse_scalar_value(init, "float", where)[1], where)
+    scalar_args: dict[str, dict[str, Any]] = {}
+    for item in scalars:
+        where = f"--scalar {item}"
+        if "=" not in item:
+            raise SpecError("a scalar needs a default value", where=where, hint="write e.g. --scalar alpha=0.5")
+        left, _, value = item.partition("=")
+        arg, _, type_ = left.partition(":")
+        type_ = type_.strip() or None
+        if type_ is not None and type_ not in SCALAR_TYPES:
+            raise SpecError(f"unknown scalar type {type_!r}", where=where, hint="use float, int or bool")
+        inferred, default = _parse_scalar_value(value, type_, where)
+        scalar_args[arg.strip()] = {"type": inferred, "default": default}
+    return spec_from_mapping(
+        {"name": name, "forward": forward, "doc": doc, "tensors": tensor_args, "scalars": scalar_args},
+        source="command-line flags",
+    )
+
+
+def spec_to_toml(spec: OpSpec) -> str:
+    """Write ``spec`` back as TOML, in the format :func:`load_spec` reads."""
+    lines = [f"name = {_toml_str(spec.name)}", f"forward = {_toml_str(spec.forward)}"]
+    if spec.doc:
+        lines.append(f"doc = {_toml_str(spec.doc)}")
+    for t in spec.tensors:
+        lines += ["", f"[tensors.{t.name}]", f"shape = {list(t.shape)}"]
+        if t.domain is not None:
+            lines.append(f"domain = {list(t.domain)}")
+        if t.avoid is not None:
+            lines.append(f"avoid = {list(t.avoid)}")
+        if t.learnable:
+            lines.append("learnable = true")
+        if t.init is not None:
+            lines.append(f"init = {t.init!r}")
+    for s in spec.scalars:
+        default = str(s.default).lower() if s.type == "bool" else repr(s.default)
+        lines += ["", f"[scalars.{s.name}]", f'type = "{s.type}"', f"default = {default}"]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+__all__ = [
+    "OpSpec", "ScalarArg", "TensorArg", "camel_case", "check_identifier", "load_spec",
+    "spec_from_flags", "spec_from_mapping", "spec_to_toml",
+]  # fmt: skip

@@ -1,0 +1,75 @@
+"""Stage 7: write generated files: all or nothing, atomically, never clobbering without ``force``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import WriteError
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    status: str  # "created", "overwritten" or "unchanged"
+
+
+def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = False) -> list[Written]:
+    """Write ``{relative path: text}`` under ``output_dir``.
+
+    Every check happens before the first byte is written: if any target exists with other content and
+    ``force`` is false, nothing is written. Each file is written to a temporary file beside it and moved
+    into place with ``os.replace``, so no file is ever left half-written.
+    """
+    root = Path(output_dir)
+    if root.exists() and not root.is_dir():
+        raise WriteError(f"{root} exists and is not a directory", where="--output-dir")
+    plan: list[tuple[Path, str, str]] = []
+    conflicts = []
+    for relative, text in files.items():
+        path = root / relative
+        if path.is_dir():
+            raise WriteError(f"{path} is a directory", hint="remove it or choose another --output-dir")
+        if path.exists():
+            try:
+                same = path.read_text(encoding="utf-8") == text
+            except (OSError, UnicodeDecodeError):
+                same = False
+            if same:
+                plan.append((path, text, "unchanged"))
+                continue
+            if not force:
+                conflicts.append(path)
+            plan.append((path, text, "overwritten"))
+        else:
+            plan.append((path, text, "created"))
+    if conflicts:
+        listed = ", ".join(str(p) for p in conflicts)
+        raise WriteError(
+            f"refusing to overwrite {listed}: {'they exist' if len(conflicts) > 1 else 'it exists'} "
+            "and may hold your edits; nothing was written",
+            hint="pass --force to overwrite, or choose another --output-dir",
+        )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staged = []
+        try:
+            for path, text, status in plan:
+                if status == "unchanged":
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+                    handle.write(text)
+                staged.append((tmp, path))
+            for tmp, path in staged:
+                os.replace(tmp, path)
+        finally:
+            for tmp, _ in staged:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+    except OSError as exc:
+        raise WriteError(f"cannot write to {root}: {exc.strerror or exc}") from None
+    return [Written(path, status) for path, _, status in plan]
