@@ -23,6 +23,9 @@ from .expression import ParsedExpression
 #: Nodes a derivative must not contain: sympy could not evaluate it.
 _UNEVALUATED = (sympy.Derivative, sympy.Subs, sympy.Integral)
 
+#: Derivatives larger than this (in sympy operations) are left as sympy's diff returns them.
+TIDY_LIMIT = 400
+
 KINK_CONVENTION = (
     "At kinks scaffold follows PyTorch's convention: the derivative of a step (DiracDelta) is 0, "
     "Heaviside steps in derivatives are 0 at 0 and sign(0) = 0, so relu'(0) = 0 and |x|'(0) = 0."
@@ -64,6 +67,10 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     for name in parsed.tensor_names:
         symbol = parsed.symbols[name]
         derivative = apply_kink_convention(sympy.diff(parsed.expr, symbol))
+        if sympy.count_ops(derivative) <= TIDY_LIMIT:
+            # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
+            # unlike simplify().
+            derivative = sympy.factor_terms(derivative)
         for node in sympy.preorder_traversal(derivative):
             if isinstance(node, _UNEVALUATED):
                 raise DerivationError(

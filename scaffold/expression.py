@@ -203,6 +203,11 @@ class _Builder:
         if isinstance(value, float):
             if value != value or value in (float("inf"), float("-inf")):
                 raise self.fail(node, "the number is not finite")
+            # A decimal literal is the number it spells (0.1 is 1/10), so derivatives stay exact:
+            # d/dx 0.5*x**2 is x, not 1.0*x.
+            exact = sympy.Rational(repr(value))
+            if max(abs(exact.p), exact.q) < 10**12:
+                return exact
             return sympy.Float(repr(value))
         raise self.fail(node, f"{_describe(node)} is not allowed in an expression")
 

@@ -101,7 +101,7 @@ class TorchPrinter(StrPrinter):
     printmethod = "_torchcode"
 
     def __init__(self, tensors: frozenset[str] | set[str]) -> None:
-        super().__init__({"order": "none"})
+        super().__init__()
         self.tensors = frozenset(tensors)
         self.uses_math = False
         self._substitutions: list[dict[sympy.Symbol, str]] = []
@@ -261,14 +261,19 @@ class TorchPrinter(StrPrinter):
         return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
 
     def _print_Heaviside(self, expr: sympy.Heaviside) -> str:  # noqa: N802
+        # torch.heaviside has no derivative, which breaks double backward and the reference test;
+        # torch.sign keeps the input's dtype and differentiates to zero.
         arg, at_zero = expr.args
         text = self._print(arg)
         if not self.is_tensor(arg):
             return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
-        value = self._print(sympy.Float(at_zero))
-        if not arg.is_Symbol:
-            text = f"({text})"
-        return f"torch.heaviside({text}, {text}.new_tensor({value}))"
+        if at_zero == 0:
+            return f"torch.sign({text}).clamp(min=0)"
+        if at_zero == sympy.S.Half:
+            return f"(1 + torch.sign({text})) / 2"
+        if at_zero == 1:
+            return f"1 - torch.sign({self._print(-arg)}).clamp(min=0)"
+        return f"torch.where({text} == 0, {self._print(at_zero)}, torch.sign({text}).clamp(min=0))"
 
     def _minmax(self, expr: sympy.Basic, torch_name: str, clamp_side: str, builtin: str) -> str:
         tensors = [a for a in expr.args if self.is_tensor(a)]
@@ -365,7 +370,7 @@ def _has_singular_power(expr: sympy.Basic) -> bool:
 def _region_bound(region: sympy.Basic, tensors: frozenset[str]) -> tuple[sympy.Symbol, sympy.Expr] | None:
     """For a region ``x > a`` (or <, >=, <=, their negations), the tensor ``x`` and a point inside it."""
     region = sympy.simplify_logic(region) if isinstance(region, sympy.And) else region
-    if isinstance(region, sympy.Not):
+    if isinstance(region, sympy.Not) and isinstance(region.args[0], sympy.core.relational.Relational):
         region = region.args[0].negated
     if not isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.LessThan)):
         return None

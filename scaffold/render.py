@@ -127,17 +127,16 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
     learnables = [t for t in spec.tensors if t.learnable]
     return {
         "forward_lines": forward_lines,
-        "unpack": ", ".join(unpack) + ("," if len(unpack) == 1 else ""),
+        "unpack": _unpack(unpack),
         "saved_args": ", ".join(saved_args),
-        "saved_unpack": ", ".join(saved_inputs + ([OUTPUT] if OUTPUT in plan.saved else []))
-        + ("," if len(plan.saved) == 1 else ""),
+        "saved_unpack": _unpack(saved_inputs + ([OUTPUT] if OUTPUT in plan.saved else [])),
         "saved_comment": _saved_comment(saved_inputs, OUTPUT in plan.saved),
         "ctx_scalars": list(plan.ctx_scalars),
         "shape_names": tensor_names,
         "shared_blocks": shared_blocks,
         "gradients": gradients,
         "grad_init": " = ".join(f"grad_{n}" for n in tensor_names) + " = None",
-        "returns": ", ".join(returns) + ("," if len(returns) == 1 else ""),
+        "returns": ", ".join(returns),
         "uses_math": code.uses_math,
         "forward_params": ", ".join(all_names),
         "functional_params": ", ".join([f"{n}: torch.Tensor" for n in tensor_names] + scalar_params),
@@ -154,6 +153,10 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
         ),
         "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
     }
+
+
+def _unpack(names: list[str]) -> str:
+    return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
 
 
 def _saved_comment(inputs: list[str], output: bool) -> str:

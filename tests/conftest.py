@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaffold import generate_op, spec_from_mapping, write_files
+
+SPECS = Path(__file__).parent / "specs"
+
+
+def make_spec(name: str, forward: str, tensors: dict | None = None, scalars: dict | None = None, **extra):
+    return spec_from_mapping(
+        {"name": name, "forward": forward, "tensors": tensors or {"x": {}}, "scalars": scalars or {}, **extra},
+        source=f"{name}.toml",
+    )
+
+
+def run_pytest(directory: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the generated tests in ``directory`` in a fresh interpreter (one process for all files)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture
+def generate(tmp_path: Path):
+    """Generate an op from (name, forward, tensors, scalars) into tmp_path; return the directory."""
+
+    def _generate(*args, **kwargs) -> Path:
+        spec = make_spec(*args, **kwargs)
+        write_files(generate_op(spec), tmp_path)
+        return tmp_path
+
+    return _generate
