@@ -64,7 +64,7 @@ def _new_op(args: argparse.Namespace) -> int:
             )
         spec = load_spec(args.spec)
     else:
-        missing = [f for f, v in (("NAME", args.name), ("--forward", args.forward)) if not v]
+        missing = [f for f, v in (("NAME", args.name), ("--forward", args.forward)) if v is None]
         if not args.tensor and not args.learnable:
             missing.append("--tensor")
         if missing:

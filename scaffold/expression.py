@@ -112,7 +112,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
     expr = parse_expression(spec.forward, symbols, where=where)
-    if not isinstance(expr, sympy.Expr) or isinstance(expr, sympy.logic.boolalg.Boolean):
+    if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
         raise ExpressionError(
             f"the forward {spec.forward!r} is a condition, not a number",
             where=where,
@@ -177,7 +177,7 @@ class _Builder:
 
     def fail(self, node: ast.AST, message: str, hint: str | None = None) -> ExpressionError:
         segment = ast.get_source_segment(self.text, node) or ""
-        at = f" in {segment!r}" if segment and segment != self.text else ""
+        at = f" in {segment!r}" if segment and segment != self.text and not segment.isidentifier() else ""
         return ExpressionError(message + at, where=self.where, hint=hint)
 
     def build(self, node: ast.AST, depth: int) -> sympy.Basic:
@@ -288,7 +288,11 @@ class _Builder:
 
     def build_Call(self, node: ast.Call, depth: int) -> sympy.Basic:
         if not isinstance(node.func, ast.Name):
-            raise self.fail(node, "only plain function names can be called, e.g. exp(x)")
+            raise self.fail(
+                node,
+                "only functions can be called, by their plain name, e.g. exp(x)",
+                hint="expressions are math only: no attributes, methods, imports or Python builtins",
+            )
         name = node.func.id
         if node.keywords:
             raise self.fail(node, f"{name}() takes no keyword arguments")
@@ -302,7 +306,7 @@ class _Builder:
             raise self.fail(
                 node,
                 f"unknown function {name!r}",
-                hint="supported: " + ", ".join(sorted(set(FUNCTIONS) | {"Piecewise"}, key=str.lower)),
+                hint="supported: " + ", ".join(sorted(set(FUNCTIONS) | {"Piecewise"}, key=lambda n: (n.lower(), n))),
             )
         constructor, arities = FUNCTIONS[name]
         if len(node.args) not in arities:

@@ -10,6 +10,7 @@ import keyword
 import math
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,8 @@ def camel_case(name: str) -> str:
 
 
 def _suggest(name: str) -> str:
-    ascii_name = re.sub(r"[^A-Za-z0-9_]", "_", name.encode("ascii", "replace").decode()).strip("_")
+    folded = unicodedata.normalize("NFKC", name)
+    ascii_name = re.sub(r"[^A-Za-z0-9_]", "_", folded.encode("ascii", "replace").decode()).strip("_")
     if not ascii_name or not ascii_name[0].isalpha():
         ascii_name = "v" + ascii_name
     return ascii_name + "_" if ascii_name in RESERVED_ARGUMENT_NAMES or keyword.iskeyword(ascii_name) else ascii_name

@@ -1,0 +1,74 @@
+"""The command line: what it writes, prints and refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from scaffold.cli import main
+
+from .conftest import SPECS
+
+SWISH = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tensor", "x", "--learnable", "beta=1.0"]
+
+
+def test_new_op_writes_and_reports(tmp_path, capsys):
+    assert main([*SWISH, "--output-dir", str(tmp_path / "ops")]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "ops").iterdir()) == ["swish.py", "test_swish.py"]
+    assert f"created  {tmp_path / 'ops' / 'swish.py'}" in out
+    module = (tmp_path / "ops" / "swish.py").read_text()
+    for name in ("class SwishFunction(torch.autograd.Function)", "def swish(", "class Swish(nn.Module)"):
+        assert name in module
+
+
+def test_flags_and_spec_file_give_the_same_files(tmp_path):
+    main([*SWISH, "--output-dir", str(tmp_path / "flags")])
+    spec = tmp_path / "swish.toml"
+    spec.write_text(
+        'name = "swish"\nforward = "x / (1 + exp(-beta * x))"\n[tensors.x]\n'
+        "[tensors.beta]\nlearnable = true\ninit = 1.0\n"
+    )
+    main(["new", "op", "--spec", str(spec), "--output-dir", str(tmp_path / "spec")])
+    for name in ("swish.py", "test_swish.py"):
+        flags = (tmp_path / "flags" / name).read_text().split("\n", 1)[1]  # the header names the source
+        assert flags == (tmp_path / "spec" / name).read_text().split("\n", 1)[1]
+
+
+def test_never_overwrites_without_force(tmp_path, capsys):
+    assert main([*SWISH, "-o", str(tmp_path)]) == 0
+    edited = (tmp_path / "swish.py").read_text() + "\n# my edit\n"
+    (tmp_path / "swish.py").write_text(edited)
+    capsys.readouterr()
+    assert main([*SWISH, "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to overwrite" in err and "--force" in err and "Traceback" not in err
+    assert (tmp_path / "swish.py").read_text() == edited
+    assert main([*SWISH, "-o", str(tmp_path), "--force"]) == 0
+    assert "# my edit" not in (tmp_path / "swish.py").read_text()
+
+
+def test_regenerating_identical_files_needs_no_force(tmp_path, capsys):
+    assert main([*SWISH, "-o", str(tmp_path)]) == 0
+    assert main([*SWISH, "-o", str(tmp_path)]) == 0
+    assert "unchanged" in capsys.readouterr().out
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("mine")
+    assert main([*SWISH, "-o", str(target)]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+    assert target.read_text() == "mine"
+
+
+def test_python_dash_m(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "scaffold", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("scaffold ")
+    result = subprocess.run(
+        [sys.executable, "-m", "scaffold", "new", "op", "--spec", str(SPECS / "swish.toml"), "-o", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "test_swish.py").exists()

@@ -1,0 +1,162 @@
+"""Bad input: each case exits 1 with exactly this message on stderr, no traceback, and writes nothing.
+
+The table is the reference for scaffold's error messages; change a message here when you change it in
+the code (the test prints the actual message on failure).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaffold.cli import main
+
+CASES = [
+    pytest.param(
+        ["op", "--forward", "", "--tensor", "x"],
+        'scaffold: error: command-line flags: forward: the forward expression is empty\n  hint: give the math of the op, e.g. forward = "x / (1 + exp(-x))"\n',
+        id="empty expression",
+    ),
+    pytest.param(
+        ["op", "--forward", "   ", "--tensor", "x"],
+        'scaffold: error: command-line flags: forward: the forward expression is empty\n  hint: give the math of the op, e.g. forward = "x / (1 + exp(-x))"\n',
+        id="blank expression",
+    ),
+    pytest.param(
+        ["op", "--forward", "x +", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: cannot parse 'x +': invalid syntax\n  hint: write Python-style math, e.g. x / (1 + exp(-x)); powers are written **\n",
+        id="unparseable",
+    ),
+    pytest.param(
+        ["op", "--forward", "x + y", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: unknown name 'y' (declared arguments: x)\n  hint: declare it with --tensor y or --scalar y=VALUE, or [tensors.y] in the spec\n",
+        id="unknown symbol",
+    ),
+    pytest.param(
+        ["op", "--forward", "gamma(x)", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: unknown function 'gamma'\n  hint: supported: Abs, abs, acos, acosh, asin, asinh, atan, atan2, atanh, cbrt, cos, cosh, digamma, erf, erfc, erfinv, exp, exp2, expm1, Heaviside, hypot, lgamma, ln, log, log10, log1p, log2, loggamma, Max, max, Min, min, Piecewise, polygamma, Rational, sign, sin, sinh, sqrt, tan, tanh\n",
+        id="unknown function",
+    ),
+    pytest.param(
+        ["1op", "--forward", "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: name: op name '1op' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'v1op'\n",
+        id="bad op name",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "ｘ"],
+        "scaffold: error: --tensor ｘ: argument name 'ｘ' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'x'\n",
+        id="non-ascii name",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "lambda"],
+        "scaffold: error: --tensor lambda: argument name 'lambda' is a Python keyword\n  hint: try 'lambda_'\n",
+        id="keyword argument name",
+    ),
+    pytest.param(
+        ["op", "--forward", "ctx", "--tensor", "ctx"],
+        "scaffold: error: command-line flags: tensors.ctx: argument name 'ctx' is used by the generated code itself\n  hint: try 'ctx_'\n",
+        id="reserved argument name",
+    ),
+    pytest.param(
+        ["torch", "--forward", "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: name: op name 'torch' would shadow a module the generated code or pytest relies on\n  hint: try 'my_torch'\n",
+        id="reserved op name",
+    ),
+    pytest.param(
+        ["scale", "--forward", "x * scale", "--tensor", "x", "--scalar", "scale=2.0"],
+        "scaffold: error: command-line flags: scalars.scale: argument name 'scale' would shadow the op's own function or class\n  hint: rename the argument, e.g. 'scale_in'\n",
+        id="argument shadows op",
+    ),
+    pytest.param(
+        ["op", "--forward", "2 * alpha", "--tensor", "x", "--scalar", "alpha=1.0"],
+        "scaffold: error: command-line flags: forward: the forward '2 * alpha' does not depend on any tensor argument (x)\n  hint: use the declared tensors in the expression, or declare the names it uses with --tensor\n",
+        id="no tensor in expression",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x", "--tensor", "y"],
+        "scaffold: error: command-line flags: forward: tensor argument 'y' is declared but not used in the forward\n  hint: remove the declaration or use it in the expression\n",
+        id="unused tensor",
+    ),
+    pytest.param(
+        ["op", "--forward", "x.grad", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: attribute access ('.') is not allowed in an expression\n  hint: use numbers, argument names, + - * / **, comparisons and functions such as exp(x)\n",
+        id="attribute access",
+    ),
+    pytest.param(
+        ["op", "--forward", "__import__('os').system('echo pwned')", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: only functions can be called, by their plain name, e.g. exp(x)\n  hint: expressions are math only: no attributes, methods, imports or Python builtins\n",
+        id="code injection",
+    ),
+    pytest.param(
+        ["op", "--forward", "x^2", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: '^' is not a power here\n  hint: write powers with **, e.g. x**2\n",
+        id="caret power",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * 2**10**10", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the exponent 10000000000 is too large (at most 64) in '2**10**10'\n",
+        id="huge power",
+    ),
+    pytest.param(
+        ["op", "--forward", "x > 0", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the forward 'x > 0' is a condition, not a number\n  hint: use Piecewise((value, condition), (other, True)) for an op defined by cases\n",
+        id="condition as forward",
+    ),
+    pytest.param(
+        ["op", "--forward", "Piecewise((x, x > 0))", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: Piecewise needs a last pair whose condition is True, so every input has a value\n  hint: add an 'otherwise' pair such as (0, True)\n",
+        id="piecewise without otherwise",
+    ),
+    pytest.param(
+        ["op", "--forward", "atan2(x, alpha)", "--tensor", "x", "--scalar", "alpha=1.0"],
+        "scaffold: error: command-line flags: forward: atan2(x, alpha) mixes a tensor and a non-tensor argument, which torch.atan2 does not accept\n  hint: make both arguments tensors\n",
+        id="mixed atan2",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * erfinv(alpha)", "--tensor", "x", "--scalar", "alpha=0.5"],
+        "scaffold: error: command-line flags: forward: erfinv(alpha) has only non-tensor arguments and Python's math module has no erfinv\n  hint: declare the argument as a tensor\n",
+        id="scalar-only special function",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x", "--scalar", "alpha"],
+        "scaffold: error: --scalar alpha: a scalar needs a default value\n  hint: write e.g. --scalar alpha=0.5\n",
+        id="scalar without default",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * a", "--tensor", "x", "--scalar", "a=big"],
+        "scaffold: error: --scalar a=big: cannot read the default value 'big'\n  hint: write e.g. alpha=0.5, n=3 or flag=true\n",
+        id="bad scalar default",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,five"],
+        "scaffold: error: --tensor x=4,five: cannot read shape '4,five'\n  hint: write e.g. x=4,5 or beta=[] for one value\n",
+        id="bad shape",
+    ),
+    pytest.param(
+        ["op", "--tensor", "x"],
+        'scaffold: error: missing --forward\n  hint: e.g. scaffold new op swish --forward "x / (1 + exp(-x))" --tensor x, or scaffold new op --spec swish.toml\n',
+        id="missing forward",
+    ),
+    pytest.param(
+        ["op", "--spec", "op.toml", "--forward", "x"],
+        "scaffold: error: --spec cannot be combined with NAME, --forward\n  hint: put everything in the spec file, or use flags alone\n",
+        id="spec and flags",
+    ),
+    pytest.param(
+        ["--spec", "missing.toml"],
+        "scaffold: error: missing.toml: spec file not found\n",
+        id="missing spec file",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), CASES)
+def test_bad_input_is_refused_cleanly(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "op.toml").write_text('name = "op"\nforward = "x"\n[tensors.x]\n')
+    before = sorted(tmp_path.iterdir())
+    assert main(["new", "op", *argv]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    assert sorted(tmp_path.iterdir()) == before, "a refused generation must write nothing"
