@@ -59,7 +59,7 @@ def _docstring_text(text: str) -> str:
 
 
 def _math(expr: sympy.Basic) -> str:
-    return sympy.sstr(expr, order="none")
+    return sympy.sstr(expr)
 
 
 class _CodePrinter:
@@ -114,7 +114,7 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
             if not g.expr.is_Symbol:
                 expr = f"({expr})"
             value = f"{expr}.sum_to_size({shape})"
-            comment = f"Summed over the dimensions broadcasting added, back to {g.name}'s shape."
+            comment = ""
         gradients.append(
             {"index": g.index, "name": g.name, "lines": code.steps(g.steps), "value": value, "comment": comment}
         )

@@ -20,7 +20,10 @@ import torch
 
 from scaffold import compile_op, generate_op, spec_from_mapping
 
-from catalogue import OPS, CatalogueOp
+try:
+    from .catalogue import OPS, CatalogueOp
+except ImportError:  # tests/ run as a plain folder, not a package
+    from catalogue import OPS, CatalogueOp
 
 MARGIN = 0.1  # distance kept from the kinks and poles scaffold reports (the generated tests keep 0.05)
 _counter = itertools.count()

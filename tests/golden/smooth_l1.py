@@ -20,7 +20,7 @@ class SmoothL1Function(torch.autograd.Function):
     Partial derivatives, each multiplied by grad_output in backward:
 
         d out / d input = Piecewise(((input - target)/beta, beta > Abs(input - target)), (sign(input - target), True))
-        d out / d target = Piecewise(((target - input)/beta, beta > Abs(input - target)), (-sign(input - target), True))
+        d out / d target = Piecewise(((-input + target)/beta, beta > Abs(input - target)), (-sign(input - target), True))
 
     At kinks scaffold follows PyTorch's convention: the derivative of a step (DiracDelta) is 0,
     Heaviside steps in derivatives are 0 at 0 and sign(0) = 0, so relu'(0) = 0 and |x|'(0) = 0.
@@ -48,6 +48,8 @@ class SmoothL1Function(torch.autograd.Function):
     def backward(ctx, grad_output):
         input, target = ctx.saved_tensors
         beta = ctx.beta
+        # Each gradient is grad_output times a partial derivative, summed over the dimensions
+        # broadcasting added so that it has its input's shape.
         grad_input = grad_target = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = 1 / beta
@@ -55,10 +57,8 @@ class SmoothL1Function(torch.autograd.Function):
             tmp2 = beta > torch.abs(tmp1)
             tmp3 = torch.sign(tmp1)
         if ctx.needs_input_grad[0]:
-            # Summed over the dimensions broadcasting added, back to input's shape.
             grad_input = (grad_output * torch.where(tmp2, tmp0 * tmp1, tmp3)).sum_to_size(ctx.input_shape)
         if ctx.needs_input_grad[1]:
-            # Summed over the dimensions broadcasting added, back to target's shape.
             grad_target = (grad_output * torch.where(tmp2, -tmp0 * tmp1, -tmp3)).sum_to_size(ctx.target_shape)
         return grad_input, grad_target, None
 

@@ -19,7 +19,7 @@ class SwishFunction(torch.autograd.Function):
 
     Partial derivatives, each multiplied by grad_output in backward:
 
-        d out / d x = (1 + beta*x*exp(-beta*x)/(1 + exp(-beta*x)))/(1 + exp(-beta*x))
+        d out / d x = (beta*x*exp(-beta*x)/(1 + exp(-beta*x)) + 1)/(1 + exp(-beta*x))
         d out / d beta = x**2*exp(-beta*x)/(1 + exp(-beta*x))**2
     """
 
@@ -41,6 +41,8 @@ class SwishFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, beta = ctx.saved_tensors
+        # Each gradient is grad_output times a partial derivative, summed over the dimensions
+        # broadcasting added so that it has its input's shape.
         grad_x = grad_beta = None
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
             tmp0 = beta * x
@@ -48,10 +50,8 @@ class SwishFunction(torch.autograd.Function):
             tmp2 = tmp1 + 1
         if ctx.needs_input_grad[0]:
             tmp3 = 1 / tmp2
-            # Summed over the dimensions broadcasting added, back to x's shape.
             grad_x = (grad_output * tmp3 * (tmp0 * tmp1 * tmp3 + 1)).sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            # Summed over the dimensions broadcasting added, back to beta's shape.
             grad_beta = (grad_output * tmp1 * x**2 / tmp2**2).sum_to_size(ctx.beta_shape)
         return grad_x, grad_beta
 

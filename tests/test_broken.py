@@ -1,0 +1,81 @@
+"""The generated tests catch broken generated code.
+
+Each case generates an op, breaks its module the way a hand-written Function is typically broken, and
+requires that op's generated tests to fail; an unbroken control must pass. All run in one pytest process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from scaffold import generate_op, load_spec, write_files
+
+from .conftest import SPECS, run_pytest
+
+
+def _sub(pattern: str, replacement: str, count: int = 1):
+    def mutate(text: str) -> str:
+        new, n = re.subn(pattern, replacement, text, count=count, flags=re.MULTILINE)
+        assert n, f"mutation pattern {pattern!r} did not match"
+        return new
+
+    return mutate
+
+
+MUTATIONS = {
+    # (spec, how the module is broken)
+    "control": ("swish", lambda text: text),
+    "scaled_backward": ("swish", _sub(r"grad_x = \(grad_output \*", "grad_x = (1.01 * grad_output *")),
+    "wrong_partial": ("quadratic", _sub(r"\(2 \* a \* x \+ b\)", "(2 * a * x - b)")),
+    "wrong_forward": (
+        "swish",
+        _sub(r"return x / \(1 \+ torch.exp\(-beta \* x\)\)", "return x / (1 + torch.exp(-x))"),
+    ),
+    # Forward and backward wrong together: finite differences agree, only the reference test can tell.
+    "consistently_wrong": (
+        "quadratic",
+        lambda text: _sub(r"return a \* x\*\*2", "return 2 * a * x**2")(
+            _sub(r"\(2 \* a \* x \+ b\)", "(4 * a * x + b)")(
+                _sub(r"grad_a = \(grad_output \* x\*\*2\)", "grad_a = (2 * grad_output * x**2)")(text)
+            )
+        ),
+    ),
+    "no_broadcast_reduction": (
+        "quadratic",
+        _sub(
+            r"grad_a = \(grad_output \* x\*\*2\)\.sum_to_size\(ctx\.a_shape\)", "grad_a = grad_output * x**2"
+        ),
+    ),
+    "ignores_needs_input_grad": ("quadratic", _sub(r"if ctx\.needs_input_grad\[2\]:", "if True:")),
+    "missing_none_return": (
+        "smooth_l1",
+        _sub(r"return grad_input, grad_target, None", "return grad_input, grad_target"),
+    ),
+    "tensor_on_ctx": ("swish", _sub(r"ctx\.x_shape = x\.shape", "ctx.x_shape = x.shape\n        ctx.x = x")),
+    "not_differentiable_twice": (
+        "swish",
+        _sub(r"tmp1 = torch\.exp\(-tmp0\)", "tmp1 = torch.exp(-tmp0).detach()"),
+    ),
+    "wrong_kink_side": (
+        "smooth_l1",
+        _sub(r"torch\.where\(tmp2, tmp0 \* tmp1, tmp3\)", "torch.where(tmp2, tmp3, tmp0 * tmp1)"),
+    ),
+}
+
+
+def test_generated_tests_catch_broken_code(tmp_path):
+    for case, (spec_name, mutate) in MUTATIONS.items():
+        spec = dataclasses.replace(load_spec(SPECS / f"{spec_name}.toml"), name=f"{spec_name}_{case}")
+        files = generate_op(spec)
+        module = f"{spec.name}.py"
+        files[module] = mutate(files[module])
+        write_files(files, tmp_path)
+    result = run_pytest(tmp_path, "-rf")
+    failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
+    for case, (spec_name, _) in MUTATIONS.items():
+        name = f"{spec_name}_{case}"
+        if case == "control":
+            assert name not in failed, result.stdout[-3000:]
+        else:
+            assert name in failed, f"the generated tests did not catch {case!r}\n{result.stdout[-3000:]}"
