@@ -1,8 +1,8 @@
 """The library entry points: one call per pipeline run, for the CLI and for other tools.
 
-    spec = load_spec("swish.toml")           # or spec_from_flags(...)
-    files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory
-    write_files(files, "ops/")               # atomic, refuses to clobber without force=True
+spec = load_spec("swish.toml")           # or spec_from_flags(...)
+files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory
+write_files(files, "ops/")               # atomic, refuses to clobber without force=True
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         "op",
         help="generate an op: its autograd.Function, Module and tests",
         description="Generate DIR/NAME.py (Function, functional, Module) and DIR/test_NAME.py.",
-        epilog='example: scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x '
-        "--learnable beta=1.0",
+        epilog='example: scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0',
     )
     op.add_argument("name", nargs="?", help="op name, a Python identifier (e.g. leaky_relu)")
     op.add_argument("--spec", metavar="FILE", help="read the op from a TOML spec file instead of flags")

@@ -142,7 +142,9 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
                 low, high = b.low + MARGIN, b.low + WIDTH
             else:
                 low, high = b.high - WIDTH, b.high - MARGIN
-            reason = "inferred: " + "; ".join(dict.fromkeys(r for r in b.reasons if "kink" not in r and "switch" not in r and "pole" not in r))
+            reason = "inferred: " + "; ".join(
+                dict.fromkeys(r for r in b.reasons if "kink" not in r and "switch" not in r and "pole" not in r)
+            )
         avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
         domains.append(InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason))
     return tuple(domains)

@@ -122,8 +122,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
     tensor_names = tuple(t.name for t in spec.tensors)
     if not any(symbols[n] in used for n in tensor_names):
         raise ExpressionError(
-            f"the forward {spec.forward!r} does not depend on any tensor argument "
-            f"({', '.join(tensor_names)})",
+            f"the forward {spec.forward!r} does not depend on any tensor argument ({', '.join(tensor_names)})",
             where=where,
             hint="use the declared tensors in the expression, or declare the names it uses with --tensor",
         )
@@ -137,7 +136,8 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
         )
     if expr.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I):
         raise ExpressionError(
-            "the forward simplifies to something infinite, undefined or complex", where=where,
+            "the forward simplifies to something infinite, undefined or complex",
+            where=where,
             hint="check for a division by zero or a log of a negative constant",
         )
     return ParsedExpression(
@@ -341,7 +341,8 @@ class _Builder:
     def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
         if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
             raise self.fail(
-                node, "a condition is used as a number",
+                node,
+                "a condition is used as a number",
                 hint="use conditions only inside Piecewise((value, condition), ...)",
             )
         return value

@@ -231,8 +231,7 @@ class TorchPrinter(StrPrinter):
         if self.is_tensor(expr):
             if isinstance(expr, _BINARY_TENSOR_ONLY) and not all(self.is_tensor(a) for a in expr.args):
                 raise DerivationError(
-                    f"{sympy.sstr(expr)} mixes a tensor and a non-tensor argument, which {torch_name} "
-                    "does not accept",
+                    f"{sympy.sstr(expr)} mixes a tensor and a non-tensor argument, which {torch_name} does not accept",
                     where="printing",
                     hint="make both arguments tensors",
                 )
@@ -284,7 +283,9 @@ class TorchPrinter(StrPrinter):
         for other in tensors[1:]:
             text = f"{torch_name}({text}, {self._print(other)})"
         if numbers:
-            bound = self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
+            bound = (
+                self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
+            )
             text = f"torch.clamp({text}, {clamp_side}={bound})"
         return text
 
@@ -338,7 +339,7 @@ class TorchPrinter(StrPrinter):
         text = branches[-1][0]
         if not any_tensor_value and not self._dtype_anchored:
             # Both values are numbers: anchor the dtype on a tensor of the condition.
-            anchor = sorted((s.name for s in expr.free_symbols if s.name in self.tensors))[0]
+            anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
             text = f"{anchor}.new_tensor({text})"
         for value_text, cond in reversed(branches[:-1]):
             text = f"torch.where({self._print(cond)}, {value_text}, {text})"
@@ -351,9 +352,7 @@ class TorchPrinter(StrPrinter):
             return self._print(value)
         symbol, inside = guard
         condition = self._print(region)
-        self._substitutions.append(
-            {symbol: f"torch.where({condition}, {symbol.name}, {self._print(inside)})"}
-        )
+        self._substitutions.append({symbol: f"torch.where({condition}, {symbol.name}, {self._print(inside)})"})
         try:
             return self._print(value)
         finally:
@@ -395,5 +394,3 @@ def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where:
             exc.args = (str(exc),)
         raise
     return text, printer.uses_math
-
-

@@ -66,9 +66,7 @@ class _CodePrinter:
     """Prints expressions of one op, remembering whether any needed the math module."""
 
     def __init__(self, spec: OpSpec, plan: BackwardPlan) -> None:
-        self.tensors = (
-            {t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT} | set(plan.temporaries)
-        )
+        self.tensors = {t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT} | set(plan.temporaries)
         self.where = f"{spec.source}: forward"
         self.uses_math = False
 
@@ -121,7 +119,8 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
     returns = [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names)
 
     has_kinks = any(
-        derivation.forward.has(cls) for cls in (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Max, sympy.Min, sympy.Piecewise)
+        derivation.forward.has(cls)
+        for cls in (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Max, sympy.Min, sympy.Piecewise)
     )
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     learnables = [t for t in spec.tensors if t.learnable]
@@ -229,10 +228,14 @@ def render_op(
         "doc": _docstring_text(spec.doc.strip()),
     }
     module = env.get_template(TEMPLATES["module"]).render(
-        **common, **module_context(spec, derivation, plan), inits={
-            t.name: learnable_init(t.init, next(d for d in domains if d.name == t.name)) for t in spec.tensors
+        **common,
+        **module_context(spec, derivation, plan),
+        inits={
+            t.name: learnable_init(t.init, next(d for d in domains if d.name == t.name))
+            for t in spec.tensors
             if t.learnable
-        }, shapes={t.name: _shape(t.shape) for t in spec.tensors}
+        },
+        shapes={t.name: _shape(t.shape) for t in spec.tensors},
     )
     test = env.get_template(TEMPLATES["test"]).render(
         **common, **test_context(spec, plan, domains, module_import or spec.name)

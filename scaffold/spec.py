@@ -62,8 +62,7 @@ def check_identifier(name: object, *, what: str, where: str) -> str:
         raise SpecError(f"{what} must be a string, not {type(name).__name__}", where=where)
     if not _IDENTIFIER.match(name):
         raise SpecError(
-            f"{what} {name!r} is not a valid name: use ASCII letters, digits and underscores, "
-            "starting with a letter",
+            f"{what} {name!r} is not a valid name: use ASCII letters, digits and underscores, starting with a letter",
             where=where,
             hint=f"try {_suggest(name)!r}",
         )
@@ -122,18 +121,22 @@ class ScalarArg:
     def __post_init__(self) -> None:
         where = f"scalars.{self.name}"
         if self.type not in SCALAR_TYPES:
-            raise SpecError(
-                f"type must be one of float, int, bool, got {self.type!r}", where=where + ".type"
-            )
+            raise SpecError(f"type must be one of float, int, bool, got {self.type!r}", where=where + ".type")
         expected = SCALAR_TYPES[self.type]
         value = self.default
-        ok = isinstance(value, bool) if expected is bool else (
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-            and (expected is float or isinstance(value, int))
+        ok = (
+            isinstance(value, bool)
+            if expected is bool
+            else (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and (expected is float or isinstance(value, int))
+            )
         )
         if not ok:
             raise SpecError(
-                f"default {value!r} is not a {self.type}", where=where + ".default",
+                f"default {value!r} is not a {self.type}",
+                where=where + ".default",
                 hint="write true/false for bool, 3 for int, 1.5 for float",
             )
         if expected is float:
@@ -298,12 +301,8 @@ def spec_from_mapping(data: dict[str, Any], *, source: str) -> OpSpec:
     return OpSpec(
         name=data["name"],
         forward=data["forward"],
-        tensors=tuple(
-            _tensor_from_table(n, t, f"{source}: tensors.{n}") for n, t in tensors_table.items()
-        ),
-        scalars=tuple(
-            _scalar_from_table(n, t, f"{source}: scalars.{n}") for n, t in scalars_table.items()
-        ),
+        tensors=tuple(_tensor_from_table(n, t, f"{source}: tensors.{n}") for n, t in tensors_table.items()),
+        scalars=tuple(_scalar_from_table(n, t, f"{source}: scalars.{n}") for n, t in scalars_table.items()),
         doc=doc,
         source=source,
     )
@@ -352,7 +351,8 @@ def _parse_scalar_value(text: str, type_: str | None, where: str) -> tuple[str, 
             value = float(text)
         except ValueError:
             raise SpecError(
-                f"cannot read the default value {text!r}", where=where,
+                f"cannot read the default value {text!r}",
+                where=where,
                 hint="write e.g. alpha=0.5, n=3 or flag=true",
             ) from None
     return (type_ or _infer_type(value)), (float(value) if type_ == "float" else value)

@@ -43,9 +43,7 @@ MUTATIONS = {
     ),
     "no_broadcast_reduction": (
         "quadratic",
-        _sub(
-            r"grad_a = \(grad_output \* x\*\*2\)\.sum_to_size\(ctx\.a_shape\)", "grad_a = grad_output * x**2"
-        ),
+        _sub(r"grad_a = \(grad_output \* x\*\*2\)\.sum_to_size\(ctx\.a_shape\)", "grad_a = grad_output * x**2"),
     ),
     "ignores_needs_input_grad": ("quadratic", _sub(r"if ctx\.needs_input_grad\[2\]:", "if True:")),
     "missing_none_return": (
