@@ -63,7 +63,6 @@ class BackwardPlan:
     ctx_scalars: tuple[str, ...]  # scalar arguments the backward reads from ctx
     shared: tuple[SharedSteps, ...]
     gradients: tuple[GradientPlan, ...]
-    temporaries: frozenset[str]  # names of all temporaries, forward and backward
 
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
@@ -131,5 +130,4 @@ def make_plan(derivation: Derivation) -> BackwardPlan:
         ctx_scalars=tuple(n for n in parsed.scalar_names if n in used),
         shared=tuple(shared),
         gradients=gradients,
-        temporaries=frozenset(str(s) for s, _ in forward_replacements) | frozenset(map(str, temps)),
     )

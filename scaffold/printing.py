@@ -98,8 +98,6 @@ class TorchPrinter(StrPrinter):
     other symbol is a Python number, and expressions over those alone are printed as plain Python.
     """
 
-    printmethod = "_torchcode"
-
     def __init__(self, tensors: frozenset[str] | set[str]) -> None:
         super().__init__()
         self.tensors = frozenset(tensors)
@@ -342,7 +340,10 @@ class TorchPrinter(StrPrinter):
             anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
             text = f"{anchor}.new_tensor({text})"
         for value_text, cond in reversed(branches[:-1]):
-            text = f"torch.where({self._print(cond)}, {value_text}, {text})"
+            if self.is_tensor(cond):
+                text = f"torch.where({self._print(cond)}, {value_text}, {text})"
+            else:  # a condition on scalars alone picks a branch once, in Python
+                text = f"({value_text} if {self._print(cond)} else {text})"
         return text
 
     def _print_branch(self, value: sympy.Expr, region: sympy.Basic) -> str:

@@ -63,12 +63,21 @@ def _math(expr: sympy.Basic) -> str:
 
 
 class _CodePrinter:
-    """Prints expressions of one op, remembering whether any needed the math module."""
+    """Prints the expressions of one op, tracking which temporaries hold tensors.
 
-    def __init__(self, spec: OpSpec, plan: BackwardPlan) -> None:
-        self.tensors = {t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT} | set(plan.temporaries)
+    A temporary is a tensor when its expression involves one; otherwise it is a Python number (a
+    function of scalar arguments), and expressions using it must not call torch on it. Forward,
+    backward and the test's reference each start a fresh :meth:`scope`: their temporaries share names.
+    """
+
+    def __init__(self, spec: OpSpec) -> None:
+        self.base = frozenset({t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT})
+        self.tensors = set(self.base)
         self.where = f"{spec.source}: forward"
         self.uses_math = False
+
+    def scope(self) -> None:
+        self.tensors = set(self.base)
 
     def __call__(self, expr: sympy.Basic) -> str:
         text, uses_math = print_torch(expr, self.tensors, where=self.where)
@@ -76,7 +85,12 @@ class _CodePrinter:
         return text
 
     def steps(self, steps: tuple[Step, ...]) -> list[str]:
-        return [f"{s.name} = {self(s.expr)}" for s in steps]
+        lines = []
+        for step in steps:
+            lines.append(f"{step.name} = {self(step.expr)}")
+            if any(s.name in self.tensors for s in step.expr.free_symbols):
+                self.tensors.add(step.name)
+        return lines
 
 
 def _guard(indices: tuple[int, ...]) -> str:
@@ -88,7 +102,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> dict:
-    code = _CodePrinter(spec, plan)
+    code = _CodePrinter(spec)
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
@@ -100,6 +114,7 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
     saved_inputs = [n for n in plan.saved if n != OUTPUT]
     saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
 
+    code.scope()
     shared_blocks = [{"guard": _guard(b.users), "lines": code.steps(b.steps)} for b in plan.shared]
     gradients = []
     for g in plan.gradients:
@@ -168,7 +183,7 @@ def _saved_comment(inputs: list[str], output: bool) -> str:
 
 
 def test_context(spec: OpSpec, plan: BackwardPlan, domains: tuple[InputDomain, ...], module_import: str) -> dict:
-    code = _CodePrinter(spec, plan)
+    code = _CodePrinter(spec)
     reference_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
     by_name = {d.name: d for d in domains}
     inputs = []

@@ -1,0 +1,116 @@
+"""The sympy -> torch printer, checked numerically against sympy (not only as strings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+import torch
+from sympy import Abs, Heaviside, Max, Min, Piecewise, Rational, sign, sqrt
+from sympy.codegen.cfunctions import expm1, hypot, log1p
+
+from scaffold.errors import DerivationError
+from scaffold.printing import print_torch
+
+x, y = sympy.symbols("x y", real=True)
+alpha = sympy.Symbol("alpha", real=True)
+ALPHA = 0.75
+TENSORS = {"x", "y"}
+
+
+def evaluate(expr: sympy.Expr, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    code, _ = print_torch(expr, TENSORS, where="test")
+    value = eval(code, {"torch": torch, "math": math}, {"x": xs, "y": ys, "alpha": ALPHA})  # our own output
+    return torch.as_tensor(value, dtype=xs.dtype).expand(torch.broadcast_shapes(xs.shape, ys.shape))
+
+
+def reference(expr: sympy.Expr, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    f = sympy.lambdify((x, y), expr.subs(alpha, ALPHA), modules="mpmath")
+    values = [float(sympy.re(sympy.N(f(a, b), 20))) for a, b in zip(xs.tolist(), ys.tolist())]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+# (expression, x values, y values): grids include kinks (0, alpha) on purpose
+GRID = torch.tensor([-2.5, -1.0, -0.25, 0.0, 0.5, 0.75, 1.0, 2.0], dtype=torch.float64)
+POSITIVE = torch.tensor([0.1, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0], dtype=torch.float64)
+UNIT = torch.tensor([-0.9, -0.5, -0.1, 0.0, 0.2, 0.5, 0.75, 0.95], dtype=torch.float64)
+CASES = [
+    (Max(x, 0), GRID, GRID),
+    (Max(x, alpha), GRID, GRID),
+    (Max(x, y, 1), GRID, GRID.flip(0)),
+    (Min(x, 2, alpha), GRID, GRID),
+    (Min(Max(x, -1), 1), GRID, GRID),
+    (Max(alpha, 2) * x, GRID, GRID),
+    (Heaviside(x), GRID, GRID),
+    (Heaviside(x, 0), GRID, GRID),
+    (Heaviside(x, 1), GRID, GRID),
+    (Heaviside(x - alpha, Rational(1, 4)), GRID, GRID),
+    (Heaviside(x) * y, GRID, GRID.flip(0)),
+    (sign(x) + Abs(x), GRID, GRID),
+    (sign(alpha) * x + Abs(alpha - 2) * x, GRID, GRID),
+    (Piecewise((sqrt(x), x > 0), (0, True)), GRID, GRID),
+    (Piecewise((1, x > 0), (Rational(1, 4), True)), GRID, GRID),
+    (Piecewise((x, x < -1), (x**2, x < 1), (2 * x - 1, True)), GRID, GRID),
+    (Piecewise((x, alpha > 0), (-x, True)), GRID, GRID),
+    (Piecewise((x, (x > 0) & (y > 0)), (y, True)), GRID, GRID.flip(0)),
+    (sympy.polygamma(0, x) + sympy.polygamma(2, x), POSITIVE, POSITIVE),
+    (sympy.loggamma(x) * sympy.exp(alpha), POSITIVE, POSITIVE),
+    (x ** Rational(1, 3) + 1 / sqrt(x) + x ** Rational(-3, 2), POSITIVE, POSITIVE),
+    (x**y, POSITIVE, GRID),
+    (2**x + sympy.E**x + sympy.pi * x, GRID, GRID),
+    (log1p(x) + expm1(x), POSITIVE, POSITIVE),
+    (hypot(x, y) + sympy.atan2(y, x), GRID, GRID.flip(0)),
+    (sympy.erfinv(x) + sympy.atanh(x) + sympy.asin(x), UNIT, UNIT),
+    (sympy.erf(x) + sympy.erfc(x * alpha), GRID, GRID),
+    (sympy.log(x, 2) + sympy.acosh(x + 1), POSITIVE, POSITIVE),
+    (x / (1 + sympy.exp(-alpha * x)), GRID, GRID),
+    (-x / 3 + Rational(3, 2) * x * y, GRID, GRID),
+]
+
+
+@pytest.mark.parametrize(("expr", "xs", "ys"), CASES, ids=[sympy.sstr(c[0]) for c in CASES])
+def test_printed_code_matches_sympy(expr, xs, ys):
+    torch.testing.assert_close(evaluate(expr, xs, ys), reference(expr, xs, ys))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_steps_and_cases_keep_the_input_dtype(dtype):
+    xs = GRID.to(dtype)
+    for expr in (Heaviside(x), Heaviside(x, 0), Piecewise((1, x > 0), (Rational(1, 10), True)), sign(x)):
+        assert evaluate(expr, xs, xs).dtype == dtype, expr
+
+
+def test_piecewise_gradient_has_no_nan_from_the_untaken_branch():
+    for expr in (
+        Piecewise((sympy.log(x), x > 0), (0, True)),
+        Piecewise((0, x <= 0), (sqrt(x), True)),
+        Piecewise((x, x < 2), (sympy.acosh(x), True)),
+    ):
+        xs = GRID.clone().requires_grad_()
+        out = evaluate(expr, xs, xs)
+        (grad,) = torch.autograd.grad(out.sum(), xs, create_graph=True)
+        (grad2,) = torch.autograd.grad(grad.sum(), xs)
+        assert torch.isfinite(grad).all() and torch.isfinite(grad2).all(), expr
+
+
+def test_mask_is_a_boolean_factor():
+    code, _ = print_torch(Heaviside(x, 0) * y, TENSORS, where="test")
+    assert code == "y * (x > 0)"
+    code, _ = print_torch(Max(x, 0) + Max(x, y) + Min(x, alpha), TENSORS, where="test")
+    assert code == "torch.clamp(x, min=0) + torch.maximum(x, y) + torch.clamp(x, max=alpha)"
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        (sympy.gamma(x), "gamma(x) has no torch translation"),
+        (sympy.Derivative(sympy.Function("f")(x), x), "sympy leaves Derivative(f(x), x) unevaluated"),
+        (sympy.DiracDelta(x), "DiracDelta(x) has no torch translation"),
+        (x + sympy.I, "not a finite real number"),
+        (sympy.zeta(x), "zeta(x) has no torch translation"),
+    ],
+)
+def test_untranslatable_nodes_are_named(expr, message):
+    with pytest.raises(DerivationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        print_torch(expr, TENSORS, where="test")
