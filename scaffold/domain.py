@@ -9,7 +9,7 @@ anything else it keeps the tensors involved positive, and the spec can always sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 from sympy.codegen import cfunctions
@@ -41,8 +41,8 @@ class InputDomain:
 class _Bounds:
     low: float | None = None
     high: float | None = None
-    avoid: set[float] | None = None
-    reasons: list[str] | None = None
+    avoid: set[float] = field(default_factory=set)
+    reasons: list[str] = field(default_factory=list)  # why the interval is what it is
 
     def add_low(self, value: float, reason: str) -> None:
         self.low = value if self.low is None else max(self.low, value)
@@ -70,7 +70,7 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
     expr = parsed.expr.xreplace({k: sympy.sympify(v) for k, v in defaults.items()})
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
-    bounds = {s: _Bounds(avoid=set(), reasons=[]) for s in tensors}
+    bounds = {s: _Bounds() for s in tensors}
 
     def constrain(arg: sympy.Expr, low: float | None, high: float | None, what: str) -> None:
         if (low is not None and high is None and (arg - low).is_positive) or (
@@ -92,12 +92,11 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
             else:
                 bounds[s].add_high(x, what)
 
-    def kink(a: sympy.Expr, what: str) -> None:
+    def kink(a: sympy.Expr) -> None:
         affine = _affine(a, tensors)
         if affine is not None:
             s, k, c = affine
             bounds[s].avoid.add(-c / k)
-            bounds[s].reasons.append(what)
 
     for node in sympy.preorder_traversal(expr):
         text = sympy.sstr(node)
@@ -114,15 +113,15 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
         elif isinstance(node, sympy.Pow) and not node.exp.is_Number and node.base.free_symbols & tensors:
             constrain(node.base, 0.0, None, f"{text} needs a positive base")
         elif isinstance(node, sympy.Pow) and node.exp.is_Number and node.exp.is_negative:
-            kink(node.base, f"{text} has a pole")
+            kink(node.base)
         elif isinstance(node, _KINKS):
-            kink(node.args[0], f"{text} has a kink")
+            kink(node.args[0])
         elif isinstance(node, (sympy.Max, sympy.Min)):
             for i, a in enumerate(node.args):
                 for b in node.args[i + 1 :]:
-                    kink(a - b, f"{text} has a kink")
+                    kink(a - b)
         elif isinstance(node, sympy.core.relational.Relational):
-            kink(node.lhs - node.rhs, f"the condition {text} switches there")
+            kink(node.lhs - node.rhs)
 
     domains = []
     for t in spec.tensors:

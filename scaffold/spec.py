@@ -284,6 +284,17 @@ def _infer_type(value: object) -> str:
 
 def spec_from_mapping(data: dict[str, Any], *, source: str) -> OpSpec:
     """Build an :class:`OpSpec` from a parsed TOML document (or any equivalent mapping)."""
+    try:
+        return _spec_from_mapping(data, source)
+    except SpecError as exc:
+        # Arguments validate themselves without knowing the file; say where they came from.
+        if exc.where and not exc.where.startswith((source, "--")):
+            exc.where = f"{source}: {exc.where}"
+            exc.args = (str(exc),)
+        raise
+
+
+def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
     _check_keys(data, _TOP_KEYS, source)
     for key in ("name", "forward"):
         if key not in data:

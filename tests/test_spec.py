@@ -1,0 +1,87 @@
+"""Specs: TOML and flags give the same validated OpSpec; bad specs fail at the edge."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaffold import compile_op, load_spec, spec_from_flags
+from scaffold.errors import SpecError
+from scaffold.spec import ScalarArg, TensorArg, camel_case, spec_to_toml
+
+from .conftest import SPECS
+
+
+def test_camel_case():
+    assert camel_case("leaky_relu") == "LeakyRelu"
+    assert camel_case("swish2") == "Swish2"
+    assert camel_case("smooth_l1") == "SmoothL1"
+
+
+def test_toml_spec_is_read_in_declaration_order():
+    spec = load_spec(SPECS / "quadratic.toml")
+    assert [t.name for t in spec.tensors] == ["x", "a", "b", "c"]
+    assert [t.shape for t in spec.tensors] == [(4, 5), (5,), (4, 1), ()]
+    assert spec.source == "quadratic.toml"
+
+
+def test_flags_give_the_spec_a_file_gives():
+    spec = spec_from_flags(
+        "swish", "x / (1 + exp(-beta * x))", ["x=4,5"], ["alpha=0.5", "n:int=3", "flag=true"], learnable=["beta=1.0"]
+    )
+    assert spec.tensors == (TensorArg("x", (4, 5)), TensorArg("beta", (), learnable=True, init=1.0))
+    assert spec.scalars == (ScalarArg("alpha", "float", 0.5), ScalarArg("n", "int", 3), ScalarArg("flag", "bool", True))
+    assert spec_from_flags("op", "x", ["x=[]"]).tensors[0].shape == ()
+
+
+def test_spec_round_trips_through_toml(tmp_path):
+    spec = spec_from_flags("op", "x * alpha + beta", ["x=3"], ["alpha=0.5"], learnable=["beta=2.0"])
+    path = tmp_path / "op.toml"
+    path.write_text(spec_to_toml(spec))
+    again = load_spec(path)
+    assert (again.name, again.forward, again.tensors, again.scalars) == (
+        spec.name,
+        spec.forward,
+        spec.tensors,
+        spec.scalars,
+    )
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('forward = "x"\n[tensors.x]\n', "missing required key 'name'"),
+        ('name = "op"\nforward = "x"\n', "the op has no tensor arguments"),
+        ('name = "op"\nforward = "x"\ncolour = 1\n[tensors.x]\n', "unknown key 'colour'"),
+        ('name = "op"\nforward = "x"\n[tensors.x]\nshape = [0]\n', "shape must be a list of positive integers"),
+        ('name = "op"\nforward = "x"\n[tensors.x]\ndomain = [1.0, -1.0]\n', "low < high"),
+        ('name = "op"\nforward = "x"\n[tensors.x]\ninit = 1.0\n', "init is only used for learnable tensors"),
+        ('name = "op"\nforward = "x*a"\n[tensors.x]\n[scalars.a]\ntype = "int"\ndefault = 0.5\n', "is not a int"),
+        ('name = "op"\nforward = "x*a"\n[tensors.x]\n[scalars.a]\ntype = "complex"\ndefault = 1\n', "type must be"),
+        ('name = "op"\nforward = "x"\n[tensors.x]\n[scalars.x]\ndefault = 1\n', "declared twice"),
+        ('name = "op"\nforward = 3\n[tensors.x]\n', "forward must be a string"),
+    ],
+)
+def test_bad_specs(tmp_path, toml, message):
+    path = tmp_path / "op.toml"
+    path.write_text(toml)
+    with pytest.raises(SpecError, match=message) as info:
+        load_spec(path)
+    assert str(info.value).startswith("op.toml")
+
+
+def test_domains_are_inferred_from_the_expression():
+    def domain(forward, scalars=()):
+        (d,) = compile_op(spec_from_flags("op", forward, ["x"], list(scalars))).domains
+        return d.low, d.high, d.avoid
+
+    assert domain("x * tanh(x)") == (-3.0, 3.0, ())
+    assert domain("log(x)")[0] > 0
+    low, high, _ = domain("atanh(x)")
+    assert -1 < low < high < 1
+    assert domain("acosh(2 * x - 1)")[0] > 1
+    assert domain("log1p(x)")[0] > -1
+    assert domain("log(x**2 + 1)") == (-3.0, 3.0, ())  # positive everywhere: no restriction
+    assert domain("Abs(x - 1)")[2] == (1.0,)
+    assert domain("Max(x, alpha)", ["alpha=0.5"])[2] == (0.5,)
+    assert domain("Piecewise((x, x > -1), (0, True))")[2] == (-1.0,)
+    assert domain("1 / x")[2] == (0.0,)
