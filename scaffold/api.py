@@ -32,7 +32,8 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     """Run the pipeline up to (not including) rendering."""
     parsed = parse_forward(spec)
     derivation = derive(parsed, where=f"{spec.source}: forward")
-    return CompiledOp(spec, parsed, derivation, make_plan(derivation), infer_domains(spec, parsed))
+    domains = infer_domains(spec, parsed, tuple(p.expr for p in derivation.partials))
+    return CompiledOp(spec, parsed, derivation, make_plan(derivation), domains)
 
 
 def generate_op(spec: OpSpec, *, module_import: str | None = None) -> dict[str, str]:

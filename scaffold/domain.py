@@ -66,7 +66,9 @@ def _affine(arg: sympy.Expr, tensors: set[sympy.Symbol]) -> tuple[sympy.Symbol, 
     return s, k, c
 
 
-def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, ...]:
+def infer_domains(
+    spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = ()
+) -> tuple[InputDomain, ...]:
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
     expr = parsed.expr.xreplace({k: sympy.sympify(v) for k, v in defaults.items()})
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
@@ -93,10 +95,11 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
                 bounds[s].add_high(x, what)
 
     def kink(a: sympy.Expr) -> None:
-        affine = _affine(a, tensors)
-        if affine is not None:
-            s, k, c = affine
-            bounds[s].avoid.add(-c / k)
+        for alternative in _without_minmax(a):  # Min(Max(x, 0), 6) switches where x = 0 and x = 6
+            affine = _affine(alternative, tensors)
+            if affine is not None:
+                s, k, c = affine
+                bounds[s].avoid.add(-c / k + 0.0)
 
     for node in sympy.preorder_traversal(expr):
         text = sympy.sstr(node)
@@ -123,7 +126,7 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
         elif isinstance(node, sympy.core.relational.Relational):
             kink(node.lhs - node.rhs)
 
-    domains = []
+    domains = {}
     for t in spec.tensors:
         s = parsed.symbols[t.name]
         b = bounds[s]
@@ -145,8 +148,88 @@ def infer_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, 
                 dict.fromkeys(r for r in b.reasons if "kink" not in r and "switch" not in r and "pole" not in r)
             )
         avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
-        domains.append(InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason))
-    return tuple(domains)
+        domains[t.name] = InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason)
+    checked = [expr, *(p.xreplace({k: sympy.sympify(v) for k, v in defaults.items()}) for p in partials)]
+    free = [t.name for t in spec.tensors if t.domain is None]
+    return tuple(_repair(domains, checked, parsed.symbols, free).values())
+
+
+# Intervals tried, in order, for a tensor whose inferred interval gives a non-real or infinite value.
+CANDIDATES = ((0.25, 3.0), (0.1, 0.9), (1.25, 4.0), (-0.9, -0.1), (-3.0, -0.25))
+_SAMPLES = 24
+
+
+def _repair(
+    domains: dict[str, InputDomain], exprs: list[sympy.Expr], symbols: dict[str, sympy.Symbol], free: list[str]
+) -> dict[str, InputDomain]:
+    """Check the domains numerically; where the forward or a derivative is not finite and real, try others.
+
+    Structural inference cannot see that log(p / (1 - p)) needs 0 < p < 1; evaluating it can. Only
+    tensors without a declared domain are changed.
+    """
+    valid = _evaluates(exprs, symbols, domains)
+    if valid is not False or not free:
+        return domains
+    for name in free:
+        for low, high in CANDIDATES:
+            trial = dict(domains)
+            avoid = tuple(v for v in domains[name].avoid if low < v < high)
+            reason = "inferred: the forward and its derivatives are finite and real there"
+            trial[name] = InputDomain(name, low, high, avoid, reason)
+            if _evaluates(exprs, symbols, trial):
+                return trial
+    return domains
+
+
+def _evaluates(
+    exprs: list[sympy.Expr], symbols: dict[str, sympy.Symbol], domains: dict[str, InputDomain]
+) -> bool | None:
+    """Whether every expression is finite and real at sample points of the domains; None if unknown."""
+    import mpmath
+
+    names = list(domains)
+    try:
+        f = sympy.lambdify([symbols[n] for n in names], exprs, modules="mpmath")
+    except Exception:  # a function lambdify cannot translate: no opinion
+        return None
+    for k in range(_SAMPLES):
+        point = []
+        for i, name in enumerate(names):
+            d = domains[name]
+            u = (0.5 + k * 0.6180339887 + i * 0.4142135623) % 1.0
+            value = d.low + (d.high - d.low) * u
+            if any(abs(value - a) < 0.05 for a in d.avoid):
+                value += 0.1
+            point.append(mpmath.mpf(value))
+        try:
+            values = f(*point)
+        except (ZeroDivisionError, ValueError, OverflowError):
+            return False
+        except Exception:
+            return None
+        for v in values:
+            if isinstance(v, mpmath.mpc) and abs(v.imag) > 1e-12:
+                return False
+            try:
+                real = mpmath.mpf(v.real if isinstance(v, mpmath.mpc) else v)
+            except (TypeError, ValueError):
+                return None
+            if not mpmath.isfinite(real):
+                return False
+    return True
+
+
+def _without_minmax(expr: sympy.Expr, limit: int = 16) -> list[sympy.Expr]:
+    """``expr`` with each Max/Min replaced by each of its arguments in turn (at most ``limit`` results)."""
+    node = next((n for n in sympy.preorder_traversal(expr) if isinstance(n, (sympy.Max, sympy.Min))), None)
+    if node is None:
+        return [expr]
+    results: list[sympy.Expr] = []
+    for arg in node.args:
+        results += _without_minmax(expr.xreplace({node: arg}), limit)
+        if len(results) >= limit:
+            break
+    return results[:limit]
 
 
 def learnable_init(tensor_init: float | None, domain: InputDomain) -> float:

@@ -1,14 +1,15 @@
 """Stage 4: the backward plan.
 
-Decides what the generated backward computes and what the forward must leave it:
+Decides what the generated backward (and jvp) compute and what the forward must leave them:
 
-* each gradient is ``grad_output * partial``, reduced to its input's shape;
-* common subexpressions are shared (sympy's ``cse``) across all gradients; a temporary used by one
-  gradient is computed inside that gradient's ``needs_input_grad`` guard, one used by several is computed
-  once, guarded by "any of them is needed";
-* where a partial contains the whole forward (d/dx exp(x) = exp(x)), the saved output is used instead
-  of computing the forward again;
-* exactly the tensors the gradient formulas use are saved; scalars they use become ctx attributes.
+* each gradient is ``grad_output * partial``, reduced to its input's shape; each jvp term is
+  ``partial * tangent``;
+* common subexpressions are shared (sympy's ``cse``) across all terms; a temporary used by one term is
+  computed inside that term's guard (``needs_input_grad``, or "this tangent is not None"), one used by
+  several is computed once, guarded by "any of them is needed";
+* where a partial contains the whole forward (d/dx exp(x) = exp(x)), backward uses the saved output
+  instead of computing the forward again;
+* exactly the tensors the formulas use are saved; scalars they use become ctx attributes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .derivation import Derivation
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
+TANGENT_SUFFIX = "_tangent"
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,13 @@ class Step:
 
 
 @dataclass(frozen=True)
-class GradientPlan:
-    """How the gradient of one tensor argument is computed."""
+class Term:
+    """One tensor argument's part of a derivative: its gradient in backward, its term in jvp."""
 
     index: int  # position of the argument in the forward's signature
     name: str
-    partial: sympy.Expr  # d(forward)/d(name), for the docstring
-    steps: tuple[Step, ...]  # temporaries only this gradient uses
-    expr: sympy.Expr  # grad_output * partial, in terms of the temporaries
+    steps: tuple[Step, ...]  # temporaries only this term uses
+    expr: sympy.Expr  # in terms of the temporaries
 
     @property
     def is_zero(self) -> bool:
@@ -49,60 +50,54 @@ class GradientPlan:
 
 @dataclass(frozen=True)
 class SharedSteps:
-    """Temporaries used by several gradients, computed when any of them is needed."""
+    """Temporaries used by several terms, computed when any of them is needed."""
 
-    users: tuple[int, ...]  # indices of the gradients that use them
+    users: tuple[int, ...]  # indices of the terms that use them
     steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class DerivativeCode:
+    """The shared temporaries and the per-argument terms of backward or of jvp."""
+
+    shared: tuple[SharedSteps, ...]
+    terms: tuple[Term, ...]
+
+    def free_names(self) -> set[str]:
+        exprs = [t.expr for t in self.terms] + [s.expr for b in self.shared for s in b.steps]
+        exprs += [s.expr for t in self.terms for s in t.steps]
+        return {s.name for e in exprs for s in e.free_symbols}
 
 
 @dataclass(frozen=True)
 class BackwardPlan:
     forward_steps: tuple[Step, ...]
     forward_expr: sympy.Expr
+    backward: DerivativeCode
     saved: tuple[str, ...]  # tensors saved for backward, in order; may end with OUTPUT
-    ctx_scalars: tuple[str, ...]  # scalar arguments the backward reads from ctx
-    shared: tuple[SharedSteps, ...]
-    gradients: tuple[GradientPlan, ...]
+    ctx_scalars: tuple[str, ...]  # scalar arguments backward or jvp read from ctx
+    jvp: DerivativeCode
+    saved_for_forward: tuple[str, ...]  # tensors saved for jvp
 
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
-    prefix = "tmp"
     for i in range(10**6):
-        name = f"{prefix}{i}"
-        if name not in taken:
-            yield sympy.Symbol(name, real=True)
+        if f"tmp{i}" not in taken:
+            yield sympy.Symbol(f"tmp{i}", real=True)
 
 
-def make_plan(derivation: Derivation) -> BackwardPlan:
-    parsed = derivation.parsed
-    taken = set(parsed.symbols) | {GRAD_OUTPUT, OUTPUT}
-    grad_output = sympy.Symbol(GRAD_OUTPUT, real=True)
-    output = sympy.Symbol(OUTPUT, real=True)
-
-    # Forward: share repeated subexpressions, e.g. exp(x) in exp(x) / (1 + exp(x)).
-    forward_replacements, (forward_expr,) = sympy.cse([parsed.expr], symbols=_temp_names(taken), order="none")
-    forward_steps = tuple(Step(str(s), e) for s, e in forward_replacements)
-
-    # Backward: the whole forward inside a partial is the saved output (exp, tanh, ...): no recompute.
-    forward = parsed.expr
-    uses_output = lambda p: not forward.is_Symbol and p.has(forward)  # noqa: E731
-    grads = [
-        grad_output * (p.expr.xreplace({forward: output}) if uses_output(p.expr) else p.expr)
-        for p in derivation.partials
-    ]
-    replacements, reduced = sympy.cse(grads, symbols=_temp_names(taken), order="none")
-
-    # Which gradients use each temporary, directly or through another temporary.
-    temps = [s for s, _ in replacements]
-    users: dict[sympy.Symbol, set[int]] = {s: set() for s in temps}
+def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> DerivativeCode:
+    """CSE across ``exprs``; place each temporary with the one term that uses it, or in a shared block."""
+    replacements, reduced = sympy.cse(exprs, symbols=_temp_names(taken), order="none")
+    users: dict[sympy.Symbol, set[int]] = {s: set() for s, _ in replacements}
     for i, expr in enumerate(reduced):
         for s in expr.free_symbols & users.keys():
             users[s].add(i)
-    for s, expr in reversed(replacements):
+    for s, expr in reversed(replacements):  # a temporary's users are also its dependencies' users
         for dep in expr.free_symbols & users.keys():
             users[dep] |= users[s]
 
-    own: dict[int, list[Step]] = {i: [] for i in range(len(grads))}
+    own: dict[int, list[Step]] = {i: [] for i in range(len(exprs))}
     shared: list[SharedSteps] = []
     for s, expr in replacements:
         step = Step(str(s), expr)
@@ -113,21 +108,41 @@ def make_plan(derivation: Derivation) -> BackwardPlan:
             shared[-1] = SharedSteps(who, shared[-1].steps + (step,))
         elif who:
             shared.append(SharedSteps(who, (step,)))
+    terms = tuple(Term(i, name, tuple(own[i]), reduced[i]) for i, name in enumerate(names))
+    return DerivativeCode(tuple(shared), terms)
 
-    gradients = tuple(
-        GradientPlan(index=i, name=p.name, partial=p.expr, steps=tuple(own[i]), expr=reduced[i])
-        for i, p in enumerate(derivation.partials)
+
+def make_plan(derivation: Derivation) -> BackwardPlan:
+    parsed = derivation.parsed
+    names = [p.name for p in derivation.partials]
+    taken = set(parsed.symbols) | {GRAD_OUTPUT, OUTPUT} | {n + TANGENT_SUFFIX for n in names}
+    grad_output = sympy.Symbol(GRAD_OUTPUT, real=True)
+    output = sympy.Symbol(OUTPUT, real=True)
+
+    # Forward: share repeated subexpressions, e.g. exp(x) in exp(x) / (1 + exp(x)).
+    forward_replacements, (forward_expr,) = sympy.cse([parsed.expr], symbols=_temp_names(taken), order="none")
+
+    # Backward: the whole forward inside a partial is the saved output (exp, tanh, ...): no recompute.
+    forward = parsed.expr
+    backward = _share(
+        [
+            grad_output * (p.expr.xreplace({forward: output}) if not forward.is_Symbol else p.expr)
+            for p in derivation.partials
+        ],
+        names,
+        taken,
     )
+    # jvp: partial * tangent per argument, from the inputs alone (the output has no tangent there).
+    jvp = _share([p.expr * sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials], names, taken)
 
-    used: set[str] = set()
-    for expr in [*reduced, *(e for _, e in replacements)]:
-        used |= {s.name for s in expr.free_symbols}
-    saved = tuple(n for n in parsed.tensor_names if n in used) + ((OUTPUT,) if OUTPUT in used else ())
+    backward_names, jvp_names = backward.free_names(), jvp.free_names()
+    saved = tuple(n for n in parsed.tensor_names if n in backward_names)
     return BackwardPlan(
-        forward_steps=forward_steps,
+        forward_steps=tuple(Step(str(s), e) for s, e in forward_replacements),
         forward_expr=forward_expr,
-        saved=saved,
-        ctx_scalars=tuple(n for n in parsed.scalar_names if n in used),
-        shared=tuple(shared),
-        gradients=gradients,
+        backward=backward,
+        saved=saved + ((OUTPUT,) if OUTPUT in backward_names else ()),
+        ctx_scalars=tuple(n for n in parsed.scalar_names if n in backward_names | jvp_names),
+        jvp=jvp,
+        saved_for_forward=tuple(n for n in parsed.tensor_names if n in jvp_names),
     )

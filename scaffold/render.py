@@ -8,6 +8,7 @@ deterministic: the same spec gives the same bytes.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -19,7 +20,7 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain, learnable_init
 from .errors import DerivationError
-from .plan import GRAD_OUTPUT, OUTPUT, BackwardPlan, Step
+from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
 from .printing import print_torch
 from .spec import OpSpec
 
@@ -71,7 +72,8 @@ class _CodePrinter:
     """
 
     def __init__(self, spec: OpSpec) -> None:
-        self.base = frozenset({t.name for t in spec.tensors} | {GRAD_OUTPUT, OUTPUT})
+        names = {t.name for t in spec.tensors}
+        self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT})
         self.tensors = set(self.base)
         self.where = f"{spec.source}: forward"
         self.uses_math = False
@@ -93,10 +95,6 @@ class _CodePrinter:
         return lines
 
 
-def _guard(indices: tuple[int, ...]) -> str:
-    return " or ".join(f"ctx.needs_input_grad[{i}]" for i in indices)
-
-
 def _shape(shape: tuple[int, ...]) -> str:
     return repr(tuple(shape))
 
@@ -115,23 +113,29 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
     saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
 
     code.scope()
-    shared_blocks = [{"guard": _guard(b.users), "lines": code.steps(b.steps)} for b in plan.shared]
+    backward = _blocks(code, plan.backward.shared, lambda i: f"ctx.needs_input_grad[{i}]", len(tensor_names))
     gradients = []
-    for g in plan.gradients:
+    for g in plan.backward.terms:
         shape = f"ctx.{g.name}_shape"
+        lines = code.steps(g.steps)  # first: it records which temporaries are tensors
         if g.is_zero:
             value = f"{GRAD_OUTPUT}.new_zeros({shape})"
             comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
         else:
-            expr = code(g.expr)
-            if not g.expr.is_Symbol:
-                expr = f"({expr})"
-            value = f"{expr}.sum_to_size({shape})"
+            value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
             comment = ""
-        gradients.append(
-            {"index": g.index, "name": g.name, "lines": code.steps(g.steps), "value": value, "comment": comment}
-        )
+        gradients.append({"index": g.index, "name": g.name, "lines": lines, "value": value, "comment": comment})
     returns = [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names)
+
+    code.scope()
+    jvp = _blocks(code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names))
+    tangents = []
+    for t in plan.jvp.terms:
+        tangent = t.name + TANGENT_SUFFIX
+        lines = code.steps(t.steps)
+        # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device.
+        value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
+        tangents.append({"name": tangent, "lines": lines, "value": value})
 
     has_kinks = any(
         derivation.forward.has(cls)
@@ -147,10 +151,18 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
         "saved_comment": _saved_comment(saved_inputs, OUTPUT in plan.saved),
         "ctx_scalars": list(plan.ctx_scalars),
         "shape_names": tensor_names,
-        "shared_blocks": shared_blocks,
+        "shared_blocks": backward,
         "gradients": gradients,
+        "jvp_params": ", ".join(
+            ["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else [])
+        ),
+        "jvp_saved": ", ".join(plan.saved_for_forward),
+        "jvp_unpack": _unpack(list(plan.saved_for_forward)) if plan.saved_for_forward else "",
+        "jvp_blocks": jvp,
+        "tangents": tangents,
         "grad_init": " = ".join(f"grad_{n}" for n in tensor_names) + " = None",
-        "returns": ", ".join(returns),
+        # Always a tuple, one value per forward argument, also for a single argument.
+        "returns": f"({returns[0]},)" if len(returns) == 1 else ", ".join(returns),
         "uses_math": code.uses_math,
         "forward_params": ", ".join(all_names),
         "functional_params": ", ".join([f"{n}: torch.Tensor" for n in tensor_names] + scalar_params),
@@ -167,6 +179,23 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
         ),
         "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
     }
+
+
+def _blocks(code: _CodePrinter, shared: tuple[SharedSteps, ...], guard: Callable[[int], str], count: int) -> list[dict]:
+    """Shared temporaries, guarded by "any user is needed"; backward and jvp only run when one of their
+    terms is needed, so temporaries every term uses need no guard."""
+    return [
+        {
+            "guard": None if len(b.users) == count else " or ".join(guard(i) for i in b.users),
+            "lines": code.steps(b.steps),
+        }
+        for b in shared
+    ]
+
+
+def _parenthesized(code: _CodePrinter, expr: sympy.Expr) -> str:
+    text = code(expr)
+    return text if expr.is_Symbol else f"({text})"
 
 
 def _unpack(names: list[str]) -> str:

@@ -183,7 +183,7 @@ class OpSpec:
         for kind, arg in [("tensors", t) for t in self.tensors] + [("scalars", s) for s in self.scalars]:
             arg_where = f"{where}: {kind}.{arg.name}"
             check_identifier(arg.name, what="argument name", where=arg_where)
-            if arg.name in RESERVED_ARGUMENT_NAMES or arg.name.startswith("tmp"):
+            if arg.name in RESERVED_ARGUMENT_NAMES or arg.name.startswith("tmp") or arg.name.endswith("_tangent"):
                 raise SpecError(
                     f"argument name {arg.name!r} is used by the generated code itself",
                     where=arg_where,

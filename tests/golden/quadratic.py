@@ -23,7 +23,7 @@ class QuadraticFunction(torch.autograd.Function):
         d out / d c = 1
     """
 
-    # forward and backward use only torch operations, so torch.func.vmap can batch them.
+    # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
     generate_vmap_rule = True
 
     @staticmethod
@@ -35,10 +35,12 @@ class QuadraticFunction(torch.autograd.Function):
         x, a, b, c = inputs
         # The gradient formulas read x, a and b; nothing else is saved.
         ctx.save_for_backward(x, a, b)
+        ctx.save_for_forward(x, a, b)
         ctx.x_shape = x.shape
         ctx.a_shape = a.shape
         ctx.b_shape = b.shape
         ctx.c_shape = c.shape
+        ctx.output_shape = output.shape
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -55,6 +57,21 @@ class QuadraticFunction(torch.autograd.Function):
         if ctx.needs_input_grad[3]:
             grad_c = grad_output.sum_to_size(ctx.c_shape)
         return grad_x, grad_a, grad_b, grad_c
+
+    @staticmethod
+    def jvp(ctx, x_tangent, a_tangent, b_tangent, c_tangent):
+        # Forward mode: each partial derivative times its input's tangent (None: no tangent).
+        x, a, b = ctx.saved_tensors
+        terms = []
+        if x_tangent is not None:
+            terms.append(x_tangent * (2 * a * x + b))
+        if a_tangent is not None:
+            terms.append(a_tangent * x**2)
+        if b_tangent is not None:
+            terms.append(b_tangent * x)
+        if c_tangent is not None:
+            terms.append(c_tangent)
+        return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
 def quadratic(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ class SmoothL1Function(torch.autograd.Function):
     Heaviside steps in derivatives are 0 at 0 and sign(0) = 0, so relu'(0) = 0 and |x|'(0) = 0.
     """
 
-    # forward and backward use only torch operations, so torch.func.vmap can batch them.
+    # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
     generate_vmap_rule = True
 
     @staticmethod
@@ -41,8 +41,10 @@ class SmoothL1Function(torch.autograd.Function):
         # The gradient formulas read input and target; nothing else is saved.
         ctx.save_for_backward(input, target)
         ctx.beta = beta
+        ctx.save_for_forward(input, target)
         ctx.input_shape = input.shape
         ctx.target_shape = target.shape
+        ctx.output_shape = output.shape
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -51,16 +53,31 @@ class SmoothL1Function(torch.autograd.Function):
         # Each gradient is grad_output times a partial derivative, summed over the dimensions
         # broadcasting added so that it has its input's shape.
         grad_input = grad_target = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = 1 / beta
-            tmp1 = input - target
-            tmp2 = beta > torch.abs(tmp1)
-            tmp3 = torch.sign(tmp1)
+        tmp0 = 1 / beta
+        tmp1 = input - target
+        tmp2 = beta > torch.abs(tmp1)
+        tmp3 = torch.sign(tmp1)
         if ctx.needs_input_grad[0]:
             grad_input = (grad_output * torch.where(tmp2, tmp0 * tmp1, tmp3)).sum_to_size(ctx.input_shape)
         if ctx.needs_input_grad[1]:
             grad_target = (grad_output * torch.where(tmp2, -tmp0 * tmp1, -tmp3)).sum_to_size(ctx.target_shape)
         return grad_input, grad_target, None
+
+    @staticmethod
+    def jvp(ctx, input_tangent, target_tangent, *_):
+        # Forward mode: each partial derivative times its input's tangent (None: no tangent).
+        input, target = ctx.saved_tensors
+        beta = ctx.beta
+        terms = []
+        tmp0 = 1 / beta
+        tmp1 = input - target
+        tmp2 = beta > torch.abs(tmp1)
+        tmp3 = torch.sign(tmp1)
+        if input_tangent is not None:
+            terms.append(input_tangent * torch.where(tmp2, tmp0 * tmp1, tmp3))
+        if target_tangent is not None:
+            terms.append(target_tangent * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
+        return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

@@ -23,7 +23,7 @@ class SwishFunction(torch.autograd.Function):
         d out / d beta = x**2*exp(-beta*x)/(1 + exp(-beta*x))**2
     """
 
-    # forward and backward use only torch operations, so torch.func.vmap can batch them.
+    # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
     generate_vmap_rule = True
 
     @staticmethod
@@ -35,8 +35,10 @@ class SwishFunction(torch.autograd.Function):
         x, beta = inputs
         # The gradient formulas read x and beta; nothing else is saved.
         ctx.save_for_backward(x, beta)
+        ctx.save_for_forward(x, beta)
         ctx.x_shape = x.shape
         ctx.beta_shape = beta.shape
+        ctx.output_shape = output.shape
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -44,16 +46,30 @@ class SwishFunction(torch.autograd.Function):
         # Each gradient is grad_output times a partial derivative, summed over the dimensions
         # broadcasting added so that it has its input's shape.
         grad_x = grad_beta = None
-        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            tmp0 = beta * x
-            tmp1 = torch.exp(-tmp0)
-            tmp2 = tmp1 + 1
+        tmp0 = beta * x
+        tmp1 = torch.exp(-tmp0)
+        tmp2 = tmp1 + 1
         if ctx.needs_input_grad[0]:
             tmp3 = 1 / tmp2
             grad_x = (grad_output * tmp3 * (tmp0 * tmp1 * tmp3 + 1)).sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             grad_beta = (grad_output * tmp1 * x**2 / tmp2**2).sum_to_size(ctx.beta_shape)
         return grad_x, grad_beta
+
+    @staticmethod
+    def jvp(ctx, x_tangent, beta_tangent):
+        # Forward mode: each partial derivative times its input's tangent (None: no tangent).
+        x, beta = ctx.saved_tensors
+        terms = []
+        tmp0 = beta * x
+        tmp1 = torch.exp(-tmp0)
+        tmp2 = tmp1 + 1
+        if x_tangent is not None:
+            tmp3 = 1 / tmp2
+            terms.append(tmp3 * x_tangent * (tmp0 * tmp1 * tmp3 + 1))
+        if beta_tangent is not None:
+            terms.append(beta_tangent * tmp1 * x**2 / tmp2**2)
+        return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
 def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

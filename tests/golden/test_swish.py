@@ -111,6 +111,16 @@ def test_float32(device):
         torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_mode(device):
+    primals = tuple(make_inputs(device, requires_grad=False))
+    tangents = tuple(make_inputs(device, requires_grad=False, seed=2))
+    out, tangent = torch.func.jvp(lambda *xs: swish(*xs, *SCALARS), primals, tangents)
+    expected, expected_tangent = torch.func.jvp(lambda *xs: reference(*xs, *SCALARS), primals, tangents)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(tangent, expected_tangent)
+
+
 def test_vmap_and_func_grad():
     samples = [make_inputs("cpu", requires_grad=False, seed=seed) for seed in (0, 1)]
     batched = [torch.stack(xs) for xs in zip(*samples)]
