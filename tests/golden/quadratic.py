@@ -35,6 +35,7 @@ class QuadraticFunction(torch.autograd.Function):
         x, a, b, c = inputs
         # The gradient formulas read x, a and b; nothing else is saved.
         ctx.save_for_backward(x, a, b)
+        # jvp reads x, a, b (forward mode saves separately from backward).
         ctx.save_for_forward(x, a, b)
         ctx.x_shape = x.shape
         ctx.a_shape = a.shape

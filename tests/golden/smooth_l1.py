@@ -40,8 +40,9 @@ class SmoothL1Function(torch.autograd.Function):
         input, target, beta = inputs
         # The gradient formulas read input and target; nothing else is saved.
         ctx.save_for_backward(input, target)
-        ctx.beta = beta
+        # jvp reads input, target (forward mode saves separately from backward).
         ctx.save_for_forward(input, target)
+        ctx.beta = beta
         ctx.input_shape = input.shape
         ctx.target_shape = target.shape
         ctx.output_shape = output.shape

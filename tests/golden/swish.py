@@ -35,6 +35,7 @@ class SwishFunction(torch.autograd.Function):
         x, beta = inputs
         # The gradient formulas read x and beta; nothing else is saved.
         ctx.save_for_backward(x, beta)
+        # jvp reads x, beta (forward mode saves separately from backward).
         ctx.save_for_forward(x, beta)
         ctx.x_shape = x.shape
         ctx.beta_shape = beta.shape
