@@ -129,3 +129,15 @@ def test_generated_tests_pass(tmp_path: Path):
     )
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
+
+
+def test_generated_files_pass_ruff(tmp_path: Path):
+    for op in OPS:
+        _write(op, tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "E4,E7,E9,F,W,I", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
