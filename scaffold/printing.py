@@ -63,7 +63,10 @@ _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
+    sympy.cot, sympy.sec, sympy.csc,
 )  # fmt: skip
+# Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
+RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
 _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, sympy.core.numbers.NegativeInfinity,
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
 
@@ -222,6 +225,9 @@ class TorchPrinter(StrPrinter):
     # -- functions --------------------------------------------------------------------------------
 
     def _print_Function(self, expr: sympy.Function) -> str:  # noqa: N802
+        if type(expr) in RECIPROCALS:
+            reciprocal = RECIPROCALS[type(expr)](*expr.args, evaluate=False)
+            return f"(1 / {self._print(reciprocal)})"
         if type(expr) not in FUNCTIONS:
             raise _unsupported(expr, "printing")
         torch_name, math_name = FUNCTIONS[type(expr)]

@@ -66,6 +66,11 @@ CASES = [
     (sympy.log(x, 2) + sympy.acosh(x + 1), POSITIVE, POSITIVE),
     (x / (1 + sympy.exp(-alpha * x)), GRID, GRID),
     (-x / 3 + Rational(3, 2) * x * y, GRID, GRID),
+    (
+        sympy.cot(x) + sympy.sec(x) * sympy.csc(x) + sympy.cot(alpha) * x + x / sympy.cot(x) + sympy.sec(x) ** 2,
+        POSITIVE,
+        POSITIVE,
+    ),
 ]
 
 
