@@ -99,7 +99,9 @@ def _shape(shape: tuple[int, ...]) -> str:
     return repr(tuple(shape))
 
 
-def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> dict:
+def module_context(
+    spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]
+) -> dict:
     code = _CodePrinter(spec)
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
@@ -142,7 +144,12 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan) -> 
         for cls in (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Max, sympy.Min, sympy.Piecewise)
     )
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
-    learnables = [t for t in spec.tensors if t.learnable]
+    by_name = {d.name: d for d in domains}
+    learnables = [
+        {"name": t.name, "shape": _shape(t.shape), "init": learnable_init(t.init, by_name[t.name])}
+        for t in spec.tensors
+        if t.learnable
+    ]
     return {
         "forward_lines": forward_lines,
         "unpack": _unpack(unpack),
@@ -242,7 +249,6 @@ def test_context(spec: OpSpec, plan: BackwardPlan, domains: tuple[InputDomain, .
         "learnables": [t.name for t in spec.tensors if t.learnable],
         "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
         "tensor_names": [t.name for t in spec.tensors],
-        "learnable_inits": {t.name: learnable_init(t.init, by_name[t.name]) for t in spec.tensors if t.learnable},
     }
 
 
@@ -268,19 +274,10 @@ def render_op(
         "source": spec.source,
         "name": spec.name,
         "camel": spec.camel,
-        "forward_text": spec.forward,
+        "forward_text": _docstring_text(" ".join(spec.forward.split())),
         "doc": _docstring_text(spec.doc.strip()),
     }
-    module = env.get_template(TEMPLATES["module"]).render(
-        **common,
-        **module_context(spec, derivation, plan),
-        inits={
-            t.name: learnable_init(t.init, next(d for d in domains if d.name == t.name))
-            for t in spec.tensors
-            if t.learnable
-        },
-        shapes={t.name: _shape(t.shape) for t in spec.tensors},
-    )
+    module = env.get_template(TEMPLATES["module"]).render(**common, **module_context(spec, derivation, plan, domains))
     test = env.get_template(TEMPLATES["test"]).render(
         **common, **test_context(spec, plan, domains, module_import or spec.name)
     )

@@ -3,7 +3,7 @@
 
 Elementwise smooth L1 (Huber-like) loss, as torch.nn.functional.smooth_l1_loss(reduction='none').
 
-    smooth_l1(input, target, beta) = Piecewise(((input - target)**2/(2*beta), beta > Abs(input - target)), (-beta/2 + Abs(input - target), True))
+    smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta), (Abs(input - target) - 0.5 * beta, True))
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class SmoothL1Function(torch.autograd.Function):
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
-    """smooth_l1(input, target, beta) = Piecewise(((input - target)**2/(2*beta), beta > Abs(input - target)), (-beta/2 + Abs(input - target), True))"""
+    """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta), (Abs(input - target) - 0.5 * beta, True))"""
     return SmoothL1Function.apply(input, target, beta)
 
 

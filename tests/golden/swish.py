@@ -3,7 +3,7 @@
 
 Swish (SiLU with a learnable slope): x * sigmoid(beta * x).
 
-    swish(x, beta) = x/(1 + exp(-beta*x))
+    swish(x, beta) = x / (1 + exp(-beta * x))
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class SwishFunction(torch.autograd.Function):
 
 
 def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """swish(x, beta) = x/(1 + exp(-beta*x))"""
+    """swish(x, beta) = x / (1 + exp(-beta * x))"""
     return SwishFunction.apply(x, beta)
 
 
