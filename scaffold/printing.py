@@ -118,41 +118,41 @@ class TorchPrinter(StrPrinter):
             self.uses_math = True
         return name
 
-    def emptyPrinter(self, expr: object) -> str:  # noqa: N802 - sympy's name
+    def emptyPrinter(self, expr: object) -> str:
         raise _unsupported(expr, "printing") if isinstance(expr, sympy.Basic) else TypeError(expr)
 
-    def _print_Basic(self, expr: sympy.Basic) -> str:  # noqa: N802
+    def _print_Basic(self, expr: sympy.Basic) -> str:
         raise _unsupported(expr, "printing")
 
     # -- atoms ------------------------------------------------------------------------------------
 
-    def _print_Symbol(self, expr: sympy.Symbol) -> str:  # noqa: N802
+    def _print_Symbol(self, expr: sympy.Symbol) -> str:
         for substitution in reversed(self._substitutions):
             if expr in substitution:
                 return substitution[expr]
         return expr.name
 
-    def _print_Float(self, expr: sympy.Float) -> str:  # noqa: N802
+    def _print_Float(self, expr: sympy.Float) -> str:
         return repr(float(expr))
 
-    def _print_Rational(self, expr: sympy.Rational) -> str:  # noqa: N802
+    def _print_Rational(self, expr: sympy.Rational) -> str:
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
 
-    def _print_Pi(self, expr: sympy.Basic) -> str:  # noqa: N802
+    def _print_Pi(self, expr: sympy.Basic) -> str:
         return self._math("math.pi")
 
-    def _print_Exp1(self, expr: sympy.Basic) -> str:  # noqa: N802
+    def _print_Exp1(self, expr: sympy.Basic) -> str:
         return self._math("math.e")
 
-    def _print_BooleanTrue(self, expr: sympy.Basic) -> str:  # noqa: N802
+    def _print_BooleanTrue(self, expr: sympy.Basic) -> str:
         return "True"
 
-    def _print_BooleanFalse(self, expr: sympy.Basic) -> str:  # noqa: N802
+    def _print_BooleanFalse(self, expr: sympy.Basic) -> str:
         return "False"
 
     # -- arithmetic -------------------------------------------------------------------------------
 
-    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # noqa: N802
+    def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # StrPrinter passes `rational`
         base, exponent = expr.args
         tensor = self.is_tensor(base)
         if exponent == sympy.S.Half:
@@ -170,7 +170,7 @@ class TorchPrinter(StrPrinter):
             exponent_text = f"({exponent_text})"
         return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
 
-    def _print_Mul(self, expr: sympy.Mul) -> str:  # noqa: N802
+    def _print_Mul(self, expr: sympy.Mul) -> str:
         coefficient, factors = expr.as_coeff_mul()
         sign = "-" if coefficient.is_negative else ""
         coefficient = abs(coefficient)
@@ -224,7 +224,7 @@ class TorchPrinter(StrPrinter):
 
     # -- functions --------------------------------------------------------------------------------
 
-    def _print_Function(self, expr: sympy.Function) -> str:  # noqa: N802
+    def _print_Function(self, expr: sympy.Function) -> str:
         if type(expr) in RECIPROCALS:
             reciprocal = RECIPROCALS[type(expr)](*expr.args, evaluate=False)
             return f"(1 / {self._print(reciprocal)})"
@@ -263,7 +263,7 @@ class TorchPrinter(StrPrinter):
     def _print_digamma(self, expr: sympy.Basic) -> str:
         return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
 
-    def _print_Heaviside(self, expr: sympy.Heaviside) -> str:  # noqa: N802
+    def _print_Heaviside(self, expr: sympy.Heaviside) -> str:
         # torch.heaviside has no derivative, which breaks double backward and the reference test;
         # torch.sign keeps the input's dtype and differentiates to zero.
         arg, at_zero = expr.args
@@ -293,26 +293,26 @@ class TorchPrinter(StrPrinter):
             text = f"torch.clamp({text}, {clamp_side}={bound})"
         return text
 
-    def _print_Max(self, expr: sympy.Max) -> str:  # noqa: N802
+    def _print_Max(self, expr: sympy.Max) -> str:
         return self._minmax(expr, "torch.maximum", "min", "max")
 
-    def _print_Min(self, expr: sympy.Min) -> str:  # noqa: N802
+    def _print_Min(self, expr: sympy.Min) -> str:
         return self._minmax(expr, "torch.minimum", "max", "min")
 
     # -- conditions -------------------------------------------------------------------------------
 
-    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:  # noqa: N802
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
         op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
         prec = PRECEDENCE["Relational"]
         return f"{self.parenthesize(expr.lhs, prec)} {op} {self.parenthesize(expr.rhs, prec)}"
 
-    def _print_And(self, expr: sympy.And) -> str:  # noqa: N802
+    def _print_And(self, expr: sympy.And) -> str:
         return self._boolean(expr, "&", "and")
 
-    def _print_Or(self, expr: sympy.Or) -> str:  # noqa: N802
+    def _print_Or(self, expr: sympy.Or) -> str:
         return self._boolean(expr, "|", "or")
 
-    def _print_Not(self, expr: sympy.Not) -> str:  # noqa: N802
+    def _print_Not(self, expr: sympy.Not) -> str:
         (arg,) = expr.args
         return f"~({self._print(arg)})" if self.is_tensor(arg) else f"not ({self._print(arg)})"
 
@@ -320,7 +320,7 @@ class TorchPrinter(StrPrinter):
         op = tensor_op if self.is_tensor(expr) else python_op
         return f" {op} ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
 
-    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:  # noqa: N802
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
         pairs = list(expr.args)
         if pairs[-1].cond is not sympy.true:
             raise DerivationError(

@@ -99,9 +99,7 @@ def _shape(shape: tuple[int, ...]) -> str:
     return repr(tuple(shape))
 
 
-def module_context(
-    spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]
-) -> dict:
+def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]) -> dict:
     code = _CodePrinter(spec)
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]

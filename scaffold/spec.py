@@ -11,6 +11,7 @@ import math
 import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -372,9 +373,9 @@ def _parse_scalar_value(text: str, type_: str | None, where: str) -> tuple[str, 
 def spec_from_flags(
     name: str,
     forward: str,
-    tensors: list[str],
-    scalars: list[str] = (),  # type: ignore[assignment]
-    learnable: list[str] = (),  # type: ignore[assignment]
+    tensors: Sequence[str],
+    scalars: Sequence[str] = (),
+    learnable: Sequence[str] = (),
     doc: str = "",
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
