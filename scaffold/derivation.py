@@ -1,7 +1,9 @@
 """Stage 3: differentiate the forward with respect to every tensor argument.
 
-Derivatives are taken symbolically by sympy and then brought to one convention at points where the
-forward is not differentiable (kinks), the convention PyTorch uses for relu and abs:
+The forward is first rewritten into numerically stable primitives (:mod:`.stable`: ``log(1 + exp(x))``
+becomes ``softplus(x)``), then differentiated, and the derivatives are rewritten too. Derivatives are
+taken symbolically by sympy and then brought to one convention at points where the forward is not
+differentiable (kinks), the convention PyTorch uses for relu and abs:
 
 * ``DiracDelta`` (the derivative of a step, ``sign`` or ``Heaviside``) is 0;
 * a ``Heaviside`` step inside a derivative is 0 at 0, so d/dx Max(x, 0) at x = 0 is 0;
@@ -19,6 +21,7 @@ import sympy
 
 from .errors import DerivationError
 from .expression import ParsedExpression
+from .stable import stabilize
 
 #: Nodes a derivative must not contain: sympy could not evaluate it.
 _UNEVALUATED = (sympy.Derivative, sympy.Subs, sympy.Integral)
@@ -42,14 +45,11 @@ class Partial:
 
 @dataclass(frozen=True)
 class Derivation:
-    """The forward and its partial derivatives, one per tensor argument in declaration order."""
+    """The stable forward and its partial derivatives, one per tensor argument in declaration order."""
 
-    parsed: ParsedExpression
+    parsed: ParsedExpression  # the forward as written
+    forward: sympy.Expr  # the same function, in stable primitives
     partials: tuple[Partial, ...]
-
-    @property
-    def forward(self) -> sympy.Expr:
-        return self.parsed.expr
 
 
 def apply_kink_convention(expr: sympy.Expr) -> sympy.Expr:
@@ -63,14 +63,17 @@ def apply_kink_convention(expr: sympy.Expr) -> sympy.Expr:
 
 def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     """Differentiate the forward with respect to each tensor argument."""
+    tensors = {parsed.symbols[name] for name in parsed.tensor_names}
+    forward = stabilize(parsed.expr, tensors)
     partials = []
     for name in parsed.tensor_names:
         symbol = parsed.symbols[name]
-        derivative = apply_kink_convention(sympy.diff(parsed.expr, symbol))
+        derivative = apply_kink_convention(sympy.diff(forward, symbol))
         if sympy.count_ops(derivative) <= TIDY_LIMIT:
             # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
             # unlike simplify().
             derivative = sympy.factor_terms(derivative)
+        derivative = stabilize(derivative, tensors)
         for node in sympy.preorder_traversal(derivative):
             if isinstance(node, _UNEVALUATED):
                 raise DerivationError(
@@ -80,4 +83,4 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
                     hint="rewrite that part with functions sympy can differentiate",
                 )
         partials.append(Partial(name=name, expr=derivative))
-    return Derivation(parsed=parsed, partials=tuple(partials))
+    return Derivation(parsed=parsed, forward=forward, partials=tuple(partials))

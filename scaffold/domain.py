@@ -16,6 +16,7 @@ from sympy.codegen import cfunctions
 
 from .expression import ParsedExpression
 from .spec import OpSpec
+from .stable import to_literal
 
 DEFAULT_DOMAIN = (-3.0, 3.0)
 WIDTH = 3.0  # width of an inferred interval bounded on one side only
@@ -70,7 +71,8 @@ def infer_domains(
     spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = ()
 ) -> tuple[InputDomain, ...]:
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
-    expr = parsed.expr.xreplace({k: sympy.sympify(v) for k, v in defaults.items()})
+    numbers = {k: sympy.Number(v) for k, v in defaults.items()}
+    expr = to_literal(parsed.expr).xreplace(numbers)
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     bounds = {s: _Bounds() for s in tensors}
 
@@ -149,7 +151,7 @@ def infer_domains(
             )
         avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
         domains[t.name] = InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason)
-    checked = [expr, *(p.xreplace({k: sympy.sympify(v) for k, v in defaults.items()}) for p in partials)]
+    checked = [expr, *(to_literal(p).xreplace(numbers) for p in partials)]
     free = [t.name for t in spec.tensors if t.domain is None]
     return tuple(_repair(domains, checked, parsed.symbols, free).values())
 

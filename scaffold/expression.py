@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import sympy
 from sympy.codegen.cfunctions import exp2, expm1, hypot, log1p, log2, log10
 
+from . import stable
 from .errors import ExpressionError
 from .spec import OpSpec
 
@@ -70,6 +71,17 @@ FUNCTIONS: dict[str, tuple[Callable[..., sympy.Expr], tuple[int, ...]]] = {
     "max": (sympy.Max, tuple(range(2, 17))),
     "min": (sympy.Min, tuple(range(2, 17))),
     "Rational": (sympy.Rational, (1, 2)),
+    # PyTorch's numerically stable primitives, also introduced by scaffold's own rewrites (stable.py)
+    "softplus": (stable.softplus, (1,)),
+    "sigmoid": (stable.sigmoid, (1,)),
+    "expit": (stable.sigmoid, (1,)),
+    "logsigmoid": (stable.logsigmoid, (1,)),
+    "logaddexp": (stable.logaddexp, (2,)),
+    "xlogy": (stable.xlogy, (2,)),
+    "erfcx": (stable.erfcx, (1,)),
+    "ndtr": (stable.ndtr, (1,)),
+    "log_ndtr": (stable.log_ndtr, (1,)),
+    "logit": (stable.logit, (1,)),
 }
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
 KNOWN_NAMES = frozenset(FUNCTIONS) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}

@@ -112,6 +112,12 @@ def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> Deriva
     return DerivativeCode(tuple(shared), terms)
 
 
+def straight_line(expr: sympy.Expr, taken: set[str]) -> tuple[tuple[Step, ...], sympy.Expr]:
+    """``expr`` as assignments of its repeated subexpressions and a final expression over them."""
+    replacements, (reduced,) = sympy.cse([expr], symbols=_temp_names(taken), order="none")
+    return tuple(Step(str(s), e) for s, e in replacements), reduced
+
+
 def make_plan(derivation: Derivation) -> BackwardPlan:
     parsed = derivation.parsed
     names = [p.name for p in derivation.partials]
@@ -119,11 +125,11 @@ def make_plan(derivation: Derivation) -> BackwardPlan:
     grad_output = sympy.Symbol(GRAD_OUTPUT, real=True)
     output = sympy.Symbol(OUTPUT, real=True)
 
-    # Forward: share repeated subexpressions, e.g. exp(x) in exp(x) / (1 + exp(x)).
-    forward_replacements, (forward_expr,) = sympy.cse([parsed.expr], symbols=_temp_names(taken), order="none")
+    # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x).
+    forward_steps, forward_expr = straight_line(derivation.forward, taken)
 
     # Backward: the whole forward inside a partial is the saved output (exp, tanh, ...): no recompute.
-    forward = parsed.expr
+    forward = derivation.forward
     backward = _share(
         [
             grad_output * (p.expr.xreplace({forward: output}) if not forward.is_Symbol else p.expr)
@@ -138,7 +144,7 @@ def make_plan(derivation: Derivation) -> BackwardPlan:
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
     return BackwardPlan(
-        forward_steps=tuple(Step(str(s), e) for s, e in forward_replacements),
+        forward_steps=forward_steps,
         forward_expr=forward_expr,
         backward=backward,
         saved=saved + ((OUTPUT,) if OUTPUT in backward_names else ()),

@@ -10,7 +10,12 @@ nothing is printed half-right. It fixes what sympy's own ``TorchPrinter`` gets w
   gets its input clamped into the branch's region, so the untaken branch cannot put a NaN into the
   gradient of the ``where``;
 * ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
-* functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`.
+* functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`;
+* the stable primitives of :mod:`.stable` map to PyTorch's own (``softplus`` ->
+  ``torch.nn.functional.softplus``).
+
+The printer records the modules besides torch that its output refers to, so the generated file imports
+exactly those.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sympy.codegen import cfunctions
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
+from . import stable
 from .errors import DerivationError
 
 # sympy function class -> (torch function, math function or None)
@@ -52,13 +58,25 @@ FUNCTIONS: dict[type, tuple[str, str | None]] = {
     sympy.sign: ("torch.sign", None),
     sympy.atan2: ("torch.atan2", "math.atan2"),
     cfunctions.hypot: ("torch.hypot", "math.hypot"),
+    stable.softplus: ("torch.nn.functional.softplus", None),
+    stable.sigmoid: ("torch.sigmoid", None),
+    stable.logsigmoid: ("torch.nn.functional.logsigmoid", None),
+    stable.logaddexp: ("torch.logaddexp", None),
+    stable.xlogy: ("torch.xlogy", None),
+    stable.erfcx: ("torch.special.erfcx", None),
+    stable.ndtr: ("torch.special.ndtr", None),
+    stable.log_ndtr: ("torch.special.log_ndtr", None),
+    stable.logit: ("torch.logit", None),
 }
+#: Module aliases the printed code may use, with the import line each needs.
+IMPORTS = {"math": "import math"}
 # Functions whose inputs are restricted: inside a Piecewise branch their inputs are kept in the branch.
 RESTRICTED = (
     sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
     sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
+    stable.xlogy, stable.logit,
 )  # fmt: skip
-_BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot)
+_BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot, stable.logaddexp)
 _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.logic.boolalg.BooleanAtom,
@@ -104,7 +122,7 @@ class TorchPrinter(StrPrinter):
     def __init__(self, tensors: frozenset[str] | set[str]) -> None:
         super().__init__()
         self.tensors = frozenset(tensors)
-        self.uses_math = False
+        self.imports: set[str] = set()  # keys of IMPORTS
         self._substitutions: list[dict[sympy.Symbol, str]] = []
         self._dtype_anchored = False
 
@@ -114,8 +132,10 @@ class TorchPrinter(StrPrinter):
         return any(s.name in self.tensors for s in expr.free_symbols)
 
     def _math(self, name: str) -> str:
-        if name.startswith("math."):
-            self.uses_math = True
+        """``name``, recording the module it is reached through (``math.exp``)."""
+        alias = name.split(".", 1)[0]
+        if alias in IMPORTS and "." in name:
+            self.imports.add(alias)
         return name
 
     def emptyPrinter(self, expr: object) -> str:
@@ -230,6 +250,8 @@ class TorchPrinter(StrPrinter):
             return f"(1 / {self._print(reciprocal)})"
         if type(expr) not in FUNCTIONS:
             raise _unsupported(expr, "printing")
+        if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
+            return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
         torch_name, math_name = FUNCTIONS[type(expr)]
         args = ", ".join(self._print(a) for a in expr.args)
         if self.is_tensor(expr):
@@ -239,7 +261,7 @@ class TorchPrinter(StrPrinter):
                     where="printing",
                     hint="make both arguments tensors",
                 )
-            return f"{torch_name}({args})"
+            return f"{self._math(torch_name)}({args})"
         if isinstance(expr, sympy.sign):
             (arg,) = expr.args
             return f"(({self._print(arg)} > 0) - ({self._print(arg)} < 0))"
@@ -389,8 +411,8 @@ def _region_bound(region: sympy.Basic, tensors: frozenset[str]) -> tuple[sympy.S
     return lhs, rhs + 1 if upward else rhs - 1
 
 
-def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str) -> tuple[str, bool]:
-    """Print ``expr`` as torch code; return the code and whether it uses the math module."""
+def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str) -> tuple[str, frozenset[str]]:
+    """Print ``expr`` as torch code; return the code and the module aliases it uses (keys of IMPORTS)."""
     check_printable(expr, where=where)
     printer = TorchPrinter(tensors)
     try:
@@ -400,4 +422,4 @@ def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where:
             exc.where = where
             exc.args = (str(exc),)
         raise
-    return text, printer.uses_math
+    return text, frozenset(printer.imports)

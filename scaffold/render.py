@@ -20,9 +20,10 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain, learnable_init
 from .errors import DerivationError
-from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
-from .printing import print_torch
+from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
+from .printing import IMPORTS, print_torch
 from .spec import OpSpec
+from .stable import primitives_used
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
 
@@ -76,14 +77,14 @@ class _CodePrinter:
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT})
         self.tensors = set(self.base)
         self.where = f"{spec.source}: forward"
-        self.uses_math = False
+        self.imports: set[str] = set()
 
     def scope(self) -> None:
         self.tensors = set(self.base)
 
     def __call__(self, expr: sympy.Basic) -> str:
-        text, uses_math = print_torch(expr, self.tensors, where=self.where)
-        self.uses_math |= uses_math
+        text, imports = print_torch(expr, self.tensors, where=self.where)
+        self.imports |= imports
         return text
 
     def steps(self, steps: tuple[Step, ...]) -> list[str]:
@@ -168,11 +169,12 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         "grad_init": " = ".join(f"grad_{n}" for n in tensor_names) + " = None",
         # Always a tuple, one value per forward argument, also for a single argument.
         "returns": f"({returns[0]},)" if len(returns) == 1 else ", ".join(returns),
-        "uses_math": code.uses_math,
+        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
         "forward_params": ", ".join(all_names),
         "functional_params": ", ".join([f"{n}: torch.Tensor" for n in tensor_names] + scalar_params),
         "call_args": ", ".join(all_names),
         "forward_math": _docstring_text(_math(derivation.forward)),
+        "stable_note": _stable_note(derivation),
         "partials": [(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
         "kink_note": KINK_CONVENTION if has_kinks else "",
         "module_init_params": ", ".join(scalar_params),
@@ -184,6 +186,18 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         ),
         "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
     }
+
+
+def _stable_note(derivation: Derivation) -> str:
+    if derivation.forward == derivation.parsed.expr:
+        return ""
+    used = primitives_used(derivation.forward)
+    if not used:
+        return ""
+    return (
+        f"This is the forward rewritten with {', '.join(used)}: the formula as written overflows or loses "
+        "precision at extreme inputs, and so would its derivatives."
+    )
 
 
 def _blocks(code: _CodePrinter, shared: tuple[SharedSteps, ...], guard: Callable[[int], str], count: int) -> list[dict]:
@@ -216,9 +230,13 @@ def _saved_comment(inputs: list[str], output: bool) -> str:
     return f"The gradient formulas read {listed}{reason}; nothing else is saved."
 
 
-def test_context(spec: OpSpec, plan: BackwardPlan, domains: tuple[InputDomain, ...], module_import: str) -> dict:
+def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomain, ...], module_import: str) -> dict:
     code = _CodePrinter(spec)
-    reference_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
+    # The reference is the forward as written, not its stable rewrite: comparing the two at ordinary
+    # inputs checks the rewrite as well as the backward.
+    literal = derivation.parsed
+    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
+    reference_lines = code.steps(steps) + [f"return {code(expr)}"]
     by_name = {d.name: d for d in domains}
     inputs = []
     for t in spec.tensors:
@@ -240,7 +258,7 @@ def test_context(spec: OpSpec, plan: BackwardPlan, domains: tuple[InputDomain, .
         "inputs": inputs,
         "reference_lines": reference_lines,
         "reference_params": ", ".join(a.name for a in spec.arguments),
-        "uses_math": code.uses_math,
+        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
         "scalars": repr(tuple(scalars)),
         "scalar_names": ", ".join(s.name for s in spec.scalars),
         "module_kwargs": ", ".join(f"{s.name}={s.default!r}" for s in spec.scalars),
@@ -277,7 +295,7 @@ def render_op(
     }
     module = env.get_template(TEMPLATES["module"]).render(**common, **module_context(spec, derivation, plan, domains))
     test = env.get_template(TEMPLATES["test"]).render(
-        **common, **test_context(spec, plan, domains, module_import or spec.name)
+        **common, **test_context(spec, derivation, domains, module_import or spec.name)
     )
     files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
     for path, text in files.items():

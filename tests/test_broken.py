@@ -26,11 +26,11 @@ def _sub(pattern: str, replacement: str, count: int = 1):
 MUTATIONS = {
     # (spec, how the module is broken)
     "control": ("swish", lambda text: text),
-    "scaled_backward": ("swish", _sub(r"grad_x = \(grad_output \*", "grad_x = (1.01 * grad_output *")),
+    "scaled_backward": ("swish", _sub(r"grad_x = \(tmp3 \*", "grad_x = (1.01 * tmp3 *")),
     "wrong_partial": ("quadratic", _sub(r"\(2 \* a \* x \+ b\)", "(2 * a * x - b)")),
     "wrong_forward": (
         "swish",
-        _sub(r"return x / \(1 \+ torch.exp\(-beta \* x\)\)", "return x / (1 + torch.exp(-x))"),
+        _sub(r"return x \* torch.sigmoid\(beta \* x\)", "return x * torch.sigmoid(x)"),
     ),
     # Forward and backward wrong together: finite differences agree, only the reference test can tell.
     "consistently_wrong": (
@@ -53,7 +53,7 @@ MUTATIONS = {
     "tensor_on_ctx": ("swish", _sub(r"ctx\.x_shape = x\.shape", "ctx.x_shape = x.shape\n        ctx.x = x")),
     "not_differentiable_twice": (
         "swish",
-        _sub(r"tmp1 = torch\.exp\(-tmp0\)", "tmp1 = torch.exp(-tmp0).detach()"),
+        _sub(r"tmp1 = torch\.sigmoid\(tmp0\)", "tmp1 = torch.sigmoid(tmp0).detach()"),
     ),
     "wrong_kink_side": (
         "smooth_l1",

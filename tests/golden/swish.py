@@ -15,12 +15,15 @@ __all__ = ["Swish", "SwishFunction", "swish"]
 
 
 class SwishFunction(torch.autograd.Function):
-    """out = x/(1 + exp(-beta*x))
+    """out = x*sigmoid(beta*x)
+
+    This is the forward rewritten with sigmoid: the formula as written overflows or loses precision at
+    extreme inputs, and so would its derivatives.
 
     Partial derivatives, each multiplied by grad_output in backward:
 
-        d out / d x = (beta*x*exp(-beta*x)/(1 + exp(-beta*x)) + 1)/(1 + exp(-beta*x))
-        d out / d beta = x**2*exp(-beta*x)/(1 + exp(-beta*x))**2
+        d out / d x = (beta*x*(1 - sigmoid(beta*x)) + 1)*sigmoid(beta*x)
+        d out / d beta = x**2*(1 - sigmoid(beta*x))*sigmoid(beta*x)
     """
 
     # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
@@ -28,7 +31,7 @@ class SwishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        return x / (1 + torch.exp(-beta * x))
+        return x * torch.sigmoid(beta * x)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -48,13 +51,13 @@ class SwishFunction(torch.autograd.Function):
         # broadcasting added so that it has its input's shape.
         grad_x = grad_beta = None
         tmp0 = beta * x
-        tmp1 = torch.exp(-tmp0)
-        tmp2 = tmp1 + 1
+        tmp1 = torch.sigmoid(tmp0)
+        tmp2 = 1 - tmp1
+        tmp3 = grad_output * tmp1
         if ctx.needs_input_grad[0]:
-            tmp3 = 1 / tmp2
-            grad_x = (grad_output * tmp3 * (tmp0 * tmp1 * tmp3 + 1)).sum_to_size(ctx.x_shape)
+            grad_x = (tmp3 * (tmp0 * tmp2 + 1)).sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            grad_beta = (grad_output * tmp1 * x**2 / tmp2**2).sum_to_size(ctx.beta_shape)
+            grad_beta = (tmp2 * tmp3 * x**2).sum_to_size(ctx.beta_shape)
         return grad_x, grad_beta
 
     @staticmethod
@@ -63,13 +66,12 @@ class SwishFunction(torch.autograd.Function):
         x, beta = ctx.saved_tensors
         terms = []
         tmp0 = beta * x
-        tmp1 = torch.exp(-tmp0)
-        tmp2 = tmp1 + 1
+        tmp1 = torch.sigmoid(tmp0)
+        tmp2 = 1 - tmp1
         if x_tangent is not None:
-            tmp3 = 1 / tmp2
-            terms.append(tmp3 * x_tangent * (tmp0 * tmp1 * tmp3 + 1))
+            terms.append(tmp1 * x_tangent * (tmp0 * tmp2 + 1))
         if beta_tangent is not None:
-            terms.append(beta_tangent * tmp1 * x**2 / tmp2**2)
+            terms.append(beta_tangent * tmp1 * tmp2 * x**2)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 

@@ -49,7 +49,7 @@ def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0):
 
 
 def reference(x, a, b, c):
-    """The same forward in plain torch, differentiated by autograd."""
+    """The forward as written, in plain torch, differentiated by autograd."""
     return a * x**2 + b * x + c
 
 

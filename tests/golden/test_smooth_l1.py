@@ -45,7 +45,7 @@ def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0):
 
 
 def reference(input, target, beta):
-    """The same forward in plain torch, differentiated by autograd."""
+    """The forward as written, in plain torch, differentiated by autograd."""
     tmp0 = input - target
     tmp1 = torch.abs(tmp0)
     return torch.where(beta > tmp1, tmp0**2 / (2 * beta), -beta / 2 + tmp1)

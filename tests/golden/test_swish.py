@@ -45,7 +45,7 @@ def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0):
 
 
 def reference(x, beta):
-    """The same forward in plain torch, differentiated by autograd."""
+    """The forward as written, in plain torch, differentiated by autograd."""
     return x / (1 + torch.exp(-beta * x))
 
 

@@ -1,0 +1,405 @@
+"""Stage 3a: rewrite textbook formulas into the numerically stable primitives PyTorch ships.
+
+A literal translation of ``log(1 + exp(x))`` is ``inf`` at x = 100 in float32 and its derivative
+``exp(x) / (1 + exp(x))`` is ``nan`` there, while ``F.softplus`` is finite with a finite gradient. So the
+forward is rewritten before it is differentiated, into functions that know their own stable derivative
+(``softplus' = sigmoid``, not ``exp(x) / (1 + exp(x))``), and the derivatives are rewritten again.
+
+The rewrites, each applied only to sub-expressions that involve a tensor (numbers and scalar arguments
+stay plain Python):
+
+=====================================  =================================================
+``log(1 + exp(u))``                    ``softplus(u)`` (and ``log(c + k*exp(u))``)
+``log(exp(a) + exp(b) + ...)``         ``logaddexp(a, logaddexp(b, ...))``
+``1 / (1 + exp(-u))``                  ``sigmoid(u)``; ``exp(u) / (1 + exp(u))`` too
+``log(sigmoid(u))``, ``log(1 - sigmoid(u))``  ``logsigmoid(u)``, ``logsigmoid(-u)``
+``log(1 + u)``                         ``log1p(u)``
+``exp(u) - 1``                         ``expm1(u)``
+``x * log(y)``                         ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy)
+``sqrt(x**2 + y**2)``                  ``hypot(x, y)``
+``exp(u**2) * erfc(u)``                ``erfcx(u)``
+``(1 + erf(u / sqrt(2))) / 2``         ``ndtr(u)``; its log is ``log_ndtr(u)``
+``log(erfc(u))``                       ``log(2) + log_ndtr(-sqrt(2) * u)``
+``log(u / (1 - u))``                   ``logit(u)``
+``log(cosh(u))``                       ``u + softplus(-2*u) - log(2)``
+=====================================  =================================================
+
+Each primitive is a sympy ``Function`` with its derivative (``fdiff``) written in stable primitives and
+its literal formula (:func:`to_literal`), which the test reference and the domain checks evaluate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+from sympy.codegen.cfunctions import expm1, hypot, log1p
+from sympy.core.logic import fuzzy_and
+
+# -- the primitives -------------------------------------------------------------------------------
+
+
+class StableFunction(sympy.Function):
+    """A function with a stable torch implementation, its literal formula and a stable derivative."""
+
+    @classmethod
+    def literal(cls, *args: sympy.Expr) -> sympy.Expr:
+        raise NotImplementedError
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return fuzzy_and(a.is_extended_real for a in self.args)
+
+
+class softplus(StableFunction):  # noqa: N801 - sympy's convention: functions print by class name
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.log(1 + sympy.exp(x))
+
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0])
+
+    def _eval_is_positive(self):
+        return self.args[0].is_extended_real
+
+
+class sigmoid(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return 1 / (1 + sympy.exp(-x))
+
+    def fdiff(self, argindex=1):
+        return self * (1 - self)
+
+    def _eval_is_positive(self):
+        return self.args[0].is_extended_real
+
+
+class logsigmoid(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return -sympy.log(1 + sympy.exp(-x))
+
+    def fdiff(self, argindex=1):
+        return sigmoid(-self.args[0])
+
+    def _eval_is_negative(self):
+        return self.args[0].is_extended_real
+
+
+class logaddexp(StableFunction):  # noqa: N801
+    nargs = 2
+
+    @classmethod
+    def literal(cls, a, b):
+        return sympy.log(sympy.exp(a) + sympy.exp(b))
+
+    def fdiff(self, argindex=1):
+        a, b = self.args
+        return sigmoid(a - b) if argindex == 1 else sigmoid(b - a)
+
+
+class xlogy(StableFunction):  # noqa: N801
+    nargs = 2
+
+    @classmethod
+    def literal(cls, x, y):
+        return x * sympy.log(y)
+
+    def fdiff(self, argindex=1):
+        x, y = self.args
+        return sympy.log(y) if argindex == 1 else x / y
+
+
+class erfcx(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.exp(x**2) * sympy.erfc(x)
+
+    def fdiff(self, argindex=1):
+        x = self.args[0]
+        return 2 * x * self - 2 / sympy.sqrt(sympy.pi)
+
+    def _eval_is_positive(self):
+        return self.args[0].is_extended_real
+
+
+class ndtr(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.erfc(-x / sympy.sqrt(2)) / 2
+
+    def fdiff(self, argindex=1):
+        x = self.args[0]
+        return sympy.exp(-(x**2) / 2) / sympy.sqrt(2 * sympy.pi)
+
+    def _eval_is_positive(self):
+        return self.args[0].is_extended_real
+
+
+class log_ndtr(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.log(sympy.erfc(-x / sympy.sqrt(2)) / 2)
+
+    def fdiff(self, argindex=1):
+        # The normal density over its distribution function, as exp(log pdf - log cdf): finite where
+        # the two would underflow separately (x = -40 in float64).
+        x = self.args[0]
+        return sympy.exp(-(x**2) / 2 - self) / sympy.sqrt(2 * sympy.pi)
+
+    def _eval_is_negative(self):
+        return self.args[0].is_extended_real
+
+
+class logit(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.log(x / (1 - x))
+
+    def fdiff(self, argindex=1):
+        x = self.args[0]
+        return 1 / (x * (1 - x))
+
+
+PRIMITIVES: tuple[type[StableFunction], ...] = (
+    softplus, sigmoid, logsigmoid, logaddexp, xlogy, erfcx, ndtr, log_ndtr, logit,
+)  # fmt: skip
+
+
+def to_literal(expr: sympy.Basic) -> sympy.Basic:
+    """``expr`` with every stable primitive replaced by its textbook formula."""
+    return expr.replace(lambda e: isinstance(e, StableFunction), lambda e: type(e).literal(*e.args))
+
+
+def primitives_used(expr: sympy.Basic) -> list[str]:
+    """Names of the stable primitives (and log1p, expm1, hypot) in ``expr``, sorted."""
+    kinds = (*PRIMITIVES, log1p, expm1, hypot)
+    return sorted({type(e).__name__ for e in sympy.preorder_traversal(expr) if isinstance(e, kinds)})
+
+
+# -- the rewrites ---------------------------------------------------------------------------------
+
+
+class _Rewriter:
+    """Rebuilds an expression bottom-up, applying the rewrites to each node whose children are done."""
+
+    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
+        self.tensors = tensors
+        self.rules: dict[type, Callable[[sympy.Basic], sympy.Basic | None]] = {
+            sympy.log: self._log,
+            sympy.Pow: self._pow,
+            sympy.Add: self._add,
+            sympy.Mul: self._mul,
+        }
+
+    def is_tensor(self, expr: sympy.Basic) -> bool:
+        return bool(expr.free_symbols & self.tensors)
+
+    def __call__(self, expr: sympy.Basic) -> sympy.Basic:
+        if expr.is_Atom or not expr.args:
+            return expr
+        args = tuple(self(a) for a in expr.args)
+        node = expr.func(*args) if args != expr.args else expr
+        rule = self.rules.get(type(node))
+        if rule is None or not self.is_tensor(node):
+            return node
+        rewritten = rule(node)
+        return node if rewritten is None else rewritten
+
+    # log(...) -------------------------------------------------------------------------------------
+
+    def _log(self, node: sympy.log) -> sympy.Expr | None:
+        (arg,) = node.args
+        if isinstance(arg, sigmoid):
+            return logsigmoid(arg.args[0])
+        if isinstance(arg, ndtr):
+            return log_ndtr(arg.args[0])
+        if isinstance(arg, sympy.erfc):
+            return sympy.log(2) + log_ndtr(-sympy.sqrt(2) * arg.args[0])
+        if isinstance(arg, sympy.cosh):
+            u = arg.args[0]
+            return u + softplus(-2 * u) - sympy.log(2)
+        if arg.is_Pow and arg.exp == -1:
+            # log(1/v) = -log(v): the logarithm is real only where v > 0.
+            return -self(sympy.log(arg.base))
+        if arg.is_Mul:
+            return self._log_of_product(arg)
+        if arg.is_Add:
+            return self._log_of_sum(arg)
+        return None
+
+    def _log_of_product(self, arg: sympy.Mul) -> sympy.Expr | None:
+        # log(k * exp(u) * rest) = log(k) + u + log(rest); the log is real only where rest > 0.
+        coefficient, factors = arg.as_coeff_mul()
+        exps = [f for f in factors if isinstance(f, sympy.exp)]
+        rest = sympy.Mul(*[f for f in factors if not isinstance(f, sympy.exp)])
+        if coefficient.is_positive and (coefficient != 1 or exps) and rest != 1:
+            inner = self._log(sympy.log(rest)) if self.is_tensor(rest) else None
+            if inner is not None or exps:
+                outer = sympy.log(coefficient) + sum(e.args[0] for e in exps)
+                return outer + (sympy.log(rest) if inner is None else inner)
+        # log(u / (1 - u)) = logit(u)
+        if len(factors) == 2 and coefficient == 1:
+            for u, other in (factors, factors[::-1]):
+                if other.is_Pow and other.exp == -1 and sympy.expand(other.base - (1 - u)) == 0:
+                    return logit(u)
+        return None
+
+    def _log_of_sum(self, arg: sympy.Add) -> sympy.Expr | None:
+        constant, terms = arg.as_coeff_add()
+        # log(1 - sigmoid(u)) = logsigmoid(-u)
+        if constant == 1 and len(terms) == 1 and isinstance(-terms[0], sigmoid):
+            return logsigmoid(-(-terms[0]).args[0])
+        exponents = [self._exp_term(t) for t in terms]
+        if terms and all(e is not None for e in exponents) and constant >= 0:
+            # log(c + sum k_i exp(u_i)): softplus for one exponential, logaddexp for several
+            total = exponents[0]
+            for u in exponents[1:]:
+                total = logaddexp(total, u)
+            if constant == 0:
+                return total if len(exponents) > 1 else None
+            shift = sympy.log(constant)
+            return shift + softplus(total - shift)
+        if constant == 1:
+            return log1p(sympy.Add(*terms))
+        return None
+
+    def _exp_term(self, term: sympy.Expr) -> sympy.Expr | None:
+        """``u + log(k)`` for a term ``k * exp(u)`` with k > 0 and u involving a tensor, else None."""
+        coefficient, factors = term.as_coeff_mul()
+        if len(factors) == 1 and isinstance(factors[0], sympy.exp) and coefficient.is_positive:
+            u = factors[0].args[0]
+            if self.is_tensor(u):
+                return u + sympy.log(coefficient)
+        return None
+
+    # powers ---------------------------------------------------------------------------------------
+
+    def _pow(self, node: sympy.Pow) -> sympy.Expr | None:
+        base, exponent = node.args
+        if not (base.is_Add and exponent.is_Number):
+            return None
+        constant, terms = base.as_coeff_add()
+        # 1 / (c + k exp(u)) = sigmoid(-(u + log(k/c))) / c
+        if exponent.is_negative and constant.is_positive and len(terms) == 1:
+            u = self._exp_term(terms[0])
+            if u is not None:
+                shift = sympy.log(constant)
+                return (sigmoid(shift - u) / constant) ** (-exponent)
+        # (x**2 + y**2) ** (k/2) = hypot(x, y) ** k
+        if (2 * exponent).is_odd and constant == 0 and len(terms) >= 2:
+            roots = [self._square_root(t) for t in terms]
+            if all(r is not None for r in roots):
+                total = roots[0]
+                for r in roots[1:]:
+                    total = hypot(total, r)
+                return total ** (2 * exponent)
+        return None
+
+    def _square_root(self, term: sympy.Expr) -> sympy.Expr | None:
+        """``sqrt(k) * t`` for a term ``k * t**2`` with k > 0 and t involving a tensor, else None."""
+        coefficient, factors = term.as_coeff_mul()
+        if len(factors) == 1 and factors[0].is_Pow and factors[0].exp == 2 and coefficient.is_positive:
+            t = factors[0].base
+            if self.is_tensor(t):
+                return sympy.sqrt(coefficient) * t
+        return None
+
+    # sums -----------------------------------------------------------------------------------------
+
+    def _add(self, node: sympy.Add) -> sympy.Expr | None:
+        constant, terms = node.as_coeff_add()
+        if constant == 0:
+            return None
+        rest = list(terms)
+        for i, term in enumerate(terms):
+            coefficient, factors = term.as_coeff_mul()
+            if len(factors) != 1:
+                continue
+            (f,) = factors
+            # c + k*exp(u) with k = -c: k * expm1(u)
+            if isinstance(f, sympy.exp) and coefficient == -constant:
+                rest[i] = coefficient * expm1(f.args[0])
+                return sympy.Add(*rest)
+            # a constant and an erf or erfc that together make the normal distribution function
+            if isinstance(f, (sympy.erf, sympy.erfc)):
+                for candidate in _as_ndtr(f):
+                    total = sympy.expand(constant + coefficient * candidate)
+                    if total.as_coeff_add()[0] == 0:
+                        rest[i] = total
+                        return sympy.Add(*rest)
+        return None
+
+    # products -------------------------------------------------------------------------------------
+
+    def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
+        coefficient, factors = node.as_coeff_mul()
+        factors = list(factors)
+        # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
+        for f in factors:
+            if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:
+                factors.remove(f)
+                factors.remove(sigmoid(-f.args[0]))
+                return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
+        # exp(a) / (exp(a) + exp(b) + ...): sigmoid(a - b) for two terms, exp(a - logaddexp(a, b, ...)) for more
+        for f in factors:
+            for g in factors:
+                if isinstance(f, sympy.exp) and g.is_Pow and g.exp == -1 and g.base.is_Add:
+                    softmax = self._softmax(f.args[0], g.base)
+                    if softmax is not None:
+                        factors.remove(f)
+                        factors.remove(g)
+                        return coefficient * softmax * sympy.Mul(*factors)
+        # exp(u**2) * erfc(u) = erfcx(u)
+        for f in factors:
+            if isinstance(f, sympy.erfc) and sympy.exp(f.args[0] ** 2) in factors:
+                factors.remove(f)
+                factors.remove(sympy.exp(f.args[0] ** 2))
+                return coefficient * erfcx(f.args[0]) * sympy.Mul(*factors)
+        # x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0
+        logs = [f for f in factors if isinstance(f, sympy.log) and self.is_tensor(f)]
+        tensor_factors = [f for f in factors if f not in logs and self.is_tensor(f)]
+        if len(logs) == 1 and tensor_factors:
+            scalars = [f for f in factors if f not in logs and f not in tensor_factors]
+            return coefficient * sympy.Mul(*scalars) * xlogy(sympy.Mul(*tensor_factors), logs[0].args[0])
+        return None
+
+    def _softmax(self, a: sympy.Expr, total: sympy.Add) -> sympy.Expr | None:
+        exponents = [self._exp_term(t) for t in total.args]
+        if any(u is None for u in exponents) or not any(sympy.expand(u - a) == 0 for u in exponents):
+            return None
+        if len(exponents) == 2:
+            (b,) = [u for u in exponents if sympy.expand(u - a) != 0] or [a]
+            return sigmoid(a - b)
+        total_log = exponents[0]
+        for u in exponents[1:]:
+            total_log = logaddexp(total_log, u)
+        return sympy.exp(a - total_log)
+
+
+def _as_ndtr(f: sympy.Expr) -> tuple[sympy.Expr, ...]:
+    """erf or erfc(u) written with the normal distribution function, both ways round."""
+    u = f.args[0]
+    z = sympy.sqrt(2) * u
+    if isinstance(f, sympy.erf):
+        return 2 * ndtr(z) - 1, 1 - 2 * ndtr(-z)
+    return 2 * ndtr(-z), 2 - 2 * ndtr(z)
+
+
+def stabilize(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
+    """``expr`` with its unstable textbook patterns replaced by stable primitives (see the module doc)."""
+    return _Rewriter(frozenset(tensors))(expr)
