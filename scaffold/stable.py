@@ -8,21 +8,20 @@ forward is rewritten before it is differentiated, into functions that know their
 The rewrites, each applied only to sub-expressions that involve a tensor (numbers and scalar arguments
 stay plain Python):
 
-=====================================  =================================================
-``log(1 + exp(u))``                    ``softplus(u)`` (and ``log(c + k*exp(u))``)
-``log(exp(a) + exp(b) + ...)``         ``logaddexp(a, logaddexp(b, ...))``
-``1 / (1 + exp(-u))``                  ``sigmoid(u)``; ``exp(u) / (1 + exp(u))`` too
-``log(sigmoid(u))``, ``log(1 - sigmoid(u))``  ``logsigmoid(u)``, ``logsigmoid(-u)``
-``log(1 + u)``                         ``log1p(u)``
-``exp(u) - 1``                         ``expm1(u)``
-``x * log(y)``                         ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy)
-``sqrt(x**2 + y**2)``                  ``hypot(x, y)``
-``exp(u**2) * erfc(u)``                ``erfcx(u)``
-``(1 + erf(u / sqrt(2))) / 2``         ``ndtr(u)``; its log is ``log_ndtr(u)``
-``log(erfc(u))``                       ``log(2) + log_ndtr(-sqrt(2) * u)``
-``log(u / (1 - u))``                   ``logit(u)``
-``log(cosh(u))``                       ``u + softplus(-2*u) - log(2)``
-=====================================  =================================================
+* ``log(1 + exp(u))``, ``log1p(exp(u))`` -> ``softplus(u)`` (and ``log(c + k*exp(u))``)
+* ``log(exp(a) + exp(b) + ...)`` -> ``logaddexp(a, logaddexp(b, ...))``
+* ``1 / (1 + exp(-u))`` -> ``sigmoid(u)``; ``exp(u) / (1 + exp(u))`` too
+* ``log(sigmoid(u))``, ``log(1 - sigmoid(u))`` -> ``logsigmoid(u)``, ``logsigmoid(-u)``
+* ``log(1 + u)`` -> ``log1p(u)``
+* ``exp(u) - 1`` -> ``expm1(u)``
+* ``exp(u) / (exp(u) + exp(v))`` -> ``sigmoid(u - v)``; with more terms ``exp(u - logaddexp(...))``
+* ``x * log(y)`` -> ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy)
+* ``sqrt(x**2 + y**2)`` -> ``hypot(x, y)``
+* ``exp(u**2) * erfc(u)`` -> ``erfcx(u)``
+* ``(1 + erf(u / sqrt(2))) / 2`` -> ``ndtr(u)``; its log is ``log_ndtr(u)``
+* ``log(erfc(u))`` -> ``log(2) + log_ndtr(-sqrt(2) * u)``
+* ``log(u / (1 - u))`` -> ``logit(u)``
+* ``log(cosh(u))`` -> ``u + softplus(-2*u) - log(2)``
 
 Each primitive is a sympy ``Function`` with its derivative (``fdiff``) written in stable primitives and
 its literal formula (:func:`to_literal`), which the test reference and the domain checks evaluate.
@@ -112,8 +111,11 @@ class xlogy(StableFunction):  # noqa: N801
         return x * sympy.log(y)
 
     def fdiff(self, argindex=1):
+        # torch.xlogy's own x-derivative: 0, not -inf, where x = y = 0.
         x, y = self.args
-        return sympy.log(y) if argindex == 1 else x / y
+        if argindex == 2:
+            return x / y
+        return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(y), True))
 
 
 class erfcx(StableFunction):  # noqa: N801
@@ -154,10 +156,10 @@ class log_ndtr(StableFunction):  # noqa: N801
         return sympy.log(sympy.erfc(-x / sympy.sqrt(2)) / 2)
 
     def fdiff(self, argindex=1):
-        # The normal density over its distribution function, as exp(log pdf - log cdf): finite where
-        # the two would underflow separately (x = -40 in float64).
+        # The normal density over its distribution function, pdf(x) / ndtr(x), with the exp(-x**2 / 2)
+        # both share cancelled: exact where they underflow (x = -40) and where x**2 / 2 swamps log ndtr.
         x = self.args[0]
-        return sympy.exp(-(x**2) / 2 - self) / sympy.sqrt(2 * sympy.pi)
+        return sympy.sqrt(2 / sympy.pi) / erfcx(-x / sympy.sqrt(2))
 
     def _eval_is_negative(self):
         return self.args[0].is_extended_real
@@ -201,6 +203,7 @@ class _Rewriter:
         self.tensors = tensors
         self.rules: dict[type, Callable[[sympy.Basic], sympy.Basic | None]] = {
             sympy.log: self._log,
+            log1p: self._log1p,
             sympy.Pow: self._pow,
             sympy.Add: self._add,
             sympy.Mul: self._mul,
@@ -230,6 +233,8 @@ class _Rewriter:
             return log_ndtr(arg.args[0])
         if isinstance(arg, sympy.erfc):
             return sympy.log(2) + log_ndtr(-sympy.sqrt(2) * arg.args[0])
+        if isinstance(arg, sympy.exp):
+            return arg.args[0]
         if isinstance(arg, sympy.cosh):
             u = arg.args[0]
             return u + softplus(-2 * u) - sympy.log(2)
@@ -241,6 +246,11 @@ class _Rewriter:
         if arg.is_Add:
             return self._log_of_sum(arg)
         return None
+
+    def _log1p(self, node: log1p) -> sympy.Expr | None:
+        # log1p(v) is log(1 + v): the same rewrites apply (log1p(exp(u)) = softplus(u)).
+        rewritten = self._log_of_sum(1 + node.args[0]) if (1 + node.args[0]).is_Add else None
+        return None if isinstance(rewritten, log1p) else rewritten
 
     def _log_of_product(self, arg: sympy.Mul) -> sympy.Expr | None:
         # log(k * exp(u) * rest) = log(k) + u + log(rest); the log is real only where rest > 0.
@@ -334,6 +344,10 @@ class _Rewriter:
             # c + k*exp(u) with k = -c: k * expm1(u)
             if isinstance(f, sympy.exp) and coefficient == -constant:
                 rest[i] = coefficient * expm1(f.args[0])
+                return sympy.Add(*rest)
+            # c - 2c * sigmoid(w) = c * tanh(-w / 2), as in d/du log(cosh(u)) = 1 - 2 * sigmoid(-2u)
+            if isinstance(f, sigmoid) and coefficient == -2 * constant:
+                rest[i] = constant * sympy.tanh(-f.args[0] / 2)
                 return sympy.Add(*rest)
             # a constant and an erf or erfc that together make the normal distribution function
             if isinstance(f, (sympy.erf, sympy.erfc)):

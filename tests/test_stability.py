@@ -1,0 +1,195 @@
+"""Generated ops written as textbook formulas are as robust as PyTorch's own ops at extreme inputs.
+
+Each case is a forward as a user would write it from a paper (``log(1 + exp(x))``), and the native op
+(``F.softplus``). On a grid of float32 inputs from -1e4 to 1e4 (and tiny and huge positives where the
+domain is positive), wherever the native op's value or gradient is finite, the generated op's must be
+finite too and agree with the native op computed in float64. The literal formulas fail this:
+``log(1 + exp(x))`` is inf at x = 100 and its gradient nan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from scaffold import generate_op
+
+from .conftest import make_spec
+
+REAL = (-1e4, -1000.0, -100.0, -88.0, -30.0, -10.0, -2.5, -1.0, -0.3, -1e-3, 1e-3, 0.3, 1.0, 2.5, 10.0, 30.0)
+REAL += (88.0, 100.0, 1000.0, 1e4)
+POSITIVE = (1e-30, 1e-6, 1e-3, 0.3, 1.0, 2.5, 10.0, 100.0, 1e4, 1e30)
+UNIT = (1e-6, 1e-3, 0.1, 0.5, 0.9, 1 - 1e-3, 1 - 2**-20)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    forward: str
+    native: Callable[..., torch.Tensor]
+    values: dict[str, tuple[float, ...]]  # candidate values of each tensor
+    scalars: dict = field(default_factory=dict)
+    # Values are compared by relative error, down to 1e-12 (below which the native ops' own float64
+    # results are not exact: F.binary_cross_entropy_with_logits(-30., 0.) is 9.24e-14, not 9.36e-14).
+    value_atol: float = 1e-12
+
+
+def _log_cosh(x):
+    return x + F.softplus(-2 * x) - math.log(2)
+
+
+CASES = [
+    Case("softplus", "log(1 + exp(x))", F.softplus, {"x": REAL}),
+    Case("softplus_log1p", "log1p(exp(x))", F.softplus, {"x": REAL}),
+    Case(
+        "softplus_beta",
+        "log(1 + exp(beta * x)) / beta",
+        lambda x: F.softplus(x, beta=2.0),
+        {"x": REAL},
+        scalars={"beta": {"default": 2.0}},
+    ),
+    Case("sigmoid", "1 / (1 + exp(-x))", torch.sigmoid, {"x": REAL}),
+    Case("sigmoid_exp_ratio", "exp(x) / (1 + exp(x))", torch.sigmoid, {"x": REAL}),
+    Case("silu", "x / (1 + exp(-x))", F.silu, {"x": REAL}),
+    Case("logsigmoid", "log(1 / (1 + exp(-x)))", F.logsigmoid, {"x": REAL}),
+    Case("logsigmoid_neg_softplus", "-log(1 + exp(-x))", F.logsigmoid, {"x": REAL}),
+    Case("log_one_minus_sigmoid", "log(1 - 1 / (1 + exp(-x)))", lambda x: F.logsigmoid(-x), {"x": REAL}),
+    Case("logaddexp", "log(exp(a) + exp(b))", torch.logaddexp, {"a": REAL, "b": REAL}),
+    Case(
+        "logsumexp3",
+        "log(exp(a) + exp(b) + exp(c))",
+        lambda a, b, c: torch.logsumexp(torch.stack([a, b, c]), dim=0),
+        {"a": REAL[::3], "b": REAL[1::3], "c": REAL[2::3]},
+    ),
+    Case(
+        "two_class_cross_entropy",
+        "-log(exp(a) / (exp(a) + exp(b)))",
+        lambda a, b: F.softplus(b - a),
+        {"a": REAL, "b": REAL},
+    ),
+    Case("softmax_weight", "exp(a) / (exp(a) + exp(b))", lambda a, b: torch.sigmoid(a - b), {"a": REAL, "b": REAL}),
+    Case(
+        "bce_with_logits",
+        "-(y * log(1 / (1 + exp(-x))) + (1 - y) * log(1 - 1 / (1 + exp(-x))))",
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction="none"),
+        {"x": REAL, "y": (0.0, 0.25, 1.0)},
+    ),
+    Case(
+        "bce_with_logits_pos_weight",
+        "-(w * y * log(1 / (1 + exp(-x))) + (1 - y) * log(1 - 1 / (1 + exp(-x))))",
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction="none", pos_weight=torch.tensor(3.0)),
+        {"x": REAL, "y": (0.0, 0.25, 1.0)},
+        scalars={"w": {"default": 3.0}},
+    ),
+    Case("logistic_loss", "log(1 + exp(-y * x))", lambda x, y: F.softplus(-y * x), {"x": REAL, "y": (-1.0, 1.0)}),
+    Case(
+        "focal_term",
+        "-(1 - 1 / (1 + exp(-x)))**2 * log(1 / (1 + exp(-x)))",
+        lambda x: -((1 - torch.sigmoid(x)) ** 2) * F.logsigmoid(x),
+        {"x": REAL},
+    ),
+    Case("log1p", "log(1 + x)", torch.log1p, {"x": (-1 + 1e-6, -0.5, -1e-3, -1e-7, 1e-7, 1e-3, 1.0, 1e4, 1e30)}),
+    Case("expm1", "exp(x) - 1", torch.expm1, {"x": (-100.0, -1.0, -1e-3, -1e-7, 1e-7, 1e-3, 1.0, 80.0)}),
+    Case("one_minus_exp", "1 - exp(-x)", lambda x: -torch.expm1(-x), {"x": (-80.0, -1e-7, 1e-7, 1e-3, 100.0)}),
+    Case("xlogy", "x * log(y)", torch.xlogy, {"x": (0.0, 1e-30, 0.5, 1e4), "y": (0.0, *POSITIVE)}),
+    Case("entropy", "-p * log(p)", torch.special.entr, {"p": (1e-30, 1e-6, 0.5, 1.0, 10.0)}),
+    Case("hypot", "sqrt(x**2 + y**2)", torch.hypot, {"x": REAL + (1e20, -1e25), "y": (-1e20, -3.0, 1e-3, 4.0, 1e25)}),
+    Case("erfcx", "exp(x**2) * erfc(x)", torch.special.erfcx, {"x": (-5.0, -1.0, 0.5, 3.0, 10.0, 100.0, 1e4)}),
+    Case(
+        "log_ndtr",
+        "log(erfc(-x / sqrt(2)) / 2)",
+        torch.special.log_ndtr,
+        {"x": (-100.0, -30.0, -10.0, -1.0, 0.5, 3.0, 10.0, 100.0)},
+    ),
+    Case("log_ndtr_erf", "log((1 + erf(x / sqrt(2))) / 2)", torch.special.log_ndtr, {"x": (-30.0, -5.0, 0.5, 30.0)}),
+    Case("ndtr", "(1 + erf(x / sqrt(2))) / 2", torch.special.ndtr, {"x": (-30.0, -8.0, -1.0, 0.5, 8.0, 30.0)}),
+    Case("gelu", "x * (1 + erf(x / sqrt(2))) / 2", F.gelu, {"x": REAL}),
+    # Near x = 0 these are logarithms of numbers near 1: float32 gives them to about 1e-7, not relatively.
+    Case(
+        "log_erfc",
+        "log(erfc(x))",
+        lambda x: torch.special.log_ndtr(-math.sqrt(2) * x) + math.log(2),
+        {"x": REAL},
+        value_atol=1e-7,
+    ),
+    Case("logit", "log(p / (1 - p))", torch.logit, {"p": UNIT}),
+    Case("mish", "x * tanh(log(1 + exp(x)))", F.mish, {"x": REAL}),
+    Case("log_cosh", "log(cosh(x))", _log_cosh, {"x": REAL}, value_atol=1e-7),
+    Case(
+        "poisson_nll_log_input",
+        "exp(x) - y * x",
+        lambda x, y: F.poisson_nll_loss(x, y, log_input=True, full=False, reduction="none"),
+        {"x": (-100.0, -10.0, 0.5, 10.0, 80.0), "y": (0.0, 1.0, 100.0)},
+    ),
+]
+
+
+def _grid(case: Case) -> list[torch.Tensor]:
+    """One float32 vector per tensor: every combination of the candidate values."""
+    rows = list(itertools.product(*case.values.values()))
+    return [torch.tensor(column, dtype=torch.float32) for column in zip(*rows)]
+
+
+def _load(case: Case, tmp_path):
+    tensors = {name: {"shape": []} for name in case.values}
+    spec = make_spec(case.name, case.forward, tensors, {k: {"type": "float", **v} for k, v in case.scalars.items()})
+    path = tmp_path / f"{case.name}.py"
+    path.write_text(generate_op(spec)[f"{case.name}.py"], encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location(f"_stability_{case.name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return getattr(module, case.name)
+
+
+def _check(what: str, ours, native, exact, inputs, rtol: float, atol: float) -> None:
+    """Where the native float32 op is finite, ours is finite and close to the native op in float64."""
+    finite = torch.isfinite(native)
+    bad = finite & ~torch.isfinite(ours)
+    assert not bad.any(), f"{what} is not finite where the native op's is, at {_points(inputs, bad)}"
+    exact = exact.to(ours.dtype).double()  # rounded as a float32 result at best can be
+    close = (ours.double() - exact).abs() <= atol + rtol * exact.abs()
+    wrong = finite & ~close
+    assert not wrong.any(), (
+        f"{what} differs from the native op at {_points(inputs, wrong)}: "
+        f"{ours[wrong][:3].tolist()} vs {exact[wrong][:3].tolist()}"
+    )
+
+
+def _points(inputs, mask) -> str:
+    return str([tuple(float(x[i]) for x in inputs) for i in mask.nonzero().flatten()[:3].tolist()])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_extreme_float32_inputs_match_native(case, tmp_path):
+    op = _load(case, tmp_path)
+    scalars = [v["default"] for v in case.scalars.values()]
+    inputs = [x.requires_grad_() for x in _grid(case)]
+    out = op(*inputs, *scalars)
+    assert out.dtype == torch.float32
+    grads = torch.autograd.grad(out.sum(), inputs)
+    native, native_grads = _native(case, inputs, torch.float32)
+    exact, exact_grads = _native(case, inputs, torch.float64)
+    _check("value", out.detach(), native, exact, inputs, rtol=1e-5, atol=case.value_atol)
+    for name, grad, native_grad, exact_grad in zip(case.values, grads, native_grads, exact_grads):
+        _check(f"gradient of {name}", grad, native_grad, exact_grad, inputs, rtol=1e-4, atol=1e-6)
+
+
+def _native(case: Case, inputs, dtype):
+    xs = [x.detach().to(dtype).requires_grad_() for x in inputs]
+    out = case.native(*xs)
+    return out.detach(), torch.autograd.grad(out.sum(), xs)
+
+
+def test_literal_formula_is_not_stable():
+    """The check above can fail: the textbook softplus overflows where F.softplus does not."""
+    x = torch.tensor([100.0], requires_grad=True)
+    literal, native = torch.log(1 + torch.exp(x)).detach(), F.softplus(x).detach()
+    with pytest.raises(AssertionError, match="not finite"):
+        _check("value", literal, native, native.double(), [x.detach()], rtol=1e-5, atol=1e-6)
