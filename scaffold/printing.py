@@ -199,6 +199,14 @@ class TorchPrinter(StrPrinter):
         masks = [f for f in factors if self._is_dtype_free(f)]
         if not any(self.is_tensor(f) for f in factors if f not in masks):
             masks = []
+        steps = [m for m in masks if isinstance(m, sympy.Heaviside)]
+        if steps:
+            # A step selects rather than multiplies: where() keeps an overflowing factor it zeroes
+            # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan.
+            rest = sympy.Mul(*[f for f in expr.args if f not in steps])
+            conditions = [self._step_condition(m) for m in steps]
+            condition = conditions[0] if len(conditions) == 1 else " & ".join(f"({c})" for c in conditions)
+            return f"torch.where({condition}, {self._print(rest)}, 0)"
         numerator: list[str] = []
         denominator: list[str] = []
         if coefficient.is_Rational:
@@ -235,6 +243,17 @@ class TorchPrinter(StrPrinter):
         if isinstance(factor, sympy.Piecewise):
             return self.is_tensor(factor) and not any(self.is_tensor(p.expr) for p in factor.args)
         return False
+
+    def _step_condition(self, step: sympy.Heaviside) -> str:
+        """Where a Heaviside step with value 0 or 1 at 0 is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
+        arg, at_zero = step.args
+        constant, terms = arg.as_coeff_add()
+        lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
+        greater = True
+        if lhs.could_extract_minus_sign():
+            lhs, rhs, greater = -lhs, -rhs, False
+        op = (">" if greater else "<") + ("=" if at_zero == 1 else "")
+        return f"{self._print(lhs)} {op} {self._print(rhs)}"
 
     def _print_mask(self, factor: sympy.Basic) -> str:
         if isinstance(factor, sympy.Heaviside):

@@ -249,6 +249,7 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
                 "low": repr(d.low),
                 "high": repr(d.high),
                 "avoid": _shape(d.avoid),
+                "extremes": _shape(_extremes(d, len(spec.tensors))),
                 "description": _domain_description(d),
             }
         )
@@ -266,6 +267,19 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
         "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
         "tensor_names": [t.name for t in spec.tensors],
     }
+
+
+#: Inputs of the extreme-input test, positive side; the negatives are used too.
+EXTREMES = (1e-3, 1.0, 10.0, 30.0, 100.0, 1e4)
+
+
+def _extremes(d: InputDomain, count: int) -> tuple[float, ...]:
+    """Large and tiny inputs for one tensor of ``count``, away from its kinks; fewer when there are many."""
+    values = EXTREMES if count <= 2 else EXTREMES[::2] if count == 3 else (1.0, 100.0)
+    # A domain on one side of 0 (log, digamma) keeps its side: elsewhere there may be poles, not nans.
+    signed = values if d.low >= 0 else tuple(-x for x in reversed(values)) if d.high <= 0 else None
+    candidates = signed or (*(-x for x in reversed(values)), *values)
+    return tuple(v for v in candidates if all(abs(v - a) > 1e-2 for a in d.avoid))
 
 
 def _domain_description(d: InputDomain) -> str:

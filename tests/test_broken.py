@@ -59,6 +59,18 @@ MUTATIONS = {
         "smooth_l1",
         _sub(r"torch\.where\(tmp2, tmp0 \* tmp1, tmp3\)", "torch.where(tmp2, tmp3, tmp0 * tmp1)"),
     ),
+    # The textbook formulas agree at ordinary inputs; only the extreme-input test can tell.
+    "unstable_forward": (
+        "logistic_loss",
+        _sub(r"torch\.nn\.functional\.softplus\(-input \* target\)", "torch.log(1 + torch.exp(-input * target))"),
+    ),
+    "unstable_backward": (
+        "logistic_loss",
+        _sub(
+            r"tmp0 = grad_output \* torch\.sigmoid\(-input \* target\)",
+            "tmp0 = grad_output * torch.exp(-input * target) / (1 + torch.exp(-input * target))",
+        ),
+    ),
 }
 
 
@@ -71,6 +83,8 @@ def test_generated_tests_catch_broken_code(tmp_path):
         write_files(files, tmp_path)
     result = run_pytest(tmp_path, "-rf")
     failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
+    failed_tests = set(re.findall(r"^FAILED test_\w+?\.py::(\w+)", result.stdout, flags=re.MULTILINE))
+    assert "test_extreme_inputs" in failed_tests, result.stdout[-3000:]
     for case, (spec_name, _) in MUTATIONS.items():
         name = f"{spec_name}_{case}"
         if case == "control":

@@ -99,9 +99,14 @@ def test_piecewise_gradient_has_no_nan_from_the_untaken_branch():
         assert torch.isfinite(grad).all() and torch.isfinite(grad2).all(), expr
 
 
-def test_mask_is_a_boolean_factor():
+def test_step_selects_rather_than_multiplies():
     code, _ = print_torch(Heaviside(x, 0) * y, TENSORS, where="test")
-    assert code == "y * (x > 0)"
+    assert code == "torch.where(x > 0, y, 0)"
+    code, _ = print_torch(Heaviside(1 - x, 0) * Heaviside(x + 2, 1) * y, TENSORS, where="test")
+    assert code == "torch.where((x < 1) & (x >= -2), y, 0)"
+    # exp(x) * step(-x) at x = 100 in float32: inf * 0 would be nan
+    xs = torch.tensor([-1.0, 100.0])
+    torch.testing.assert_close(evaluate(sympy.exp(x) * Heaviside(-x, 0), xs, xs), torch.tensor([math.exp(-1), 0.0]))
     code, _ = print_torch(Max(x, 0) + Max(x, y) + Min(x, alpha), TENSORS, where="test")
     assert code == "torch.clamp(x, min=0) + torch.maximum(x, y) + torch.clamp(x, max=alpha)"
 
