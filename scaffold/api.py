@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .derivation import Derivation, derive
 from .domain import InputDomain, infer_domains
 from .expression import ParsedExpression, parse_forward
+from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
 from .render import render_op
 from .spec import OpSpec
@@ -36,11 +37,23 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     return CompiledOp(spec, parsed, derivation, make_plan(derivation), domains)
 
 
-def generate_op(spec: OpSpec, *, module_import: str | None = None) -> dict[str, str]:
+def generate_op(
+    spec: OpSpec, *, module_import: str | None = None, time_limit: float | None = TIME_LIMIT
+) -> dict[str, str]:
     """The op's generated files, ``{relative path: text}``; nothing is written.
 
     ``module_import`` is the module the generated test imports the op from (default: the op's name,
-    for a test file next to the module).
+    for a test file next to the module). The symbolic work runs in a worker process that is stopped
+    after ``time_limit`` seconds (None: in this process, without a limit).
     """
+    if time_limit is None:
+        return _generate(spec, module_import)
+    where = f"{spec.source}: forward"
+    return run_with_time_limit(
+        _generate, (spec, module_import), seconds=time_limit, where=where, what="deriving the op"
+    )
+
+
+def _generate(spec: OpSpec, module_import: str | None) -> dict[str, str]:
     op = compile_op(spec)
     return render_op(spec, op.derivation, op.plan, op.domains, module_import=module_import)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from ._version import __version__
 from .api import generate_op
 from .errors import ScaffoldError, SpecError
+from .limits import TIME_LIMIT
 from .spec import load_spec, spec_from_flags
 from .write import write_files
 
@@ -48,8 +49,22 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
     op.add_argument("--output-dir", "-o", metavar="DIR", default=".", help="where to write (default: .)")
     op.add_argument("--force", action="store_true", help="overwrite existing files")
+    op.add_argument(
+        "--time-limit", metavar="SECONDS", type=_seconds, default=TIME_LIMIT,
+        help=f"stop deriving after this many seconds (default: {TIME_LIMIT:g})",
+    )  # fmt: skip
     op.set_defaults(handler=_new_op)
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def _new_op(args: argparse.Namespace) -> int:
@@ -75,7 +90,7 @@ def _new_op(args: argparse.Namespace) -> int:
         spec = spec_from_flags(
             args.name, args.forward, args.tensor, args.scalar, learnable=args.learnable, doc=args.doc
         )
-    files = generate_op(spec)
+    files = generate_op(spec, time_limit=args.time_limit)
     for written in write_files(files, args.output_dir, force=args.force):
         print(f"{written.status:>11}  {written.path}")
     return 0

@@ -17,6 +17,9 @@ class ScaffoldError(Exception):
         self.hint = hint
         super().__init__(str(self))
 
+    def __reduce__(self):  # keep where and hint apart when the error crosses a process boundary
+        return (_rebuild, (type(self), self.message, self.where, self.hint))
+
     def __str__(self) -> str:
         text = f"{self.where}: {self.message}" if self.where else self.message
         if self.hint:
@@ -38,3 +41,7 @@ class DerivationError(ScaffoldError):
 
 class WriteError(ScaffoldError):
     """Generated files cannot be written (an existing file, a bad directory)."""
+
+
+def _rebuild(cls: type[ScaffoldError], message: str, where: str | None, hint: str | None) -> ScaffoldError:
+    return cls(message, where=where, hint=hint)
