@@ -36,10 +36,29 @@ RESERVED_ARGUMENT_NAMES = frozenset(
         "torch", "nn", "math", "pytest", "ctx", "self", "inputs", "output", "grad_output",
         "gradcheck", "gradgradcheck", "super", "float", "int", "bool", "abs", "max", "min",
         "len", "range", "tuple", "zip", "isinstance", "device", "dtype", "generator",
+        "sum", "all", "any", "vars", "enumerate", "str", "repr", "staticmethod", "terms", "out",
+    }
+    # Attributes of the autograd ctx: scalar arguments are stored on it by name.
+    | {
+        "needs_input_grad", "saved_tensors", "saved_variables", "save_for_backward", "save_for_forward",
+        "saved_for_forward", "to_save", "mark_dirty", "dirty_tensors", "mark_non_differentiable",
+        "non_differentiable", "mark_shared_storage", "set_materialize_grads", "materialize_grads",
+        "maybe_clear_saved_tensors", "metadata", "name", "next_functions", "register_hook",
+        "register_prehook", "requires_grad", "apply", "apply_jvp", "apply_boxed",
     }
 )  # fmt: skip
-# Module names an op may not take: its file would shadow the library the generated code imports.
-RESERVED_OP_NAMES = frozenset({"torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest"})
+#: Argument name prefixes and suffixes the generated code builds names with (grad_x, ctx.x_shape, ...).
+RESERVED_PREFIXES = ("tmp", "grad_")
+RESERVED_SUFFIXES = ("_tangent", "_shape")
+# Op names the generated module or test file cannot take: the module would shadow a library the
+# generated code imports, or the op's function would replace one of the test file's own names.
+RESERVED_OP_NAMES = frozenset(
+    {
+        "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
+        "reference", "make_inputs", "gradcheck", "gradgradcheck", "DEVICES", "TENSORS", "SCALARS",
+        "AVOID_MARGIN",
+    }
+)  # fmt: skip
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -184,7 +203,11 @@ class OpSpec:
         for kind, arg in [("tensors", t) for t in self.tensors] + [("scalars", s) for s in self.scalars]:
             arg_where = f"{where}: {kind}.{arg.name}"
             check_identifier(arg.name, what="argument name", where=arg_where)
-            if arg.name in RESERVED_ARGUMENT_NAMES or arg.name.startswith("tmp") or arg.name.endswith("_tangent"):
+            if (
+                arg.name in RESERVED_ARGUMENT_NAMES
+                or arg.name.startswith(RESERVED_PREFIXES)
+                or arg.name.endswith(RESERVED_SUFFIXES)
+            ):
                 raise SpecError(
                     f"argument name {arg.name!r} is used by the generated code itself",
                     where=arg_where,

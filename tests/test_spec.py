@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
+
 import pytest
 
-from scaffold import compile_op, load_spec, spec_from_flags
+from scaffold import compile_op, generate_op, load_spec, spec_from_flags
 from scaffold.errors import SpecError
-from scaffold.spec import ScalarArg, TensorArg, camel_case, spec_to_toml
+from scaffold.spec import RESERVED_ARGUMENT_NAMES, ScalarArg, TensorArg, camel_case, spec_to_toml
 
 from .conftest import SPECS
 
@@ -85,3 +88,53 @@ def test_domains_are_inferred_from_the_expression():
     assert domain("Max(x, alpha)", ["alpha=0.5"])[2] == (0.5,)
     assert domain("Piecewise((x, x > -1), (0, True))")[2] == (-1.0,)
     assert domain("1 / x")[2] == (0.0,)
+
+
+@pytest.mark.parametrize(
+    ("tensors", "scalars", "bad"),
+    [
+        (["x", "sum"], [], "sum"),  # jvp calls sum()
+        (["x", "terms"], [], "terms"),  # jvp's list of terms
+        (["x", "out"], [], "out"),  # the saved output in backward
+        (["x", "grad_x"], [], "grad_x"),  # x's gradient
+        (["x"], ["x_shape=1.0"], "x_shape"),  # ctx.x_shape
+        (["x"], ["needs_input_grad=1.0"], "needs_input_grad"),  # scalars are ctx attributes
+    ],
+)
+def test_names_the_generated_code_uses_are_refused(tensors, scalars, bad):
+    forward = " * ".join([*tensors, *(s.split("=")[0] for s in scalars)])
+    with pytest.raises(SpecError, match=f"argument name '{bad}' is used by the generated code itself"):
+        spec_from_flags("op", forward, tensors, scalars)
+
+
+@pytest.mark.parametrize("name", ["nn", "reference", "make_inputs", "gradcheck", "torch", "DEVICES"])
+def test_op_names_that_would_shadow_what_the_generated_code_uses(name):
+    with pytest.raises(SpecError, match=f"op name '{name}' would shadow"):
+        spec_from_flags(name, "x", ["x"])
+
+
+def test_every_builtin_the_generated_code_calls_is_a_reserved_name():
+    spec = spec_from_flags(
+        "op", "Piecewise((x * alpha, x > 0), (log(1 + exp(x)) * y, True))", ["x", "y"], ["alpha=2.0"]
+    )
+    used = set()
+    for text in generate_op(spec).values():
+        used |= {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name) and hasattr(builtins, n.id)}
+    assert used and used <= RESERVED_ARGUMENT_NAMES, used - RESERVED_ARGUMENT_NAMES
+
+
+def test_every_attribute_of_the_autograd_ctx_is_a_reserved_name():
+    import torch
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 2 * grad
+
+    ctx = Twice.apply(torch.ones(1, requires_grad=True)).grad_fn
+    public = {a for a in dir(ctx) if not a.startswith("_")}
+    assert public <= RESERVED_ARGUMENT_NAMES, public - RESERVED_ARGUMENT_NAMES
