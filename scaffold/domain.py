@@ -76,12 +76,14 @@ def infer_domains(
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     bounds = {s: _Bounds() for s in tensors}
 
-    def constrain(arg: sympy.Expr, low: float | None, high: float | None, what: str) -> None:
+    def constrain(arg: sympy.Expr, low: float | None, high: float | None, what: str, *, positive=True) -> None:
         if (low is not None and high is None and (arg - low).is_positive) or (
             low is None and high is not None and (high - arg).is_positive
         ):
             return  # holds everywhere, e.g. log(x**2 + 1)
         affine = _affine(arg, tensors)
+        if affine is None and not positive:
+            return  # left to the numeric check
         if affine is None:
             for s in arg.free_symbols & tensors:
                 bounds[s].add_low(0.0, f"{what} (kept positive)")
@@ -111,6 +113,11 @@ def infer_domains(
             constrain(node.args[0], -1.0, None, f"{text} needs an input above -1")
         elif isinstance(node, sympy.acosh):
             constrain(node.args[0], 1.0, None, f"{text} needs an input above 1")
+        elif isinstance(node, (sympy.tan, sympy.sec)):
+            # Defined between poles, but steep near them: tests stay in one branch, well inside it.
+            constrain(node.args[0], -1.4, 1.4, f"{text} is kept between its poles at -pi/2 and pi/2", positive=False)
+        elif isinstance(node, (sympy.cot, sympy.csc)):
+            constrain(node.args[0], 0.15, 3.0, f"{text} is kept between its poles at 0 and pi", positive=False)
         elif isinstance(node, _UNIT):
             constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in (-1, 1)")
         elif isinstance(node, sympy.Pow) and node.exp.is_Number and not node.exp.is_Integer:
@@ -146,9 +153,7 @@ def infer_domains(
                 low, high = b.low + MARGIN, b.low + WIDTH
             else:
                 low, high = b.high - WIDTH, b.high - MARGIN
-            reason = "inferred: " + "; ".join(
-                dict.fromkeys(r for r in b.reasons if "kink" not in r and "switch" not in r and "pole" not in r)
-            )
+            reason = "inferred: " + "; ".join(dict.fromkeys(b.reasons))
         avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
         domains[t.name] = InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason)
     checked = [expr, *(to_literal(p).xreplace(numbers) for p in partials)]
@@ -157,7 +162,7 @@ def infer_domains(
 
 
 # Intervals tried, in order, for a tensor whose inferred interval gives a non-real or infinite value.
-CANDIDATES = ((0.25, 3.0), (0.1, 0.9), (1.25, 4.0), (-0.9, -0.1), (-3.0, -0.25))
+CANDIDATES = ((0.25, 3.0), (0.1, 0.9), (1.25, 4.0), (3.0, 6.0), (-0.9, -0.1), (-3.0, -0.25))
 _SAMPLES = 24
 
 
@@ -172,12 +177,15 @@ def _repair(
     valid = _evaluates(exprs, symbols, domains)
     if valid is not False or not free:
         return domains
-    for name in free:
+    reason = "inferred: the forward and its derivatives are finite and real there"
+    # One tensor at a time first (the others keep their inferred intervals), then all together
+    # (log(cos(x * y)) needs both small).
+    for names in [[name] for name in free] + ([free] if len(free) > 1 else []):
         for low, high in CANDIDATES:
             trial = dict(domains)
-            avoid = tuple(v for v in domains[name].avoid if low < v < high)
-            reason = "inferred: the forward and its derivatives are finite and real there"
-            trial[name] = InputDomain(name, low, high, avoid, reason)
+            for name in names:
+                avoid = tuple(v for v in domains[name].avoid if low < v < high)
+                trial[name] = InputDomain(name, low, high, avoid, reason)
             if _evaluates(exprs, symbols, trial):
                 return trial
     return domains

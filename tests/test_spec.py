@@ -88,6 +88,20 @@ def test_domains_are_inferred_from_the_expression():
     assert domain("Max(x, alpha)", ["alpha=0.5"])[2] == (0.5,)
     assert domain("Piecewise((x, x > -1), (0, True))")[2] == (-1.0,)
     assert domain("1 / x")[2] == (0.0,)
+    low, high, _ = domain("tan(x)")  # between the poles at -pi/2 and pi/2
+    assert -1.57 < low < high < 1.57
+    low, high, _ = domain("cot(2 * x)")  # between the poles at 0 and pi/2
+    assert 0 < low < high < 1.57
+    low, high, _ = domain("logit(x)")  # found numerically
+    assert 0 < low < high < 1
+    low, high, _ = domain("log(log(log(x)))")  # needs x > e
+    assert low > 2.72
+
+
+def test_domains_of_several_tensors_are_repaired_together():
+    spec = spec_from_flags("op", "log(cos(x * y))", ["x", "y"])
+    x, y = compile_op(spec).domains
+    assert max(abs(x.low), abs(x.high)) * max(abs(y.low), abs(y.high)) < 1.57
 
 
 @pytest.mark.parametrize(
