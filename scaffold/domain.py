@@ -9,6 +9,8 @@ anything else it keeps the tensors involved positive, and the spec can always sa
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, field
 
 import sympy
@@ -202,11 +204,10 @@ def _evaluates(
         f = sympy.lambdify([symbols[n] for n in names], exprs, modules="mpmath")
     except Exception:  # a function lambdify cannot translate: no opinion
         return None
-    for k in range(_SAMPLES):
+    for unit in _sample_points(len(names)):
         point = []
-        for i, name in enumerate(names):
+        for name, u in zip(names, unit):
             d = domains[name]
-            u = (0.5 + k * 0.6180339887 + i * 0.4142135623) % 1.0
             value = d.low + (d.high - d.low) * u
             if any(abs(value - a) < 0.05 for a in d.avoid):
                 value += 0.1
@@ -227,6 +228,15 @@ def _evaluates(
             if not mpmath.isfinite(real):
                 return False
     return True
+
+
+def _sample_points(dimensions: int) -> list[tuple[float, ...]]:
+    """Points of the unit cube: its corners (up to 16), then a Kronecker sequence, which, unlike one
+    sequence shifted per dimension, does not put every point on one line."""
+    steps = [math.sqrt(p) % 1.0 for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)]
+    corners = list(itertools.islice(itertools.product((0.001, 0.999), repeat=dimensions), 16))
+    inner = [tuple((0.5 + k * steps[i % len(steps)]) % 1.0 for i in range(dimensions)) for k in range(_SAMPLES)]
+    return corners + inner
 
 
 def _without_minmax(expr: sympy.Expr, limit: int = 16) -> list[sympy.Expr]:
