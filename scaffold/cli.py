@@ -96,8 +96,25 @@ def _new_op(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Options whose value may start with "-" (a forward of -x * y), which argparse would take for an option.
+_DASHED_VALUES = ("--forward", "--doc")
+
+
+def _attach_dashed_values(argv: Sequence[str]) -> list[str]:
+    """``--forward -x*y`` -> ``--forward=-x*y``."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in _DASHED_VALUES:
+            value = next(args, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else argv))
     try:
         return args.handler(args)
     except ScaffoldError as exc:

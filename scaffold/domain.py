@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import sympy
 from sympy.codegen import cfunctions
 
+from .errors import DerivationError
 from .expression import ParsedExpression
 from .spec import OpSpec
 from .stable import to_literal
@@ -59,7 +60,7 @@ class _Bounds:
 def _affine(arg: sympy.Expr, tensors: set[sympy.Symbol]) -> tuple[sympy.Symbol, float, float] | None:
     """``arg == k*s + c`` for one tensor ``s`` and numbers ``k != 0``, ``c``; else None."""
     symbols = arg.free_symbols & tensors
-    if len(symbols) != 1 or arg.free_symbols - tensors:
+    if len(symbols) != 1 or arg.free_symbols - tensors or arg.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo):
         return None
     (s,) = symbols
     poly = sympy.Poly(arg, s) if arg.is_polynomial(s) else None
@@ -160,24 +161,35 @@ def infer_domains(
         domains[t.name] = InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason)
     checked = [expr, *(to_literal(p).xreplace(numbers) for p in partials)]
     free = [t.name for t in spec.tensors if t.domain is None]
-    return tuple(_repair(domains, checked, parsed.symbols, free).values())
+    repaired = _repair(domains, checked, parsed.symbols, free)
+    if repaired is None:
+        names = " and ".join(free)
+        raise DerivationError(
+            f"no test inputs were found where the forward and its derivatives are finite and real "
+            f"(tried {names} in {', '.join(f'[{low:g}, {high:g}]' for low, high in CANDIDATES)})",
+            where=f"{spec.source}: forward",
+            hint=f"declare where the op is defined in the spec file, e.g. [tensors.{free[0]}] domain = [1.0, 2.0]",
+        )
+    return tuple(repaired.values())
 
 
 # Intervals tried, in order, for a tensor whose inferred interval gives a non-real or infinite value.
 CANDIDATES = ((0.25, 3.0), (0.1, 0.9), (1.25, 4.0), (3.0, 6.0), (-0.9, -0.1), (-3.0, -0.25))
 _SAMPLES = 24
+FLOAT64_SAFE = 1e100  # values beyond this are treated as overflowing
 
 
 def _repair(
     domains: dict[str, InputDomain], exprs: list[sympy.Expr], symbols: dict[str, sympy.Symbol], free: list[str]
-) -> dict[str, InputDomain]:
-    """Check the domains numerically; where the forward or a derivative is not finite and real, try others.
+) -> dict[str, InputDomain] | None:
+    """Check the domains numerically; where the forward or a derivative is not finite and real, try others
+    (None: nothing tried works).
 
     Structural inference cannot see that log(p / (1 - p)) needs 0 < p < 1; evaluating it can. Only
     tensors without a declared domain are changed.
     """
     valid = _evaluates(exprs, symbols, domains)
-    if valid is not False or not free:
+    if valid is not False or not free:  # declared domains are the user's word
         return domains
     reason = "inferred: the forward and its derivatives are finite and real there"
     # One tensor at a time first (the others keep their inferred intervals), then all together
@@ -190,7 +202,7 @@ def _repair(
                 trial[name] = InputDomain(name, low, high, avoid, reason)
             if _evaluates(exprs, symbols, trial):
                 return trial
-    return domains
+    return None
 
 
 def _evaluates(
@@ -200,10 +212,18 @@ def _evaluates(
     import mpmath
 
     names = list(domains)
-    try:
-        f = sympy.lambdify([symbols[n] for n in names], exprs, modules="mpmath")
-    except Exception:  # a function lambdify cannot translate: no opinion
+    functions = []
+    for expr in exprs:  # each on its own: one that lambdify cannot translate leaves the others checked
+        try:
+            functions.append(sympy.lambdify([symbols[n] for n in names], expr, modules="mpmath"))
+        except Exception:  # no opinion on this one
+            continue
+    if not functions:
         return None
+
+    def f(*point):
+        return [function(*point) for function in functions]
+
     for unit in _sample_points(len(names)):
         point = []
         for name, u in zip(names, unit):
@@ -225,7 +245,7 @@ def _evaluates(
                 real = mpmath.mpf(v.real if isinstance(v, mpmath.mpc) else v)
             except (TypeError, ValueError):
                 return None
-            if not mpmath.isfinite(real):
+            if not mpmath.isfinite(real) or abs(real) > FLOAT64_SAFE:  # mpmath never overflows; float64 does
                 return False
     return True
 

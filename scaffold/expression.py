@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -155,12 +156,33 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
             where=where,
             hint="check for a division by zero or a log of a negative constant",
         )
+    _check_constants(expr, spec, symbols, where)
     return ParsedExpression(
         expr=expr,
         symbols=symbols,
         tensor_names=tensor_names,
         scalar_names=tuple(s.name for s in spec.scalars),
     )
+
+
+def _check_constants(expr: sympy.Basic, spec: OpSpec, symbols: dict[str, sympy.Symbol], where: str) -> None:
+    """Every sub-expression without tensors is a finite real number (atanh(2) is not), also with the
+    scalar arguments at their defaults (sqrt(alpha) with alpha = -1 is not)."""
+    tensors = {symbols[t.name] for t in spec.tensors}
+    numeric = [s for s in spec.scalars if s.type != "bool"]
+    defaults = {symbols[s.name]: sympy.Number(s.default) for s in numeric}
+    for node in sympy.preorder_traversal(expr):
+        if node.free_symbols & tensors or node.is_Atom or not isinstance(node, sympy.Expr):
+            continue
+        value = node.xreplace(defaults).evalf(15)
+        if not (value.is_real and value.is_finite) or value.has(sympy.nan, sympy.zoo):
+            used = [f"{s.name} = {s.default!r}" for s in numeric if symbols[s.name] in node.free_symbols]
+            context = f"with the default {', '.join(used)}, " if used else ""
+            raise ExpressionError(
+                f"{context}{sympy.sstr(node)} is not a finite real number",
+                where=where,
+                hint="keep constants and scalar defaults inside each function's domain",
+            )
 
 
 def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward") -> sympy.Expr:
@@ -170,7 +192,9 @@ def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str 
     if len(text) > MAX_LENGTH:
         raise ExpressionError(f"the expression is longer than {MAX_LENGTH} characters", where=where)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with warnings.catch_warnings():  # "invalid decimal literal" and the like: the error says it better
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
         pointer = f" at column {exc.offset}" if exc.offset else ""
         raise ExpressionError(
@@ -205,7 +229,14 @@ class _Builder:
                 f"{_describe(node)} is not allowed in an expression",
                 hint="use numbers, argument names, + - * / **, comparisons and functions such as exp(x)",
             )
-        return method(node, depth + 1)
+        try:
+            return method(node, depth + 1)
+        except (TypeError, ValueError, ArithmeticError) as exc:  # sympy refuses, e.g. log(-1) < x
+            raise self.fail(
+                node,
+                f"this is not defined for real numbers ({exc})",
+                hint="constants must be finite real numbers: log(-1), asin(2) or atan2(0, 0) are not",
+            ) from None
 
     def build_Constant(self, node: ast.Constant, depth: int) -> sympy.Basic:
         value = node.value
@@ -283,8 +314,8 @@ class _Builder:
         if base.is_Number and exponent.is_Number:
             if base == 0 and exponent.is_negative:
                 raise self.fail(node, "division by zero")
-            if base != 0 and float(abs(exponent)) * math.log10(float(abs(base))) > MAX_POWER_DIGITS:
-                raise self.fail(node, f"the power {base}**{exponent} has more than {MAX_POWER_DIGITS} digits")
+            if base != 0 and float(abs(exponent)) * abs(_log10(abs(base))) > MAX_POWER_DIGITS:
+                raise self.fail(node, f"the power has more than {MAX_POWER_DIGITS} digits")
         return sympy.Pow(base, exponent)
 
     def build_Compare(self, node: ast.Compare, depth: int) -> sympy.Basic:
@@ -363,9 +394,23 @@ class _Builder:
         return value
 
     def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:
-        if isinstance(value, (sympy.logic.boolalg.Boolean, sympy.Symbol)):
+        # A bool scalar's symbol carries no assumptions; tensors and numeric scalars are real.
+        if isinstance(value, sympy.Symbol) and value.is_real is None:
             return value
-        raise self.fail(node, "expected a condition such as x > 0")
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            return value
+        raise self.fail(
+            node,
+            "expected a condition such as x > 0",
+            hint="conditions are comparisons, True/False, bool scalars, and &, |, ~ of those",
+        )
+
+
+def _log10(number: sympy.Number) -> float:
+    """log10 of a positive number, also of a rational below or above float's range (1e-400)."""
+    if number.is_Rational:
+        return math.log10(number.p) - math.log10(number.q)  # exact for integers of any size
+    return float(sympy.log(number, 10).evalf())
 
 
 _OPERATOR_NAMES = {ast.FloorDiv: "'//'", ast.Mod: "'%'", ast.MatMult: "'@'", ast.LShift: "'<<'", ast.RShift: "'>>'"}

@@ -6,21 +6,17 @@
 * Mutated valid forwards, odd well-formed trees and random text must generate valid Python or be refused
   with a ScaffoldError, never another exception, and quickly; the CLI exits 0 or 1 and on 1 writes nothing.
 
-Examples are derandomized, so CI draws the same ones every run. Known bugs are pinned in KNOWN_CRASHES and
-KNOWN_BROKEN_OPS: the properties report them as warnings, and their reproductions must keep failing as they
-do today, so a fix makes these tests ask for the entry's removal.
+Examples are derandomized, so CI draws the same ones every run. What the search found (crashes, ops tested
+where they are not defined) is fixed and kept as regression cases: FOUND must be refused cleanly, FOUND_OPS
+must pass their own tests.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import itertools
 import re
-import sys
 import time
-import warnings
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -154,77 +150,41 @@ TEXTS = st.one_of(
     st.text(max_size=30),
 )
 
-# --- known bugs ------------------------------------------------------------------------------------
+# --- bugs the search found, now fixed ---------------------------------------------------------------
 
-# generate_op raises something other than ScaffoldError: name -> (reproductions, exception types, message).
-KNOWN_CRASHES = {
-    # A float or int scalar used as a condition passes the parser; domain inference substitutes its default.
-    "numeric_scalar_as_condition": (
-        [
-            "Piecewise((x, alpha), (1, True))",
-            "Piecewise((x, n), (1, True))",
-            "Piecewise((x, (x > 0) | alpha), (1, True))",
-        ],
-        (TypeError,),
-        r"must be a Boolean|expecting bool or Boolean",
-    ),
-    # A non-real or nan constant (log(-1), asin(2), erfinv(2), atan2(0, 0)) in a comparison, Max/Min or Heaviside:
-    # sympy raises while the parser builds the expression.
-    "non_real_or_nan_constant": (
-        [
-            "Piecewise((x, log(-1) < x), (0, True))",
-            "Piecewise((x, atan2(0, 0) < x), (0, True))",
-            "Max(x, log(-1))",
-            "x * Min(asin(2), 1)",
-            "x * Max(2, erfinv(2))",
-            "x * Heaviside(log(-1))",
-        ],
-        (TypeError, ValueError),
-        r"Invalid (NaN )?comparison|is not comparable|defined only for Real Values|defined only for -1 <= x <= 1",
-    ),
-    # A power of a non-zero base below float's range: the size check takes log10(float(base)) = log10(0.0).
-    "power_of_a_tiny_base": (["x + (1e-200**2)**2"], (ValueError,), r"math domain error"),
-    # A kink of Max/Min over a division by a Max: domain inference's _affine gets zoo * x and float(zoo) fails.
-    "kink_through_division_by_zero": (
-        ["Max(x / Max(x, 0), 0)", "Min(x / Max(y, 0), 1)"],
-        (TypeError,),
-        r"Cannot convert complex to float",
-    ),
+# Inputs that once crashed generate_op (an exception other than ScaffoldError) or generated ops whose own
+# tests failed; each must now be refused with a clear message: (forward, scalars).
+FOUND = [
+    # a numeric scalar or a tensor used as a condition
+    ("Piecewise((x, alpha), (1, True))", SCALARS),
+    ("Piecewise((x, n), (1, True))", SCALARS),
+    ("Piecewise((x, (x > 0) | alpha), (1, True))", SCALARS),
+    ("Piecewise((x, x), (1, True))", {}),
+    ("Piecewise((x, ~x), (1, True))", {}),
+    # constants that are not real, or nan, where sympy compares them
+    ("Piecewise((x, log(-1) < x), (0, True))", {}),
+    ("Piecewise((x, atan2(0, 0) < x), (0, True))", {}),
+    ("Max(x, log(-1))", {}),
+    ("x * Min(asin(2), 1)", {}),
+    ("x * Max(2, erfinv(2))", {}),
+    ("x * Heaviside(log(-1))", {}),
+    # a power of a base below float's range
+    ("x + (1e-200**2)**2", {}),
+    # constants sympy leaves unevaluated, or scalar defaults, outside a function's domain
+    ("x * atanh(2)", {}),
+    ("x * sqrt(alpha)", {"alpha": {"type": "float", "default": -1.0}}),
+    # never real, or real only where no tried interval is
+    ("sqrt(sin(x) - 2)", {}),
+    ("log(-cos(x))", {}),
+]
+# Ops that once generated tests drawing inputs where the forward is not finite; now they pass.
+FOUND_OPS = {
+    "found_overflow": ("exp(1000 * x)", ["x"], {}),  # mpmath never overflows; float64 does
+    "found_nested_log": ("log(log(log(x)))", ["x"], {}),  # needs x > e
+    "found_pole": ("log(3 / (x - 3))", ["x"], {}),  # needs x > 3
+    "found_kink_through_division": ("Max(x / Max(x, 0), 0)", ["x"], {}),
+    "found_product_in_log": ("log(cos(x * y))", ["x", "y"], {}),  # both small together
 }
-
-# Ops scaffold generates whose own generated tests fail: name -> (forward, tensors, scalars).
-KNOWN_BROKEN_OPS = {
-    # Domains: when no interval it tries makes the forward finite and real, scaffold generates anyway.
-    # A scalar default outside the forward's domain (the same constant, sqrt(-1), is refused): ValueError.
-    "known_scalar_default": ("x * sqrt(alpha)", ["x"], {"alpha": {"type": "float", "default": -1.0}}),
-    # A constant sympy leaves unevaluated although it is not real: math.atanh(2) raises.
-    "known_non_real_constant": ("x * atanh(2)", ["x"], {}),
-    # Real only for x in (pi/2, 3*pi/2), which no candidate interval finds: NaN.
-    "known_domain_not_found": ("log(-cos(x))", ["x"], {}),
-    # Real for no x at all, yet not refused: NaN.
-    "known_never_real": ("sqrt(sin(x) - 2)", ["x"], {}),
-    # The numeric check of the domains uses mpmath, which never overflows; float64 does: inf.
-    "known_overflow": ("exp(1000 * x)", ["x"], {}),
-    # A tensor is accepted as a condition: torch.where(x, ...) and ~x on a float tensor raise.
-    "known_tensor_as_condition": ("Piecewise((x, x), (1, True))", ["x"], {}),
-    "known_tensor_not_as_condition": ("Piecewise((x, ~x), (1, True))", ["x"], {}),
-}
-
-
-def _known_crash(exc: BaseException) -> str | None:
-    """The KNOWN_CRASHES entry ``exc`` matches, if any: raised here, or in generate_op's worker process and
-    re-raised as "RuntimeError: scaffold failed while ...: TypeError: ...; please report this"."""
-    text = f"{type(exc).__name__}: {exc}"
-    for key, (_, kinds, message) in KNOWN_CRASHES.items():
-        names = "|".join(kind.__name__ for kind in kinds)
-        if re.search(rf"\b({names}): \s*.*({message})", text, flags=re.DOTALL):
-            return key
-    return None
-
-
-def _report(what: str, found: dict[str, list[str]]) -> None:
-    if any(found.values()):
-        warnings.warn(f"{what}: {found}", stacklevel=2)
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -238,8 +198,8 @@ def _mapping(name: str, forward: str, tensors: list[str], scalars: dict) -> dict
     return {"name": name, "forward": forward, "tensors": {t: {"shape": SHAPE} for t in tensors}, "scalars": scalars}
 
 
-def _generate(mapping: dict, crashes: dict[str, list[str]], durations: dict[str, float]) -> dict[str, str] | None:
-    """generate_op's files, None on a known crash; a ScaffoldError is re-raised once its message is checked."""
+def _generate(mapping: dict, durations: dict[str, float]) -> dict[str, str]:
+    """generate_op's files; a ScaffoldError is re-raised once its message is checked."""
     start = time.perf_counter()
     try:
         return generate_op(spec_from_mapping(mapping, source="prop.toml"), **IN_PROCESS)
@@ -247,12 +207,6 @@ def _generate(mapping: dict, crashes: dict[str, list[str]], durations: dict[str,
         assert isinstance(exc.message, str) and exc.message.strip(), f"empty message: {exc!r}"
         assert "Traceback" not in str(exc), str(exc)
         raise
-    except Exception as exc:
-        known = _known_crash(exc)
-        if known is None:
-            raise
-        crashes.setdefault(known, []).append(mapping["forward"])
-        return None
     finally:
         durations[mapping["forward"]] = time.perf_counter() - start
 
@@ -262,40 +216,18 @@ def _assert_fast(durations: dict[str, float]) -> None:
     assert durations[slowest] < MAX_SECONDS, f"generating {slowest!r} took {durations[slowest]:.1f} s"
 
 
-def _inputs_not_finite(directory: Path, name: str) -> bool:
-    """Whether the forward or its gradient is not finite (or raises) at the inputs its generated test draws.
-
-    Such an op fails its tests because scaffold chose inputs where the forward is undefined (the domain bugs
-    of KNOWN_BROKEN_OPS), not because a derivative is wrong.
-    """
-    import torch
-
-    sys.path.insert(0, str(directory))
-    try:
-        module = importlib.import_module(f"test_{name}")
-        inputs = module.make_inputs("cpu")
-        try:
-            out = module.reference(*inputs, *module.SCALARS)
-            grads = torch.autograd.grad(out.sum(), inputs)
-        except (ValueError, OverflowError, ZeroDivisionError):  # math.sqrt of a negative scalar, say
-            return True
-        return not all(torch.isfinite(t).all() for t in (out, *grads))
-    finally:
-        sys.path.remove(str(directory))
-        for module_name in (name, f"test_{name}"):
-            sys.modules.pop(module_name, None)
-
-
 # --- 1. random expression trees -------------------------------------------------------------------
 
 # Why a tree of the grammar may be refused: it cancels to something without a tensor (x - x), or to 1/0.
-ALLOWED_REFUSALS = re.compile(r"does not depend on any tensor|declared but not used|division by zero|infinite")
+# Or it is nowhere real, or real only where no tried test interval is (log(x - exp(x))).
+ALLOWED_REFUSALS = re.compile(
+    r"does not depend on any tensor|declared but not used|division by zero|infinite|no test inputs were found"
+)
 
 
 def test_random_expressions_generate_and_pass_their_own_tests(tmp_path):
     ops: dict[str, str] = {}  # op name -> forward
     refused: dict[str, str] = {}  # forward -> message
-    crashes: dict[str, list[str]] = {}
     durations: dict[str, float] = {}
 
     @settings(PROPERTY, max_examples=EXPRESSION_EXAMPLES)
@@ -308,43 +240,32 @@ def test_random_expressions_generate_and_pass_their_own_tests(tmp_path):
         name = f"prop_{len(ops)}"
         scalars = {"alpha": SCALARS["alpha"]} if re.search(r"\balpha\b", forward) else {}
         try:
-            files = _generate(_mapping(name, forward, tensors, scalars), crashes, durations)
+            files = _generate(_mapping(name, forward, tensors, scalars), durations)
         except ScaffoldError as exc:
             assert ALLOWED_REFUSALS.search(exc.message), f"{forward!r} refused: {exc}"
             refused[forward] = exc.message
             return
-        if files is not None:
-            assert sorted(files) == [f"{name}.py", f"test_{name}.py"]
-            write_files(files, tmp_path)
-            ops[name] = forward
+        assert sorted(files) == [f"{name}.py", f"test_{name}.py"]
+        write_files(files, tmp_path)
+        ops[name] = forward
 
     generate_or_refuse()
     _assert_fast(durations)
     assert len(ops) >= 2 * len(refused), f"most trees should generate; refused: {refused}"
-    _report("known crashes (KNOWN_CRASHES) hit", crashes)
-
-    for name, (forward, tensors, scalars) in KNOWN_BROKEN_OPS.items():
-        write_files(generate_op(spec_from_mapping(_mapping(name, forward, tensors, scalars), source="known")), tmp_path)
+    for name, (forward, tensors, scalars) in FOUND_OPS.items():
+        write_files(generate_op(spec_from_mapping(_mapping(name, forward, tensors, scalars), source="found")), tmp_path)
+        ops[name] = forward
     result = run_pytest(tmp_path, "-k", "gradcheck or reference", "-rf")
     output = result.stdout[-6000:] + result.stderr[-2000:]
-    assert re.search(r"\d+ passed", result.stdout), output
-    failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
-
-    fixed = [forward for name, (forward, *_) in KNOWN_BROKEN_OPS.items() if name not in failed]
-    assert not fixed, f"these pass their tests now: remove them from KNOWN_BROKEN_OPS: {fixed}"
-    failing = sorted(failed & set(ops))
-    # An op whose forward is not finite at its own test inputs has the domain bugs of KNOWN_BROKEN_OPS.
-    domain_bugs = [name for name in failing if _inputs_not_finite(tmp_path, name)]
-    wrong = [f"{name}: {ops[name]}" for name in failing if name not in domain_bugs]
-    assert not wrong, "generated ops fail their own tests:\n" + "\n".join(wrong) + "\n" + output
-    _report("domain bugs (KNOWN_BROKEN_OPS) hit", {"not finite at the test inputs": [ops[n] for n in domain_bugs]})
+    failed = sorted(set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE)))
+    wrong = [f"{name}: {ops.get(name)}" for name in failed]
+    assert result.returncode == 0 and not wrong, "generated ops fail their own tests:\n" + "\n".join(wrong) + output
 
 
 # --- 2. mutated and random text -------------------------------------------------------------------
 
 
 def test_random_text_generates_or_is_refused_quickly():
-    crashes: dict[str, list[str]] = {}
     durations: dict[str, float] = {}
 
     @settings(PROPERTY, max_examples=TEXT_EXAMPLES)
@@ -353,48 +274,35 @@ def test_random_text_generates_or_is_refused_quickly():
         # Tensors: the ones the text names, else x; scalars: all three kinds, used or not.
         mapping = _mapping("op", forward, _tensors_in(forward) or ["x"], SCALARS)
         try:
-            files = _generate(mapping, crashes, durations)
+            files = _generate(mapping, durations)
         except ScaffoldError:
             return
-        for path, text in (files or {}).items():
+        for path, text in files.items():
             compile(text, path, "exec")  # the generated files are valid Python
 
     generate_or_refuse()
     _assert_fast(durations)
-    _report("known crashes (KNOWN_CRASHES) hit", crashes)
 
 
-@pytest.mark.parametrize(
-    "forward", [f for forwards, *_ in KNOWN_CRASHES.values() for f in forwards], ids=lambda f: f[:40]
-)
-def test_known_crashes_still_crash(forward):
-    """Pinned bugs: generate_op raises something other than ScaffoldError. Fixed? Remove from KNOWN_CRASHES."""
-    mapping = _mapping("op", forward, _tensors_in(forward), SCALARS)
-    with pytest.raises(Exception) as info:
-        generate_op(spec_from_mapping(mapping, source="known.toml"))
-    assert _known_crash(info.value) is not None, repr(info.value)
+@pytest.mark.parametrize(("forward", "scalars"), FOUND, ids=[f for f, _ in FOUND])
+def test_found_inputs_are_refused_cleanly(forward, scalars):
+    mapping = _mapping("op", forward, _tensors_in(forward), scalars)
+    with pytest.raises(ScaffoldError) as info:
+        generate_op(spec_from_mapping(mapping, source="found.toml"))
+    assert info.value.message.strip() and "Traceback" not in str(info.value)
 
 
 def test_cli_exits_0_or_1_and_writes_nothing_on_error(tmp_path, capsys):
     counter = itertools.count()
-    crashes: dict[str, list[str]] = {}
 
     @settings(PROPERTY, max_examples=CLI_EXAMPLES)
     @given(st.one_of(st.sampled_from(SEEDS), mutated(), TEXTS))  # the seeds: some texts generate
     def run_cli(forward):
         out = tmp_path / f"out{next(counter)}"
-        # argparse reads a value that starts with '-' (and has no space) as an option: see
-        # test_cli_forward_starting_with_minus. After '=' it is a value.
-        flag = [f"--forward={forward}"] if forward.startswith("-") else ["--forward", forward]
+        flag = ["--forward", forward]
         declared = [a for t in _tensors_in(forward) or ["x"] for a in ("--tensor", t)] + CLI_SCALARS
         capsys.readouterr()
-        try:
-            code = main(["new", "op", "m", *flag, *declared, "-o", str(out)])
-        except Exception as exc:
-            if _known_crash(exc) is None:
-                raise
-            crashes.setdefault(_known_crash(exc), []).append(forward)
-            return
+        code = main(["new", "op", "m", *flag, *declared, "-o", str(out)])
         captured = capsys.readouterr()
         assert code in (0, 1), code
         if code == 0:
@@ -405,11 +313,10 @@ def test_cli_exits_0_or_1_and_writes_nothing_on_error(tmp_path, capsys):
             assert "Traceback" not in captured.err, captured.err
 
     run_cli()
-    _report("known crashes (KNOWN_CRASHES) hit", crashes)
 
 
-@pytest.mark.xfail(raises=SystemExit, strict=True, reason="argparse takes '-x*y' for an option and exits 2")
 def test_cli_forward_starting_with_minus(tmp_path):
+    # argparse alone would take '-x*y' for an option and exit 2
     assert main(["new", "op", "m", "--forward", "-x*y", "--tensor", "x", "--tensor", "y", "-o", str(tmp_path)]) == 0
 
 
