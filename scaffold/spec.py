@@ -182,7 +182,7 @@ class OpSpec:
         check_identifier(self.name, what="op name", where=f"{where}: name")
         if self.name in RESERVED_OP_NAMES or self.name.startswith("test_"):
             raise SpecError(
-                f"op name {self.name!r} would shadow a module the generated code or pytest relies on",
+                f"op name {self.name!r} would shadow a name the generated code or its tests rely on",
                 where=f"{where}: name",
                 hint=f"try {'my_' + self.name!r}",
             )

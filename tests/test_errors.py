@@ -58,7 +58,7 @@ CASES = [
     ),
     pytest.param(
         ["torch", "--forward", "x", "--tensor", "x"],
-        "scaffold: error: command-line flags: name: op name 'torch' would shadow a module the generated code or pytest relies on\n  hint: try 'my_torch'\n",
+        "scaffold: error: command-line flags: name: op name 'torch' would shadow a name the generated code or its tests rely on\n  hint: try 'my_torch'\n",
         id="reserved op name",
     ),
     pytest.param(
@@ -145,6 +145,66 @@ CASES = [
         ["--spec", "missing.toml"],
         "scaffold: error: missing.toml: spec file not found\n",
         id="missing spec file",
+    ),
+    pytest.param(
+        ["op", "--forward", "Piecewise((x, alpha), (0, True))", "--tensor", "x", "--scalar", "alpha=0.5"],
+        "scaffold: error: command-line flags: forward: expected a condition such as x > 0\n  hint: conditions are comparisons, True/False, bool scalars, and &, |, ~ of those\n",
+        id="number as condition",
+    ),
+    pytest.param(
+        ["op", "--forward", "Piecewise((x, x), (0, True))", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: expected a condition such as x > 0\n  hint: conditions are comparisons, True/False, bool scalars, and &, |, ~ of those\n",
+        id="tensor as condition",
+    ),
+    pytest.param(
+        ["op", "--forward", "Piecewise((x, log(-1) < x), (0, True))", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: this is not defined for real numbers (Invalid comparison of non-real I*pi) in 'log(-1) < x'\n  hint: constants must be finite real numbers: log(-1), asin(2) or atan2(0, 0) are not\n",
+        id="non-real constant in a comparison",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * atanh(2)", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: atanh(2) is not a finite real number\n  hint: keep constants and scalar defaults inside each function's domain\n",
+        id="unevaluated non-real constant",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * sqrt(alpha)", "--tensor", "x", "--scalar", "alpha=-1.0"],
+        "scaffold: error: command-line flags: forward: with the default alpha = -1.0, sqrt(alpha) is not a finite real number\n  hint: keep constants and scalar defaults inside each function's domain\n",
+        id="scalar default outside the domain",
+    ),
+    pytest.param(
+        ["op", "--forward", "sqrt(sin(x) - 2)", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: no test inputs were found where the forward and its derivatives are finite and real (tried x in [0.25, 3], [0.1, 0.9], [1.25, 4], [3, 6], [-0.9, -0.1], [-3, -0.25])\n  hint: declare where the op is defined in the spec file, e.g. [tensors.x] domain = [1.0, 2.0]\n",
+        id="never real",
+    ),
+    pytest.param(
+        ["op", "--forward", "x + (1e-200**2)**2", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the power has more than 300 digits in '1e-200**2'\n",
+        id="tiny power",
+    ),
+    pytest.param(
+        ["op", "--forward", "x * needs_input_grad", "--tensor", "x", "--scalar", "needs_input_grad=1.0"],
+        "scaffold: error: command-line flags: scalars.needs_input_grad: argument name 'needs_input_grad' is used by the generated code itself\n  hint: try 'needs_input_grad_'\n",
+        id="argument named like a ctx attribute",
+    ),
+    pytest.param(
+        ["reference", "--forward", "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: name: op name 'reference' would shadow a name the generated code or its tests rely on\n  hint: try 'my_reference'\n",
+        id="op named after a test helper",
+    ),
+    pytest.param(
+        ["op", "--forward", "(lambda: __import__('os').system('id'))()", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: only functions can be called, by their plain name, e.g. exp(x)\n  hint: expressions are math only: no attributes, methods, imports or Python builtins\n",
+        id="lambda call",
+    ),
+    pytest.param(
+        ["op", "--forward", "__import__", "--tensor", "__import__"],
+        "scaffold: error: --tensor __import__: argument name '__import__' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'import_'\n",
+        id="dunder argument",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "ｘ"],
+        "scaffold: error: --tensor ｘ: argument name 'ｘ' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'x'\n",
+        id="look-alike argument",
     ),
 ]
 
