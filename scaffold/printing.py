@@ -131,7 +131,7 @@ class TorchPrinter(StrPrinter):
     def is_tensor(self, expr: sympy.Basic) -> bool:
         return any(s.name in self.tensors for s in expr.free_symbols)
 
-    def _math(self, name: str) -> str:
+    def _qualified(self, name: str) -> str:
         """``name``, recording the module it is reached through (``math.exp``)."""
         alias = name.split(".", 1)[0]
         if alias in IMPORTS and "." in name:
@@ -159,10 +159,10 @@ class TorchPrinter(StrPrinter):
         return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
 
     def _print_Pi(self, expr: sympy.Basic) -> str:
-        return self._math("math.pi")
+        return self._qualified("math.pi")
 
     def _print_Exp1(self, expr: sympy.Basic) -> str:
-        return self._math("math.e")
+        return self._qualified("math.e")
 
     def _print_BooleanTrue(self, expr: sympy.Basic) -> str:
         return "True"
@@ -176,11 +176,12 @@ class TorchPrinter(StrPrinter):
         base, exponent = expr.args
         tensor = self.is_tensor(base)
         if exponent == sympy.S.Half:
-            return f"torch.sqrt({self._print(base)})" if tensor else f"{self._math('math.sqrt')}({self._print(base)})"
+            sqrt = "torch.sqrt" if tensor else self._qualified("math.sqrt")
+            return f"{sqrt}({self._print(base)})"
         if exponent == -sympy.S.Half:
             if tensor:
                 return f"torch.rsqrt({self._print(base)})"
-            return f"1 / {self._math('math.sqrt')}({self._print(base)})"
+            return f"1 / {self._qualified('math.sqrt')}({self._print(base)})"
         if exponent.is_Number and exponent.is_negative:
             inverse = base if exponent == -1 else sympy.Pow(base, -exponent, evaluate=False)
             return f"1 / {self.parenthesize(inverse, PRECEDENCE['Mul'], strict=True)}"
@@ -227,7 +228,7 @@ class TorchPrinter(StrPrinter):
                 numerator.append(self.parenthesize(factor, prec))
         self._dtype_anchored, anchored = bool(masks), self._dtype_anchored
         try:
-            numerator += [self._print_mask(m) for m in masks]
+            numerator += [self._print(m) for m in masks]  # case distinctions between numbers
         finally:
             self._dtype_anchored = anchored
         text = " * ".join(numerator) or "1"
@@ -255,12 +256,6 @@ class TorchPrinter(StrPrinter):
         op = (">" if greater else "<") + ("=" if at_zero == 1 else "")
         return f"{self._print(lhs)} {op} {self._print(rhs)}"
 
-    def _print_mask(self, factor: sympy.Basic) -> str:
-        if isinstance(factor, sympy.Heaviside):
-            op = ">" if factor.args[1] == 0 else ">="
-            return f"({self._print(factor.args[0])} {op} 0)"
-        return self._print(factor)
-
     # -- functions --------------------------------------------------------------------------------
 
     def _print_Function(self, expr: sympy.Function) -> str:
@@ -280,7 +275,7 @@ class TorchPrinter(StrPrinter):
                     where="printing",
                     hint="make both arguments tensors",
                 )
-            return f"{self._math(torch_name)}({args})"
+            return f"{self._qualified(torch_name)}({args})"
         if isinstance(expr, sympy.sign):
             (arg,) = expr.args
             return f"(({self._print(arg)} > 0) - ({self._print(arg)} < 0))"
@@ -291,7 +286,7 @@ class TorchPrinter(StrPrinter):
                 where="printing",
                 hint="declare the argument as a tensor",
             )
-        return f"{self._math(math_name)}({args})"
+        return f"{self._qualified(math_name)}({args})"
 
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args
