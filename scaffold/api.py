@@ -38,22 +38,33 @@ def compile_op(spec: OpSpec) -> CompiledOp:
 
 
 def generate_op(
-    spec: OpSpec, *, module_import: str | None = None, time_limit: float | None = TIME_LIMIT
+    spec: OpSpec,
+    *,
+    module_import: str | None = None,
+    shared_device_fixture: bool = False,
+    time_limit: float | None = TIME_LIMIT,
 ) -> dict[str, str]:
-    """The op's generated files, ``{relative path: text}``; nothing is written.
+    """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ...}``; nothing is written.
 
     ``module_import`` is the module the generated test imports the op from (default: the op's name,
-    for a test file next to the module). The symbolic work runs in a worker process that is stopped
-    after ``time_limit`` seconds (None: in this process, without a limit).
+    for a test file next to the module); with ``shared_device_fixture`` the test takes its ``device``
+    fixture from a conftest.py (as in a project) instead of defining its own. The symbolic work runs in
+    a worker process that is stopped after ``time_limit`` seconds (None: in this process, no limit).
     """
+    args = (spec, module_import, shared_device_fixture)
     if time_limit is None:
-        return _generate(spec, module_import)
+        return _generate(*args)
     where = f"{spec.source}: forward"
-    return run_with_time_limit(
-        _generate, (spec, module_import), seconds=time_limit, where=where, what="deriving the op"
-    )
+    return run_with_time_limit(_generate, args, seconds=time_limit, where=where, what="deriving the op")
 
 
-def _generate(spec: OpSpec, module_import: str | None) -> dict[str, str]:
+def _generate(spec: OpSpec, module_import: str | None, shared_device_fixture: bool) -> dict[str, str]:
     op = compile_op(spec)
-    return render_op(spec, op.derivation, op.plan, op.domains, module_import=module_import)
+    return render_op(
+        spec,
+        op.derivation,
+        op.plan,
+        op.domains,
+        module_import=module_import,
+        shared_device_fixture=shared_device_fixture,
+    )

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ._version import __version__
 from .api import generate_op
+from .changes import FileChange, Flags, new_op_changes, update_changes
 from .errors import ScaffoldError, SpecError
 from .limits import TIME_LIMIT
+from .project import RECORD_FILE, Project, find_project, new_project
 from .spec import load_spec, spec_from_flags
-from .write import write_files
+from .write import apply_changes, write_files
 
 EXIT_ERROR = 1
+#: `scaffold update` wrote conflict markers (or would have, with --dry-run).
+EXIT_CONFLICT = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,14 +54,76 @@ def _parser() -> argparse.ArgumentParser:
         help="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
     )  # fmt: skip
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
-    op.add_argument("--output-dir", "-o", metavar="DIR", default=".", help="where to write (default: .)")
-    op.add_argument("--force", action="store_true", help="overwrite existing files")
     op.add_argument(
-        "--time-limit", metavar="SECONDS", type=_seconds, default=TIME_LIMIT,
-        help=f"stop deriving after this many seconds (default: {TIME_LIMIT:g})",
+        "--output-dir", "-o", metavar="DIR",
+        help="where to write NAME.py and test_NAME.py (default: inside a project, its specs/, ops/ and tests/; "
+        "elsewhere the current folder)",
     )  # fmt: skip
+    op.add_argument("--force", action="store_true", help="overwrite existing files")
+    _time_limit(op)
     op.set_defaults(handler=_new_op)
+
+    project = kinds.add_parser(
+        "project",
+        help="create a library of custom ops from scaffold's copier template",
+        description="Create DEST from scaffold's project template (offline). Questions not answered with "
+        "--data are asked, or take their defaults with --defaults.",
+        epilog="example: scaffold new project myops --defaults --data project_name=myops",
+    )
+    project.add_argument("dest", metavar="DEST", help="the new project's folder (new or empty)")
+    project.add_argument("--defaults", action="store_true", help="use the default answer to every question not given")
+    project.add_argument(
+        "--data", "-d", metavar="KEY=VALUE", action="append", default=[],
+        help="answer a question, e.g. --data project_name=myops (repeatable)",
+    )  # fmt: skip
+    project.set_defaults(handler=_new_project)
+
+    update = commands.add_parser(
+        "update",
+        help="regenerate ops inside a project, keeping your edits",
+        description="Re-derive ops from specs/NAME.toml and merge three ways into your files: the last "
+        "generation (in .scaffold/), your files now and the new generation. Edits that do not overlap "
+        "what changed are kept; overlapping ones are written with conflict markers and the command "
+        f"exits with {EXIT_CONFLICT}.",
+    )
+    update_kinds = update.add_subparsers(dest="kind", metavar="KIND")
+    update_op = update_kinds.add_parser(
+        "op",
+        help="update one op (or every op, without NAME)",
+        description="Update the op NAME (every op without NAME) from its spec; flags change the spec first.",
+        epilog='example: scaffold update op swish --forward "x * sigmoid(beta * x) * gamma" --learnable gamma=1.0',
+    )
+    update_op.add_argument("name", nargs="?", help="the op to update (default: every op in specs/)")
+    update_op.add_argument("--forward", metavar="EXPR", help="a new forward, written into specs/NAME.toml")
+    update_op.add_argument(
+        "--tensor", metavar="T[=SHAPE]", action="append", default=[],
+        help="add a tensor argument, or replace the argument of that name",
+    )  # fmt: skip
+    update_op.add_argument(
+        "--learnable", metavar="T[=INIT]", action="append", default=[],
+        help="add a learnable tensor, or replace the argument of that name",
+    )  # fmt: skip
+    update_op.add_argument(
+        "--scalar", metavar="S[:TYPE]=DEFAULT", action="append", default=[],
+        help="add a non-tensor argument, or replace the argument of that name",
+    )  # fmt: skip
+    update_op.add_argument("--doc", help="a new one-line description")
+    # Both levels take these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); the inner
+    # level must not reset what the outer one was given, hence SUPPRESS as its default.
+    for command, default in ((update, False), (update_op, argparse.SUPPRESS)):
+        command.add_argument(
+            "--dry-run", action="store_true", default=default, help="show the diff of what would change; write nothing"
+        )
+        _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
+        command.set_defaults(handler=_update)
     return parser
+
+
+def _time_limit(command: argparse.ArgumentParser, default: object = TIME_LIMIT) -> None:
+    command.add_argument(
+        "--time-limit", metavar="SECONDS", type=_seconds, default=default,
+        help=f"stop deriving an op after this many seconds (default: {TIME_LIMIT:g})",
+    )  # fmt: skip
 
 
 def _seconds(text: str) -> float:
@@ -90,10 +159,106 @@ def _new_op(args: argparse.Namespace) -> int:
         spec = spec_from_flags(
             args.name, args.forward, args.tensor, args.scalar, learnable=args.learnable, doc=args.doc
         )
-    files = generate_op(spec, time_limit=args.time_limit)
-    for written in write_files(files, args.output_dir, force=args.force):
-        print(f"{written.status:>11}  {written.path}")
+    project = None if args.output_dir is not None else find_project()
+    if project is None:
+        files = generate_op(spec, time_limit=args.time_limit)
+        for written in write_files(files, args.output_dir or ".", force=args.force):
+            print(f"{written.status:>11}  {written.path}")
+        return 0
+    spec_text = Path(args.spec).read_text(encoding="utf-8") if args.spec else None
+    changes = new_op_changes(project, spec, spec_text=spec_text, force=args.force, time_limit=args.time_limit)
+    apply_changes(project.root, changes)
+    _report(project, changes)
     return 0
+
+
+def _new_project(args: argparse.Namespace) -> int:
+    data = {}
+    for item in args.data:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"cannot read --data {item!r}", hint="write key=value, e.g. --data project_name=myops")
+        data[key.strip()] = value
+    dest = new_project(args.dest, data=data, defaults=args.defaults, interactive=sys.stdin.isatty())
+    project = find_project(dest)
+    print(f"{'created':>11}  {dest}{os.sep}")
+    if project is not None:
+        print(f"\nNext: cd {dest} and add an op, e.g.\n")
+        print('    scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0')
+        print("    python -m pytest")
+    return 0
+
+
+def _update(args: argparse.Namespace) -> int:
+    project = find_project()
+    if project is None:
+        raise SpecError(
+            "not inside a scaffold project: no pyproject.toml with a [tool.scaffold] table here or above",
+            where=os.getcwd(),
+            hint='run it inside a project made by `scaffold new project`, or add [tool.scaffold] package = "..."',
+        )
+    name = getattr(args, "name", None)
+    flags = Flags(
+        forward=getattr(args, "forward", None),
+        doc=getattr(args, "doc", None),
+        tensors=getattr(args, "tensor", ()),
+        scalars=getattr(args, "scalar", ()),
+        learnable=getattr(args, "learnable", ()),
+    )
+    if flags and name is None:
+        raise SpecError("flags that change the spec need the op's name", hint="scaffold update op NAME --forward ...")
+    changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
+    if args.dry_run:
+        for change in changes:
+            if change.changed and not change.record:
+                sys.stdout.writelines(_diff(change))
+    else:
+        apply_changes(project.root, changes)
+    _report(project, changes, dry_run=args.dry_run)
+    conflicts = sum(c.conflicts for c in changes)
+    return EXIT_CONFLICT if conflicts else 0
+
+
+def _diff(change: FileChange) -> list[str]:
+    lines = difflib.unified_diff(
+        (change.old or "").splitlines(keepends=True),
+        change.new.splitlines(keepends=True),
+        fromfile=f"a/{change.path}" if change.old is not None else "/dev/null",
+        tofile=f"b/{change.path}",
+    )
+    return [line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines]
+
+
+def _files(count: int) -> str:
+    return f"{count} file{'s' if count != 1 else ''}"
+
+
+def _report(project: Project, changes: list[FileChange], *, dry_run: bool = False) -> None:
+    """One line per file the user cares about; scaffold's records in one line per op."""
+    for change in changes:
+        if change.record:
+            continue
+        note = ""
+        if change.status == "merged":
+            note = "  (your edits kept)"
+        elif change.status == "conflict":
+            regions = f"{change.conflicts} conflict{'s' if change.conflicts > 1 else ''}"
+            note = f"  ({regions} between <<<<<<< and >>>>>>>; every line of yours is kept)"
+        print(f"{change.status:>11}  {change.path}{note}")
+    recorded = sorted({c.path.parent for c in changes if c.record and c.path.name == RECORD_FILE})
+    for folder in recorded:
+        print(f"{'recorded':>11}  {folder}/")
+    conflicts = [c for c in changes if c.conflicts]
+    if dry_run:
+        print("(dry run: nothing was written)")
+    if conflicts:
+        what = "would have" if dry_run else "has" if len(conflicts) == 1 else "have"
+        print(
+            f"scaffold: {_files(len(conflicts))} {what} conflicts: your edits overlap "
+            "what the new generation changed. Resolve them (keep the lines you want, delete the marker lines), "
+            "then run the tests.",
+            file=sys.stderr,
+        )
 
 
 #: Options whose value may start with "-" (a forward of -x * y), which argparse would take for an option.

@@ -296,8 +296,13 @@ def render_op(
     domains: tuple[InputDomain, ...],
     *,
     module_import: str | None = None,
+    shared_device_fixture: bool = False,
 ) -> dict[str, str]:
-    """Render the op's module and its test file: ``{relative path: text}``."""
+    """Render the op's module and its test file: ``{relative path: text}``.
+
+    ``module_import`` is the module the test imports the op from; with ``shared_device_fixture`` the test
+    file takes its ``device`` fixture from the project's conftest.py instead of defining its own.
+    """
     env = environment()
     common = {
         "version": __version__,
@@ -309,7 +314,9 @@ def render_op(
     }
     module = env.get_template(TEMPLATES["module"]).render(**common, **module_context(spec, derivation, plan, domains))
     test = env.get_template(TEMPLATES["test"]).render(
-        **common, **test_context(spec, derivation, domains, module_import or spec.name)
+        **common,
+        **test_context(spec, derivation, domains, module_import or spec.name),
+        own_device_fixture=not shared_device_fixture,
     )
     files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
     for path, text in files.items():

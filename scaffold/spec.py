@@ -55,7 +55,7 @@ RESERVED_SUFFIXES = ("_tangent", "_shape")
 RESERVED_OP_NAMES = frozenset(
     {
         "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
-        "reference", "make_inputs", "gradcheck", "gradgradcheck", "DEVICES", "TENSORS", "SCALARS",
+        "reference", "make_inputs", "gradcheck", "gradgradcheck", "device", "TENSORS", "SCALARS",
         "AVOID_MARGIN",
     }
 )  # fmt: skip
@@ -343,8 +343,8 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
     )
 
 
-def load_spec(path: str | Path) -> OpSpec:
-    """Read and validate a TOML op spec."""
+def load_spec(path: str | Path, *, source: str | None = None) -> OpSpec:
+    """Read and validate a TOML op spec; ``source`` names it in messages (default: the file's name)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -356,7 +356,7 @@ def load_spec(path: str | Path) -> OpSpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"invalid TOML: {exc}", where=str(path)) from None
-    return spec_from_mapping(data, source=path.name)
+    return spec_from_mapping(data, source=source or path.name)
 
 
 # --- command-line flags ----------------------------------------------------------------------------
@@ -407,6 +407,46 @@ def spec_from_flags(
     ``NAME`` or ``NAME=INIT`` and declare learnable 0-dim tensors unless also given with ``--tensor``;
     ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``.
     """
+    tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
+    return spec_from_mapping(
+        {"name": name, "forward": forward, "doc": doc, "tensors": tensor_args, "scalars": scalar_args},
+        source="command-line flags",
+    )
+
+
+def spec_with_flags(
+    spec: OpSpec,
+    *,
+    forward: str | None = None,
+    doc: str | None = None,
+    tensors: Sequence[str] = (),
+    scalars: Sequence[str] = (),
+    learnable: Sequence[str] = (),
+) -> OpSpec:
+    """``spec`` changed by the flags of ``scaffold update op``.
+
+    ``forward`` and ``doc`` replace the spec's; an argument given by a flag is added, or replaces the
+    argument of that name (its shape, domain and default) whether it was a tensor or a scalar; the other
+    arguments are kept.
+    """
+    data = spec_to_mapping(spec)
+    if forward is not None:
+        data["forward"] = forward
+    if doc is not None:
+        data["doc"] = doc
+    tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
+    for given, other in ((tensor_args, "scalars"), (scalar_args, "tensors")):
+        for arg in given:
+            data[other].pop(arg, None)
+    data["tensors"].update(tensor_args)
+    data["scalars"].update(scalar_args)
+    return spec_from_mapping(data, source=spec.source)
+
+
+def _argument_tables(
+    tensors: Sequence[str], scalars: Sequence[str], learnable: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The ``[tensors.*]`` and ``[scalars.*]`` tables the argument flags describe."""
     tensor_args: dict[str, dict[str, Any]] = {}
     for item in tensors:
         arg, _, shape = item.partition("=")
@@ -433,10 +473,25 @@ def spec_from_flags(
             raise SpecError(f"unknown scalar type {type_!r}", where=where, hint="use float, int or bool")
         inferred, default = _parse_scalar_value(value, type_, where)
         scalar_args[arg.strip()] = {"type": inferred, "default": default}
-    return spec_from_mapping(
-        {"name": name, "forward": forward, "doc": doc, "tensors": tensor_args, "scalars": scalar_args},
-        source="command-line flags",
-    )
+    return tensor_args, scalar_args
+
+
+def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
+    """``spec`` as the mapping :func:`spec_from_mapping` reads (the TOML document, parsed)."""
+    tensors: dict[str, dict[str, Any]] = {}
+    for t in spec.tensors:
+        table: dict[str, Any] = {"shape": list(t.shape)}
+        if t.domain is not None:
+            table["domain"] = list(t.domain)
+        if t.avoid is not None:
+            table["avoid"] = list(t.avoid)
+        if t.learnable:
+            table["learnable"] = True
+        if t.init is not None:
+            table["init"] = t.init
+        tensors[t.name] = table
+    scalars = {s.name: {"type": s.type, "default": s.default} for s in spec.scalars}
+    return {"name": spec.name, "forward": spec.forward, "doc": spec.doc, "tensors": tensors, "scalars": scalars}
 
 
 def spec_to_toml(spec: OpSpec) -> str:
@@ -466,5 +521,5 @@ def _toml_str(text: str) -> str:
 
 __all__ = [
     "OpSpec", "ScalarArg", "TensorArg", "camel_case", "check_identifier", "load_spec",
-    "spec_from_flags", "spec_from_mapping", "spec_to_toml",
+    "spec_from_flags", "spec_from_mapping", "spec_to_mapping", "spec_to_toml", "spec_with_flags",
 ]  # fmt: skip

@@ -1,13 +1,19 @@
-"""Stage 7: write generated files: all or nothing, atomically, never clobbering without ``force``."""
+"""Stage 7: write generated files: all or nothing, atomically, never clobbering without ``force``;
+in a project, write the changes :mod:`scaffold.changes` computed (merged with the user's edits)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import WriteError
+
+if TYPE_CHECKING:
+    from .changes import FileChange
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,26 @@ def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = 
             "and may hold your edits; nothing was written",
             hint="pass --force to overwrite, or choose another --output-dir",
         )
+    _replace_all(root, [(path, text) for path, text, status in plan if status != "unchanged"])
+    return [Written(path, status) for path, _, status in plan]
+
+
+def apply_changes(root: str | Path, changes: Sequence[FileChange]) -> None:
+    """Write the changed files of ``changes`` under the project ``root``, all or nothing."""
+    _replace_all(Path(root), [(Path(root) / c.path, c.new) for c in changes if c.changed])
+
+
+def _replace_all(root: Path, files: list[tuple[Path, str]]) -> None:
+    """Write every file to a temporary file beside it, then move them all into place.
+
+    A failure before the moves leaves every target as it was; a move (``os.replace``) is atomic, so no
+    file is ever half-written.
+    """
     try:
         root.mkdir(parents=True, exist_ok=True)
         staged = []
         try:
-            for path, text, status in plan:
-                if status == "unchanged":
-                    continue
+            for path, text in files:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
                 with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
@@ -72,4 +91,3 @@ def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = 
                     os.unlink(tmp)
     except OSError as exc:
         raise WriteError(f"cannot write to {root}: {exc.strerror or exc}") from None
-    return [Written(path, status) for path, _, status in plan]

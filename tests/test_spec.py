@@ -121,7 +121,7 @@ def test_names_the_generated_code_uses_are_refused(tensors, scalars, bad):
         spec_from_flags("op", forward, tensors, scalars)
 
 
-@pytest.mark.parametrize("name", ["nn", "reference", "make_inputs", "gradcheck", "torch", "DEVICES"])
+@pytest.mark.parametrize("name", ["nn", "reference", "make_inputs", "gradcheck", "torch", "device"])
 def test_op_names_that_would_shadow_what_the_generated_code_uses(name):
     with pytest.raises(SpecError, match=f"op name '{name}' would shadow"):
         spec_from_flags(name, "x", ["x"])

@@ -15,12 +15,6 @@ from torch.autograd import gradcheck, gradgradcheck
 
 from swish import Swish, SwishFunction, swish
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-    ),
-]
 TENSORS = ['x', 'beta']
 SCALARS = ()
 AVOID_MARGIN = 0.05
@@ -44,22 +38,32 @@ def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0):
     return [t.to(device=device, dtype=dtype).requires_grad_(requires_grad) for t in tensors]
 
 
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param(
+            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+        ),
+    ]
+)
+def device(request):
+    """Every test that takes ``device`` runs on the CPU and, where there is one, on CUDA."""
+    return request.param
+
+
 def reference(x, beta):
     """The forward as written, in plain torch, differentiated by autograd."""
     return x / (1 + torch.exp(-beta * x))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck(device):
     assert gradcheck(SwishFunction.apply, (*make_inputs(device), *SCALARS))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_gradgradcheck(device):
     assert gradgradcheck(SwishFunction.apply, (*make_inputs(device), *SCALARS))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_matches_autograd_reference(device):
     inputs = make_inputs(device)
     out = swish(*inputs, *SCALARS)
@@ -74,7 +78,6 @@ def test_matches_autograd_reference(device):
         torch.testing.assert_close(grad, expected_grad, msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("index", range(len(TENSORS)), ids=TENSORS)
 def test_only_needed_gradients_are_computed(device, index):
     inputs = make_inputs(device, requires_grad=False)
@@ -96,7 +99,6 @@ def test_ctx_holds_no_tensors():
     assert not attributes, f"tensors must go through save_for_backward, not ctx attributes: {attributes}"
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_float32(device):
     inputs = make_inputs(device)
     inputs32 = [x.detach().float().requires_grad_() for x in inputs]
@@ -111,7 +113,6 @@ def test_float32(device):
         torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_extreme_inputs(device):
     # float32 at large and tiny inputs agrees with float64 wherever float64 is finite: no intermediate
     # overflows (exp(100) in float32), no inf - inf or 0 * inf. Points outside the op's domain are nan
@@ -137,7 +138,6 @@ def test_extreme_inputs(device):
         )
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_forward_mode(device):
     primals = tuple(make_inputs(device, requires_grad=False))
     tangents = tuple(make_inputs(device, requires_grad=False, seed=2))
@@ -160,7 +160,6 @@ def test_vmap_and_func_grad():
         torch.testing.assert_close(grad, expected_grad)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_module(device):
     module = Swish().to(device=device, dtype=torch.float64)
     inputs = make_inputs(device)

@@ -1,0 +1,319 @@
+"""Projects: where an op's files live in a library of ops, and what scaffold generated there last.
+
+A project is a directory whose ``pyproject.toml`` has a ``[tool.scaffold]`` table (the project template
+writes one)::
+
+    [tool.scaffold]
+    package = "myops"      # the import package; under src/ unless `src = "."` says otherwise
+
+For an op NAME it holds:
+
+    specs/NAME.toml              the spec: the op's source of truth; edit it, then `scaffold update`
+    src/<package>/ops/NAME.py    the op, yours to edit
+    tests/test_NAME.py           its tests, yours to edit
+    src/<package>/__init__.py    re-exports every op, between two marker lines scaffold rewrites
+    .scaffold/NAME/              the record of the last generation: what it wrote, byte for byte, the
+                                 spec it used and scaffold's version; the base of the next three-way update
+
+This module knows the layout and reads and writes records; it never decides what to generate.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from ._version import __version__
+from .errors import SpecError, WriteError
+from .spec import check_identifier
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+RECORDS = PurePosixPath(".scaffold")
+RECORD_FILE = "record.toml"
+RECORD_SPEC = "spec.toml"
+#: Stored copies of generated files get this suffix, so that no tool takes them for code or tests.
+BASE_SUFFIX = ".base"
+
+EXPORTS_BEGIN = "# --- scaffold exports: begin ---"
+EXPORTS_END = "# --- scaffold exports: end ---"
+_EXPORTS_COMMENT = (
+    "# Generated ops are exported here by `scaffold new op` and `scaffold update`; keep your own code outside\n"
+    "# the marker lines.\n"
+)
+
+RECORDS_README = """\
+# .scaffold
+
+What `scaffold` generated last for each op of this project, byte for byte, with the spec it used and
+scaffold's version (`NAME/record.toml`). `scaffold update` merges three ways: this last generation (the
+base), your files now, and the new generation; that is how it keeps your edits.
+
+Commit this folder with the code. Do not edit it: scaffold rewrites it on every `new op` and `update`.
+"""
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project's root and package; every path it returns is relative to ``root``, in POSIX form."""
+
+    root: Path
+    package: str
+    src: str = "src"
+
+    @property
+    def package_dir(self) -> PurePosixPath:
+        return PurePosixPath(self.src) / self.package
+
+    @property
+    def init_path(self) -> PurePosixPath:
+        return self.package_dir / "__init__.py"
+
+    @property
+    def ops_init_path(self) -> PurePosixPath:
+        return self.package_dir / "ops" / "__init__.py"
+
+    def spec_path(self, name: str) -> PurePosixPath:
+        return PurePosixPath("specs") / f"{name}.toml"
+
+    def module_path(self, name: str) -> PurePosixPath:
+        return self.package_dir / "ops" / f"{name}.py"
+
+    def test_path(self, name: str) -> PurePosixPath:
+        return PurePosixPath("tests") / f"test_{name}.py"
+
+    def module_import(self, name: str) -> str:
+        return f"{self.package}.ops.{name}"
+
+    def record_dir(self, name: str) -> PurePosixPath:
+        return RECORDS / name
+
+    def read(self, path: PurePosixPath) -> str | None:
+        """The text of a project file, or None when there is none."""
+        full = self.root / path
+        try:
+            return full.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise WriteError(f"cannot read {path}: {exc}", where=str(self.root)) from None
+
+    def spec_names(self) -> list[str]:
+        """The ops that have a spec, sorted."""
+        specs = self.root / "specs"
+        return sorted(p.stem for p in specs.glob("*.toml")) if specs.is_dir() else []
+
+    def recorded_names(self) -> list[str]:
+        """The ops scaffold has generated here, sorted."""
+        records = self.root / RECORDS
+        return sorted(p.parent.name for p in records.glob(f"*/{RECORD_FILE}")) if records.is_dir() else []
+
+
+def find_project(start: str | Path = ".") -> Project | None:
+    """The project containing ``start``: the nearest directory upwards with a ``[tool.scaffold]`` table."""
+    here = Path(start).resolve()
+    for directory in (here, *here.parents):
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file():
+            project = _read_pyproject(pyproject)
+            if project is not None:
+                return project
+    return None
+
+
+def _read_pyproject(path: Path) -> Project | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if "tool.scaffold" not in text and "[tool]" not in text:
+        return None
+    try:
+        table = tomllib.loads(text).get("tool", {}).get("scaffold")
+    except tomllib.TOMLDecodeError as exc:
+        if "tool.scaffold" not in text:
+            return None
+        raise SpecError(f"invalid TOML: {exc}", where=str(path)) from None
+    if table is None:
+        return None
+    where = f"{path}: [tool.scaffold]"
+    if not isinstance(table, dict) or "package" not in table:
+        raise SpecError("the table needs the project's package", where=where, hint='add package = "myops"')
+    unknown = sorted(set(table) - {"package", "src"})
+    if unknown:
+        raise SpecError(f"unknown key {unknown[0]!r}", where=where, hint="the keys are package and src")
+    package = check_identifier(table["package"], what="package", where=f"{where}.package")
+    src = table.get("src", "src")
+    if not isinstance(src, str) or PurePosixPath(src).is_absolute() or ".." in PurePosixPath(src).parts:
+        raise SpecError(f"src must be a folder inside the project, got {src!r}", where=f"{where}.src")
+    project = Project(root=path.parent, package=package, src=src)
+    if not (project.root / project.init_path).is_file():
+        raise SpecError(
+            f"the package's {project.init_path} is missing",
+            where=where,
+            hint="create it, or set package (and src) to where the package is",
+        )
+    return project
+
+
+# --- records ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """What scaffold generated last for one op: ``files`` maps project paths to their generated text."""
+
+    op: str
+    version: str
+    spec: str
+    files: dict[PurePosixPath, str]
+
+
+def read_record(project: Project, name: str) -> Record | None:
+    folder = project.record_dir(name)
+    text = project.read(folder / RECORD_FILE)
+    if text is None:
+        return None
+    where = str(folder / RECORD_FILE)
+    try:
+        data = tomllib.loads(text)
+        version = data["scaffold"]
+        stored = {PurePosixPath(path): folder / base for path, base in data["files"].items()}
+        spec_text = project.read(folder / data["spec"])
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise WriteError(
+            f"the record of the last generation is damaged ({exc})",
+            where=where,
+            hint=f"restore it from version control, or delete {folder} to merge without a base",
+        ) from None
+    files = {}
+    for path, base in stored.items():
+        base_text = project.read(base)
+        if base_text is None:
+            raise WriteError(
+                f"{base} is missing",
+                where=where,
+                hint=f"restore it from version control, or delete {folder} to merge without a base",
+            )
+        files[path] = base_text
+    return Record(op=name, version=version, spec=spec_text or "", files=files)
+
+
+def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
+    """The files that store ``record``: ``{project path: text}``."""
+    folder = project.record_dir(record.op)
+    manifest = [
+        "# What scaffold generated last for this op: the base of the next `scaffold update`.",
+        "# Written by scaffold; commit it with the code, do not edit it.",
+        f'op = "{record.op}"',
+        f'scaffold = "{record.version}"',
+        f'spec = "{RECORD_SPEC}"',
+        "",
+        "[files]",
+        *(f'"{path}" = "{path.name}{BASE_SUFFIX}"' for path in record.files),
+    ]
+    out = {folder / RECORD_FILE: "\n".join(manifest) + "\n", folder / RECORD_SPEC: record.spec}
+    out.update({folder / f"{path.name}{BASE_SUFFIX}": text for path, text in record.files.items()})
+    out[RECORDS / "README.md"] = RECORDS_README
+    return out
+
+
+def new_record(name: str, spec_text: str, files: dict[PurePosixPath, str]) -> Record:
+    return Record(op=name, version=__version__, spec=spec_text, files=dict(files))
+
+
+# --- the package's exports -------------------------------------------------------------------------
+
+
+def exports_block(names: list[str], camel: dict[str, str]) -> str:
+    """The lines between the export markers, for the ops ``names``."""
+    imports = [f"from .ops.{n} import {camel[n]}, {camel[n]}Function, {n}" for n in sorted(names)]
+    exported = sorted(name for n in names for name in (camel[n], f"{camel[n]}Function", n))
+    if not exported:
+        return "__all__: list[str] = []\n"
+    listed = ", ".join(f'"{e}"' for e in exported)
+    all_line = f"__all__ = [{listed}]"
+    if len(all_line) > 100:
+        all_line = "__all__ = [\n" + "".join(f'    "{e}",\n' for e in exported) + "]"
+    return "\n".join(imports) + "\n\n" + all_line + "\n"
+
+
+def with_exports(text: str, block: str, *, where: str) -> str:
+    """``text`` (a package ``__init__.py``) with ``block`` between the export markers.
+
+    Everything outside the markers is kept as it is; without markers, they are appended at the end.
+    """
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_END]
+    if not starts and not ends:
+        separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+        return f"{text}{separator}{_EXPORTS_COMMENT}{EXPORTS_BEGIN}\n{block}{EXPORTS_END}\n"
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise SpecError(
+            "the export markers are broken: scaffold needs exactly one begin line before one end line",
+            where=where,
+            hint=f"keep one {EXPORTS_BEGIN!r} and one {EXPORTS_END!r} line, or remove both",
+        )
+    start, end = starts[0], ends[0]
+    return "".join(lines[: start + 1]) + block + "".join(lines[end:])
+
+
+# --- new projects ----------------------------------------------------------------------------------
+
+
+def project_template() -> Path:
+    """The copier project template shipped with scaffold."""
+    from .render import templates_dir
+
+    return templates_dir() / "project"
+
+
+def new_project(
+    dest: str | Path, *, data: dict[str, str] | None = None, defaults: bool = False, interactive: bool = True
+) -> Path:
+    """Create a project at ``dest`` from the shipped copier template, offline; return its root.
+
+    ``data`` answers questions (``{"project_name": "myops"}``); ``defaults`` takes the default answer to
+    the rest, otherwise they are asked (which needs a terminal: ``interactive``). ``dest`` must be new
+    or empty, so nothing of the user's is overwritten.
+    """
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise WriteError(
+            f"{dest} already exists and is not an empty folder; nothing was written",
+            where=str(dest),
+            hint="choose a new folder; to update a project from a newer template, run `copier update` in it",
+        )
+    if not defaults and not interactive:
+        raise SpecError(
+            "there is no terminal to ask the template's questions on",
+            where=str(dest),
+            hint="pass --defaults (and --data key=value for the answers you want), e.g. --data project_name=myops",
+        )
+    import copier  # imported here: it is slow to import and only this command needs it
+
+    created = not dest.exists()
+    try:
+        copier.run_copy(
+            str(project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
+        )
+    except (copier.errors.CopierError, ValueError) as exc:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise SpecError(f"the template refused the answers: {_first_line(exc)}", where=str(dest)) from None
+    except KeyboardInterrupt:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise SpecError("interrupted; nothing was written", where=str(dest)) from None
+    return dest
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,309 @@
+"""Ops inside a project: the generate-then-edit loop, end to end, through the command line.
+
+new project -> new op -> the project's tests pass -> edit the op -> change its math -> update -> the
+edits are kept, the new math is computed, the tests pass -> an overlapping edit -> a conflict, marked,
+reported, nothing lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaffold import cli
+from scaffold.changes import update_changes
+from scaffold.errors import SpecError
+from scaffold.project import EXPORTS_BEGIN, EXPORTS_END, find_project, with_exports
+from scaffold.write import apply_changes
+
+SWISH = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tensor", "x", "--learnable", "beta=1.0"]
+BACKWARD_EDIT = "        grad_output = grad_output.contiguous()  # mine: my kernel wants contiguous gradients\n"
+HELPER = '\n\ndef swish_flops(numel: int) -> int:\n    """Mine: a helper at the end."""\n    return 4 * numel\n'
+USER_TEST = """
+
+def test_my_own_check(device):
+    import torch
+    from demo_ops.ops.swish import swish_flops
+    assert swish_flops(10) == 40
+    x = torch.zeros(3, device=device)
+    assert swish(x, torch.tensor(1.0, device=device)).abs().sum() == 0
+"""
+
+
+@pytest.fixture
+def scaffold(monkeypatch, capsys):
+    """``scaffold(*args, cwd=...)`` runs the command line in ``cwd``: (exit code, stdout, stderr)."""
+
+    def run(*args: str, cwd: Path) -> tuple[int, str, str]:
+        monkeypatch.chdir(cwd)
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def project_tests(root: Path) -> subprocess.CompletedProcess:
+    """The project's own test command, in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture
+def project(tmp_path, scaffold) -> Path:
+    """A new project, made with `scaffold new project`, holding the op swish."""
+    code, out, err = scaffold(
+        "new", "project", "demo", "--defaults", "--data", "project_name=demo-ops",
+        cwd=tmp_path
+    )  # fmt: skip
+    assert code == 0, err
+    root = tmp_path / "demo"
+    # Anywhere inside the project: the project is found by walking up.
+    code, out, err = scaffold(*SWISH, cwd=root / "src" / "demo_ops")
+    assert code == 0, err
+    for path in ("specs/swish.toml", "src/demo_ops/ops/swish.py", "tests/test_swish.py", ".scaffold/swish/record.toml"):
+        assert path in out or path.startswith(".scaffold"), out
+        assert (root / path).is_file(), path
+    return root
+
+
+def test_generate_edit_change_update_loop(project, scaffold):
+    init = (project / "src/demo_ops/__init__.py").read_text()
+    assert "from .ops.swish import Swish, SwishFunction, swish" in init
+    result = project_tests(project)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    # The user edits the generated module (a line inside backward, a helper at the end) and the test.
+    module = project / "src/demo_ops/ops/swish.py"
+    text = module.read_text()
+    anchor = "        x, beta = ctx.saved_tensors\n        # Each gradient"
+    assert anchor in text
+    module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1), 1) + HELPER)
+    test_file = project / "tests/test_swish.py"
+    test_file.write_text(test_file.read_text() + USER_TEST)
+
+    # The math changes in the spec; update merges it into the edited files.
+    spec = project / "specs/swish.toml"
+    spec.write_text(spec.read_text().replace('"x / (1 + exp(-beta * x))"', '"x / (1 + exp(-beta * x)) + x / 8"'))
+    code, out, err = scaffold("update", "op", "swish", cwd=project)
+    assert code == 0, err
+    assert "merged  src/demo_ops/ops/swish.py  (your edits kept)" in out
+    assert "merged  tests/test_swish.py" in out
+    merged = module.read_text()
+    assert BACKWARD_EDIT in merged and merged.endswith(HELPER)
+    assert "return x * torch.sigmoid(beta * x) + x / 8" in merged, "the new forward is not computed"
+    assert "x / 8" in test_file.read_text() and USER_TEST in test_file.read_text()
+    result = project_tests(project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "test_my_own_check" not in result.stdout  # passed: not listed among failures
+    assert result.stdout.count(" passed") == 1
+
+    # Updating again changes nothing.
+    before = snapshot(project)
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, err
+    assert "merged" not in out and "updated" not in out, out
+    assert snapshot(project) == before
+
+    # An edit that overlaps what the next change touches: a conflict, marked and reported, nothing lost.
+    text = module.read_text()
+    line = next(ln for ln in text.splitlines(keepends=True) if ln.lstrip().startswith("return x * torch.sigmoid"))
+    mine = line.rstrip("\n") + "  # mine: checked against the paper\n"
+    module.write_text(text.replace(line, mine))
+    code, out, err = scaffold(
+        "update", "op", "swish", "--forward", "x / (1 + exp(-beta * x)) + x / 4",
+        cwd=project
+    )  # fmt: skip
+    assert code == cli.EXIT_CONFLICT, (out, err)
+    assert "conflict  src/demo_ops/ops/swish.py  (1 conflict" in out
+    assert "1 file has conflicts" in err
+    conflicted = module.read_text()
+    assert conflicted.count("<<<<<<< yours\n") == 1 and conflicted.count(">>>>>>> scaffold ") == 1
+    assert "+ x / 4" in conflicted
+    for kept in (BACKWARD_EDIT, HELPER, mine):
+        assert kept in conflicted, f"the user's {kept!r} was lost"
+    assert 'forward = "x / (1 + exp(-beta * x)) + x / 4"' in spec.read_text()
+
+    # Until the conflict is resolved, update refuses to touch anything.
+    before = snapshot(project)
+    code, out, err = scaffold("update", cwd=project)
+    assert code == cli.EXIT_ERROR
+    assert "conflict markers from the last update are still there" in err and "Traceback" not in err
+    assert snapshot(project) == before
+
+
+def test_dry_run_shows_the_diff_and_writes_nothing(project, scaffold):
+    before = snapshot(project)
+    code, out, err = scaffold(
+        "update", "op", "swish", "--forward", "x * tanh(beta * x)", "--dry-run",
+        cwd=project
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--- a/specs/swish.toml" in out and '+forward = "x * tanh(beta * x)"' in out
+    assert "+++ b/src/demo_ops/ops/swish.py" in out and "+        return x * torch.tanh(beta * x)" in out
+    assert "(dry run: nothing was written)" in out
+    assert snapshot(project) == before
+
+
+def test_update_every_op_after_upgrading_scaffold(project, scaffold, monkeypatch):
+    code, out, err = scaffold(
+        "new", "op", "softsign", "--forward", "x / (1 + Abs(x))", "--tensor", "x",
+        cwd=project / "tests"
+    )  # fmt: skip
+    assert code == 0, err
+    init = (project / "src/demo_ops/__init__.py").read_text()
+    assert "from .ops.softsign import Softsign, SoftsignFunction, softsign" in init
+    module = project / "src/demo_ops/ops/softsign.py"
+    module.write_text(module.read_text() + HELPER)
+    # A newer scaffold writes a different header; in-process so the patched version is seen.
+    monkeypatch.setattr("scaffold.render.__version__", "9.9.9")
+    changes = update_changes(find_project(project), time_limit=None)
+    status = {str(c.path): c.status for c in changes}
+    assert status["src/demo_ops/ops/softsign.py"] == "merged"
+    assert status["src/demo_ops/ops/swish.py"] == "updated"
+    assert status["tests/test_swish.py"] == "updated"
+    apply_changes(project, changes)
+    assert module.read_text().startswith("# Generated by scaffold 9.9.9") and module.read_text().endswith(HELPER)
+    assert 'scaffold = "0.1.0"' in (project / ".scaffold/softsign/record.toml").read_text()
+    result = project_tests(project)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_without_a_record_every_difference_is_a_conflict(project, scaffold):
+    module = project / "src/demo_ops/ops/swish.py"
+    module.write_text(module.read_text().replace("torch.sigmoid(beta * x)\n", "torch.sigmoid(x * beta)\n", 1))
+    for stored in (project / ".scaffold/swish").iterdir():
+        stored.unlink()
+    ours = module.read_text()
+    code, out, err = scaffold("update", cwd=project)
+    assert code == cli.EXIT_CONFLICT
+    text = module.read_text()
+    assert "torch.sigmoid(x * beta)" in text and "<<<<<<< yours" in text
+    assert all(line in text for line in ours.splitlines())
+
+
+def test_new_op_refuses_an_existing_op(project, scaffold):
+    before = snapshot(project)
+    code, out, err = scaffold(*SWISH[:4], "x * tanh(x)", "--tensor", "x", cwd=project)
+    assert code == cli.EXIT_ERROR
+    assert "the op 'swish' already exists in this project" in err and "scaffold update op swish" in err
+    assert snapshot(project) == before
+
+
+def test_new_op_from_a_hand_written_spec(project, scaffold):
+    spec = project / "specs/cube.toml"
+    text = '# my comment\nname = "cube"\nforward = "x**3"\n\n[tensors.x]\nshape = [3]\n'
+    spec.write_text(text)
+    code, out, err = scaffold("new", "op", "--spec", "specs/cube.toml", cwd=project)
+    assert code == 0, err
+    assert spec.read_text() == text
+    assert "from specs/cube.toml" in (project / "src/demo_ops/ops/cube.py").read_text().splitlines()[0]
+
+
+def test_outside_a_project_update_says_so(tmp_path, scaffold):
+    code, out, err = scaffold("update", cwd=tmp_path)
+    assert code == cli.EXIT_ERROR
+    assert "not inside a scaffold project" in err
+
+
+def test_outside_a_project_new_op_writes_here(tmp_path, scaffold):
+    code, out, err = scaffold(*SWISH, cwd=tmp_path)
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["swish.py", "test_swish.py"]
+    assert "def device(request)" in (tmp_path / "test_swish.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("update", "op", "nope"), "specs/nope.toml does not exist"),
+        (("update", "--forward", "x"), "unrecognized arguments"),
+        (("update", "op", "swish", "--forward", "x * y"), "unknown name 'y'"),
+    ],
+)
+def test_update_errors(project, monkeypatch, capsys, args, message):
+    before = snapshot(project)
+    monkeypatch.chdir(project)
+    try:
+        code = cli.main(list(args))
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code != 0
+    assert message in err, err
+    assert snapshot(project) == before
+
+
+def test_flags_that_touch_edited_spec_lines_are_refused(project, scaffold):
+    spec = project / "specs/swish.toml"
+    spec.write_text(spec.read_text().replace("forward = ", "forward =  ", 1))
+    before = snapshot(project)
+    code, out, err = scaffold(
+        "update", "op", "swish", "--forward", "x * tanh(x)", "--tensor", "x",
+        cwd=project
+    )  # fmt: skip
+    assert code == cli.EXIT_ERROR
+    assert "the flags change lines of specs/swish.toml that you have edited" in err
+    assert snapshot(project) == before
+
+
+def test_new_project_refuses_a_folder_with_files(tmp_path, scaffold):
+    (tmp_path / "mine.txt").write_text("keep me")
+    code, out, err = scaffold("new", "project", ".", "--defaults", cwd=tmp_path)
+    assert code == cli.EXIT_ERROR
+    assert "already exists and is not an empty folder" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--data", "package_name=1abc"), "the template refused the answers"),
+        (("--data", "nonsense"), "cannot read --data 'nonsense'"),
+        ((), "there is no terminal to ask the template's questions on"),
+    ],
+)
+def test_new_project_errors(tmp_path, scaffold, args, message):
+    extra = () if not args else ("--defaults",)
+    code, out, err = scaffold("new", "project", "p", *extra, *args, cwd=tmp_path)
+    assert code == cli.EXIT_ERROR
+    assert message in err, err
+    assert not (tmp_path / "p").exists()
+
+
+def test_exports_block():
+    block = "from .ops.a import A, AFunction, a\n"
+    text = '"""Mine."""\n\nMY_CONSTANT = 1\n'
+    added = with_exports(text, block, where="x")
+    assert added.startswith(text) and f"{EXPORTS_BEGIN}\n{block}{EXPORTS_END}\n" in added
+    assert with_exports(added, "__all__: list[str] = []\n", where="x").count("MY_CONSTANT") == 1
+    with pytest.raises(SpecError, match="the export markers are broken"):
+        with_exports(added + EXPORTS_BEGIN + "\n", block, where="x")
+
+
+def test_project_table_is_checked(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.scaffold]\npackage = "my-ops"\n')
+    with pytest.raises(SpecError, match="package 'my-ops' is not a valid name"):
+        find_project(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.scaffold]\npackage = "myops"\n')
+    with pytest.raises(SpecError, match="src/myops/__init__.py is missing"):
+        find_project(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\n')
+    assert find_project(tmp_path) is None or find_project(tmp_path).root != tmp_path
