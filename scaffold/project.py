@@ -111,7 +111,9 @@ class Project:
     def recorded_names(self) -> list[str]:
         """The ops scaffold has generated here, sorted."""
         records = self.root / RECORDS
-        return sorted(p.parent.name for p in records.glob(f"*/{RECORD_FILE}")) if records.is_dir() else []
+        if not records.is_dir():
+            return []
+        return sorted(p.parent.name for p in records.glob(f"*/{RECORD_FILE}") if p.parent.name.isidentifier())
 
 
 def find_project(start: str | Path = ".") -> Project | None:
@@ -142,11 +144,13 @@ def _read_pyproject(path: Path) -> Project | None:
     if table is None:
         return None
     where = f"{path}: [tool.scaffold]"
-    if not isinstance(table, dict) or "package" not in table:
-        raise SpecError("the table needs the project's package", where=where, hint='add package = "myops"')
+    if not isinstance(table, dict):
+        raise SpecError("tool.scaffold must be a table", where=where, hint='write [tool.scaffold] package = "myops"')
     unknown = sorted(set(table) - {"package", "src"})
     if unknown:
         raise SpecError(f"unknown key {unknown[0]!r}", where=where, hint="the keys are package and src")
+    if "package" not in table:
+        raise SpecError("the table needs the project's package", where=where, hint='add package = "myops"')
     package = check_identifier(table["package"], what="package", where=f"{where}.package")
     src = table.get("src", "src")
     if not isinstance(src, str) or PurePosixPath(src).is_absolute() or ".." in PurePosixPath(src).parts:
@@ -286,7 +290,7 @@ def new_project(
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise WriteError(
-            f"{dest} already exists and is not an empty folder; nothing was written",
+            "the folder already exists and is not empty; nothing was written",
             where=str(dest),
             hint="choose a new folder; to update a project from a newer template, run `copier update` in it",
         )
@@ -298,20 +302,31 @@ def new_project(
         )
     import copier  # imported here: it is slow to import and only this command needs it
 
-    created = not dest.exists()
+    existed = dest.exists()
     try:
         copier.run_copy(
             str(project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
         )
     except (copier.errors.CopierError, ValueError) as exc:
-        if created:
-            shutil.rmtree(dest, ignore_errors=True)
+        _undo(dest, existed)
         raise SpecError(f"the template refused the answers: {_first_line(exc)}", where=str(dest)) from None
     except KeyboardInterrupt:
-        if created:
-            shutil.rmtree(dest, ignore_errors=True)
+        _undo(dest, existed)
         raise SpecError("interrupted; nothing was written", where=str(dest)) from None
     return dest
+
+
+def _undo(dest: Path, existed: bool) -> None:
+    """Remove what a failed copy wrote into ``dest``, which was empty or did not exist."""
+    if not dest.is_dir():
+        return
+    for child in dest.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    if not existed:
+        dest.rmdir()
 
 
 def _first_line(exc: BaseException) -> str:

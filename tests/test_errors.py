@@ -6,6 +6,9 @@ the code (the test prints the actual message on failure).
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 from scaffold.cli import main
@@ -220,3 +223,129 @@ def test_bad_input_is_refused_cleanly(argv, message, tmp_path, monkeypatch, caps
     assert captured.out == ""
     assert "Traceback" not in captured.err
     assert sorted(tmp_path.iterdir()) == before, "a refused generation must write nothing"
+
+
+# --- inside a project --------------------------------------------------------------------------------
+# Each case edits a fresh project holding the op cube (shell-like: (path, old, new) replacements, or
+# (path, None, text) to write a file, (path, None, None) to delete it), runs the command in it, and
+# expects exactly this message; nothing in the project may change. {root} is the project's folder.
+
+CUBE_SPEC = "specs/cube.toml"
+PROJECT_CASES = [
+    pytest.param(
+        [], ["update", "op", "../evil"],
+        "scaffold: error: scaffold update op: op name '../evil' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'evil'\n",
+        id="update a path",
+    ),
+    pytest.param(
+        [], ["update", "op", "nope"],
+        "scaffold: error: {root}: specs/nope.toml does not exist\n  hint: write specs/nope.toml and run `scaffold new op --spec specs/nope.toml`, or use `scaffold new op nope` with flags\n",
+        id="update an unknown op",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, 'name = "cube"', 'name = "cubic"')], ["update", "op", "cube"],
+        "scaffold: error: specs/cube.toml: name: the spec is named 'cubic' but its file is cube.toml\n  hint: rename the file to cubic.toml or set name = 'cube'\n",
+        id="spec renamed",
+    ),
+    pytest.param(
+        [("src/demo/ops/cube.py", "    @staticmethod\n    def backward", "<<<<<<< yours\n    @staticmethod\n    def backward")],
+        ["update"],
+        "scaffold: error: src/demo/ops/cube.py: conflict markers from the last update are still there (line 40); nothing was written\n  hint: resolve them (keep the lines you want, delete the <<<<<<<, ======= and >>>>>>> lines), then update again\n",
+        id="unresolved conflict",
+    ),
+    pytest.param(
+        [("src/demo/__init__.py", "# --- scaffold exports: end ---\n", "")], ["update"],
+        "scaffold: error: src/demo/__init__.py: the export markers are broken: scaffold needs exactly one begin line before one end line\n  hint: keep one '# --- scaffold exports: begin ---' and one '# --- scaffold exports: end ---' line, or remove both\n",
+        id="export marker deleted",
+    ),
+    pytest.param(
+        [(".scaffold/cube/record.toml", None, "garbage [\n")], ["update"],
+        "scaffold: error: .scaffold/cube/record.toml: the record of the last generation is damaged (Expected '=' after a key in a key/value pair (at line 1, column 9))\n  hint: restore it from version control, or delete .scaffold/cube to merge without a base\n",
+        id="damaged record",
+    ),
+    pytest.param(
+        [(".scaffold/cube/cube.py.base", None, None)], ["update"],
+        "scaffold: error: .scaffold/cube/record.toml: .scaffold/cube/cube.py.base is missing\n  hint: restore it from version control, or delete .scaffold/cube to merge without a base\n",
+        id="missing base",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, "forward = ", "forward =  ")], ["update", "op", "cube", "--forward", "x**4"],
+        "scaffold: error: specs/cube.toml: the flags change lines of the spec that you have edited; nothing was written\n  hint: make the change in specs/cube.toml itself, then run `scaffold update op cube`\n",
+        id="flags over an edited spec line",
+    ),
+    pytest.param(
+        [], ["new", "op", "cube", "--forward", "x**2", "--tensor", "x"],
+        "scaffold: error: {root}: the op 'cube' already exists in this project (specs/cube.toml, src/demo/ops/cube.py, tests/test_cube.py); nothing was written\n  hint: run `scaffold update op cube` to regenerate it and keep your edits, or pass --force to overwrite\n",
+        id="new op over an existing one",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, None, None)], ["update"],
+        'scaffold: error: {root}: the project has no ops: specs/ holds no NAME.toml\n  hint: add one with scaffold new op NAME --forward "..." --tensor x\n',
+        id="no specs",
+    ),
+    pytest.param(
+        [("pyproject.toml", 'package = "demo"', 'package = "demo2"')], ["update"],
+        "scaffold: error: {root}/pyproject.toml: [tool.scaffold]: the package's src/demo2/__init__.py is missing\n  hint: create it, or set package (and src) to where the package is\n",
+        id="package missing",
+    ),
+    pytest.param(
+        [("pyproject.toml", 'package = "demo"', 'packages = "demo"')], ["update"],
+        "scaffold: error: {root}/pyproject.toml: [tool.scaffold]: unknown key 'packages'\n  hint: the keys are package and src\n",
+        id="unknown project key",
+    ),
+    pytest.param(
+        [], ["update", "op", "--forward", "x"],
+        "scaffold: error: flags that change the spec need the op's name\n  hint: scaffold update op NAME --forward ...\n",
+        id="flags without a name",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"x**3 + y"')], ["update"],
+        "scaffold: error: specs/cube.toml: forward: unknown name 'y' (declared arguments: x)\n  hint: declare it with --tensor y or --scalar y=VALUE, or [tensors.y] in the spec\n",
+        id="bad math in the spec",
+    ),
+    pytest.param(
+        [], ["new", "project", "."],
+        "scaffold: error: .: the folder already exists and is not empty; nothing was written\n  hint: choose a new folder; to update a project from a newer template, run `copier update` in it\n",
+        id="new project over a project",
+    ),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cube_project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("made") / "demo"
+    assert main(["new", "project", str(root), "--defaults", "--data", "project_name=demo"]) == 0
+    cwd = os.getcwd()
+    try:
+        os.chdir(root)
+        assert main(["new", "op", "cube", "--forward", "x**3", "--tensor", "x"]) == 0
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+def _files(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("edits", "argv", "message"), PROJECT_CASES)
+def test_bad_input_in_a_project_is_refused_cleanly(edits, argv, message, cube_project, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "demo"
+    shutil.copytree(cube_project, root)
+    for path, old, new in edits:
+        target = root / path
+        if old is None and new is None:
+            target.unlink()
+        elif old is None:
+            target.write_text(new)
+        else:
+            assert old in target.read_text(), f"the case's edit does not apply to {path}"
+            target.write_text(target.read_text().replace(old, new, 1))
+    before = _files(root)
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message.format(root=root)
+    assert "Traceback" not in captured.err
+    assert _files(root) == before, "a refused command must write nothing"

@@ -260,7 +260,7 @@ def test_flags_that_touch_edited_spec_lines_are_refused(project, scaffold):
         cwd=project
     )  # fmt: skip
     assert code == cli.EXIT_ERROR
-    assert "the flags change lines of specs/swish.toml that you have edited" in err
+    assert "specs/swish.toml: the flags change lines of the spec that you have edited" in err
     assert snapshot(project) == before
 
 
@@ -268,7 +268,7 @@ def test_new_project_refuses_a_folder_with_files(tmp_path, scaffold):
     (tmp_path / "mine.txt").write_text("keep me")
     code, out, err = scaffold("new", "project", ".", "--defaults", cwd=tmp_path)
     assert code == cli.EXIT_ERROR
-    assert "already exists and is not an empty folder" in err
+    assert "the folder already exists and is not empty" in err
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
 
 
