@@ -176,8 +176,13 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
 
 
 def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[PurePosixPath, str]:
+    # The project's conftest.py shares a `device` fixture (the template's does); without one, the test
+    # file defines its own.
     files = generate_op(
-        spec, module_import=project.module_import(spec.name), shared_device_fixture=True, time_limit=time_limit
+        spec,
+        module_import=project.module_import(spec.name),
+        shared_device_fixture=project.has_device_fixture(),
+        time_limit=time_limit,
     )
     places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
     return {places[name]: text for name, text in files.items()}

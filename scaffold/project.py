@@ -20,6 +20,7 @@ This module knows the layout and reads and writes records; it never decides what
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -102,6 +103,11 @@ class Project:
             return None
         except (OSError, UnicodeDecodeError) as exc:
             raise WriteError(f"cannot read {path}: {exc}", where=str(self.root)) from None
+
+    def has_device_fixture(self) -> bool:
+        """Whether tests/conftest.py defines the ``device`` fixture generated tests can share."""
+        conftest = self.read(PurePosixPath("tests") / "conftest.py") or ""
+        return re.search(r"^def device\(", conftest, re.MULTILINE) is not None
 
     def spec_names(self) -> list[str]:
         """The ops that have a spec, sorted."""

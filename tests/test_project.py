@@ -307,3 +307,23 @@ def test_project_table_is_checked(tmp_path):
         find_project(tmp_path)
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\n')
     assert find_project(tmp_path) is None or find_project(tmp_path).root != tmp_path
+
+
+def test_an_existing_project_adopts_scaffold(tmp_path, scaffold):
+    """A hand-made project: a [tool.scaffold] table, no export markers, no conftest.py."""
+    root = tmp_path / "handmade"
+    (root / "lib" / "mine").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "mine"\nversion = "1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["lib"]\n\n'
+        '[tool.scaffold]\npackage = "mine"\nsrc = "lib"\n'
+    )
+    init = root / "lib" / "mine" / "__init__.py"
+    init.write_text('"""Mine."""\n\nVALUE = 1\n')
+    code, out, err = scaffold("new", "op", "cube", "--forward", "x**3", "--tensor", "x", cwd=root)
+    assert code == 0, err
+    assert "created  lib/mine/ops/__init__.py" in out and "created  tests/test_cube.py" in out
+    text = init.read_text()
+    assert text.startswith('"""Mine."""\n\nVALUE = 1\n\n') and "from .ops.cube import Cube, CubeFunction, cube" in text
+    assert "def device(request)" in (root / "tests" / "test_cube.py").read_text(), "no shared fixture to rely on"
+    result = project_tests(root)
+    assert result.returncode == 0, result.stdout + result.stderr
