@@ -41,18 +41,12 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("name", nargs="?", help="op name, a Python identifier (e.g. leaky_relu)")
     op.add_argument("--spec", metavar="FILE", help="read the op from a TOML spec file instead of flags")
     op.add_argument("--forward", metavar="EXPR", help='the forward as sympy math, e.g. "x * tanh(softplus)"')
-    op.add_argument(
-        "--tensor", metavar="T[=SHAPE]", action="append", default=[],
-        help="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[])",
-    )  # fmt: skip
-    op.add_argument(
-        "--learnable", metavar="T[=INIT]", action="append", default=[],
-        help="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape",
-    )  # fmt: skip
-    op.add_argument(
-        "--scalar", metavar="S[:TYPE]=DEFAULT", action="append", default=[],
-        help="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
-    )  # fmt: skip
+    _argument_flags(
+        op,
+        tensor="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[])",
+        learnable="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape",
+        scalar="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
+    )
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
     op.add_argument(
         "--output-dir", "-o", metavar="DIR",
@@ -95,18 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     update_op.add_argument("name", nargs="?", help="the op to update (default: every op in specs/)")
     update_op.add_argument("--forward", metavar="EXPR", help="a new forward, written into specs/NAME.toml")
-    update_op.add_argument(
-        "--tensor", metavar="T[=SHAPE]", action="append", default=[],
-        help="add a tensor argument, or replace the argument of that name",
-    )  # fmt: skip
-    update_op.add_argument(
-        "--learnable", metavar="T[=INIT]", action="append", default=[],
-        help="add a learnable tensor, or replace the argument of that name",
-    )  # fmt: skip
-    update_op.add_argument(
-        "--scalar", metavar="S[:TYPE]=DEFAULT", action="append", default=[],
-        help="add a non-tensor argument, or replace the argument of that name",
-    )  # fmt: skip
+    _argument_flags(
+        update_op,
+        tensor="add a tensor argument, or replace the argument of that name",
+        learnable="add a learnable tensor, or replace the argument of that name",
+        scalar="add a non-tensor argument, or replace the argument of that name",
+    )
     update_op.add_argument("--doc", help="a new one-line description")
     # Both levels take these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); the inner
     # level must not reset what the outer one was given, hence SUPPRESS as its default.
@@ -117,6 +105,15 @@ def _parser() -> argparse.ArgumentParser:
         _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
         command.set_defaults(handler=_update)
     return parser
+
+
+def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable: str, scalar: str) -> None:
+    for flag, metavar, help_text in (
+        ("--tensor", "T[=SHAPE]", tensor),
+        ("--learnable", "T[=INIT]", learnable),
+        ("--scalar", "S[:TYPE]=DEFAULT", scalar),
+    ):
+        command.add_argument(flag, metavar=metavar, action="append", default=[], help=help_text)
 
 
 def _time_limit(command: argparse.ArgumentParser, default: object = TIME_LIMIT) -> None:
