@@ -152,3 +152,20 @@ def test_every_attribute_of_the_autograd_ctx_is_a_reserved_name():
     ctx = Twice.apply(torch.ones(1, requires_grad=True)).grad_fn
     public = {a for a in dir(ctx) if not a.startswith("_")}
     assert public <= RESERVED_ARGUMENT_NAMES, public - RESERVED_ARGUMENT_NAMES
+
+
+def test_spec_with_flags_adds_and_replaces_arguments_by_name():
+    from scaffold.spec import spec_from_flags, spec_with_flags
+
+    spec = spec_from_flags("swish", "x * sigmoid(beta * x)", ["x=3"], learnable=["beta=1.0"], doc="mine")
+    changed = spec_with_flags(spec, forward="x * sigmoid(beta * x) * gamma", learnable=["gamma=2.0"], tensors=["x=2,3"])
+    assert changed.forward == "x * sigmoid(beta * x) * gamma" and changed.doc == "mine"
+    assert [(t.name, t.shape, t.learnable, t.init) for t in changed.tensors] == [
+        ("x", (2, 3), False, None),
+        ("beta", (), True, 1.0),
+        ("gamma", (), True, 2.0),
+    ]
+    as_scalar = spec_with_flags(spec, scalars=["beta=0.5"])
+    assert [t.name for t in as_scalar.tensors] == ["x"]
+    assert [(s.name, s.default) for s in as_scalar.scalars] == [("beta", 0.5)]
+    assert spec_with_flags(spec) == spec
