@@ -107,7 +107,12 @@ def update_changes(
     flags: Flags | None = None,
     time_limit: float | None = TIME_LIMIT,
 ) -> list[FileChange]:
-    """Regenerate the ops ``names`` (default: every op with a spec) and merge into the user's files."""
+    """Regenerate the ops ``names`` (default: every op with a spec) and merge into the user's files.
+
+    ``flags`` change the spec of the one op named (its spec file is merged like the other files).
+    """
+    if flags and (names is None or len(names := list(names)) != 1):
+        raise SpecError("flags that change the spec need the op's name", hint="scaffold update op NAME --forward ...")
     if names is None:
         names = project.spec_names()
     else:
@@ -118,8 +123,6 @@ def update_changes(
             where=str(project.root),
             hint='add one with scaffold new op NAME --forward "..." --tensor x',
         )
-    if flags and len(names) != 1:
-        raise SpecError("flags that change the spec need the op's name", hint="scaffold update op NAME --forward ...")
     changes: list[FileChange] = []
     generated: dict[str, tuple[OpSpec, dict[PurePosixPath, str]]] = {}
     for name in names:

@@ -14,7 +14,7 @@ from .api import generate_op
 from .changes import FileChange, Flags, new_op_changes, update_changes
 from .errors import ScaffoldError, SpecError
 from .limits import TIME_LIMIT
-from .project import RECORD_FILE, Project, find_project, new_project
+from .project import RECORD_FILE, find_project, new_project
 from .spec import load_spec, spec_from_flags
 from .write import apply_changes, write_files
 
@@ -165,7 +165,7 @@ def _new_op(args: argparse.Namespace) -> int:
     spec_text = Path(args.spec).read_text(encoding="utf-8") if args.spec else None
     changes = new_op_changes(project, spec, spec_text=spec_text, force=args.force, time_limit=args.time_limit)
     apply_changes(project.root, changes)
-    _report(project, changes)
+    _report(changes)
     return 0
 
 
@@ -177,12 +177,10 @@ def _new_project(args: argparse.Namespace) -> int:
             raise SpecError(f"cannot read --data {item!r}", hint="write key=value, e.g. --data project_name=myops")
         data[key.strip()] = value
     dest = new_project(args.dest, data=data, defaults=args.defaults, interactive=sys.stdin.isatty())
-    project = find_project(dest)
     print(f"{'created':>11}  {dest}{os.sep}")
-    if project is not None:
-        print(f"\nNext: cd {dest} and add an op, e.g.\n")
-        print('    scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0')
-        print("    python -m pytest")
+    print(f"\nNext: cd {dest} and add an op, e.g.\n")
+    print('    scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0')
+    print("    python -m pytest")
     return 0
 
 
@@ -202,8 +200,6 @@ def _update(args: argparse.Namespace) -> int:
         scalars=getattr(args, "scalar", ()),
         learnable=getattr(args, "learnable", ()),
     )
-    if flags and name is None:
-        raise SpecError("flags that change the spec need the op's name", hint="scaffold update op NAME --forward ...")
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
     if args.dry_run:
         for change in changes:
@@ -211,7 +207,7 @@ def _update(args: argparse.Namespace) -> int:
                 sys.stdout.writelines(_diff(change))
     else:
         apply_changes(project.root, changes)
-    _report(project, changes, dry_run=args.dry_run)
+    _report(changes, dry_run=args.dry_run)
     conflicts = sum(c.conflicts for c in changes)
     return EXIT_CONFLICT if conflicts else 0
 
@@ -230,7 +226,7 @@ def _files(count: int) -> str:
     return f"{count} file{'s' if count != 1 else ''}"
 
 
-def _report(project: Project, changes: list[FileChange], *, dry_run: bool = False) -> None:
+def _report(changes: list[FileChange], *, dry_run: bool = False) -> None:
     """One line per file the user cares about; scaffold's records in one line per op."""
     for change in changes:
         if change.record:
