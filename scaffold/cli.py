@@ -14,7 +14,7 @@ from .api import generate_op
 from .changes import FileChange, Flags, new_op_changes, update_changes
 from .errors import ScaffoldError, SpecError
 from .limits import TIME_LIMIT
-from .project import RECORD_FILE, find_project, new_project
+from .project import find_project, new_project
 from .spec import load_spec, spec_from_flags
 from .write import apply_changes, write_files
 
@@ -238,7 +238,7 @@ def _report(changes: list[FileChange], *, dry_run: bool = False) -> None:
             regions = f"{change.conflicts} conflict{'s' if change.conflicts > 1 else ''}"
             note = f"  ({regions} between <<<<<<< and >>>>>>>; every line of yours is kept)"
         print(f"{change.status:>11}  {change.path}{note}")
-    recorded = sorted({c.path.parent for c in changes if c.record and c.path.name == RECORD_FILE})
+    recorded = sorted({c.path.parent for c in changes if c.record and c.changed and c.path.name != "README.md"})
     for folder in recorded:
         print(f"{'recorded':>11}  {folder}/")
     conflicts = [c for c in changes if c.conflicts]
