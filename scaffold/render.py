@@ -232,11 +232,7 @@ def _saved_comment(inputs: list[str], output: bool) -> str:
 
 def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomain, ...], module_import: str) -> dict:
     code = _CodePrinter(spec)
-    # The reference is the forward as written, not its stable rewrite: comparing the two at ordinary
-    # inputs checks the rewrite as well as the backward.
-    literal = derivation.parsed
-    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
-    reference_lines = code.steps(steps) + [f"return {code(expr)}"]
+    reference_lines = _reference_lines(code, derivation)
     by_name = {d.name: d for d in domains}
     inputs = []
     for t in spec.tensors:
@@ -267,6 +263,27 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
         "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
         "tensor_names": [t.name for t in spec.tensors],
     }
+
+
+def _reference_lines(code: _CodePrinter, derivation: Derivation) -> list[str]:
+    """The body of ``reference``: the forward as written, not its stable rewrite, in plain torch.
+
+    The generated test compares the op with it (which checks the rewrite as well as the backward) and
+    ``scaffold bench`` times autograd through it.
+    """
+    literal = derivation.parsed
+    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
+    return code.steps(steps) + [f"return {code(expr)}"]
+
+
+def reference_module(spec: OpSpec, derivation: Derivation) -> str:
+    """Source of a module defining ``reference(<the op's arguments>)``, the forward in plain torch."""
+    code = _CodePrinter(spec)
+    lines = _reference_lines(code, derivation)
+    imports = [IMPORTS[alias] for alias in sorted(code.imports)] + ["import torch"]
+    params = ", ".join(a.name for a in spec.arguments)
+    body = "".join(f"    {line}\n" for line in lines)
+    return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"
 
 
 #: Inputs of the extreme-input test, positive side; the negatives are used too.

@@ -23,6 +23,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
+#: Backward plan policies: what to favour when saving for backward costs memory and recomputing costs time.
+POLICIES = ("memory", "time")
+
 #: Example shape of a tensor argument in the generated tests when the spec gives none.
 DEFAULT_SHAPE = (4, 5)
 #: Default shape of a learnable tensor (an ``nn.Parameter``): one value, broadcast over the input.
@@ -174,6 +177,10 @@ class OpSpec:
     tensors: tuple[TensorArg, ...]
     scalars: tuple[ScalarArg, ...] = ()
     doc: str = ""
+    #: Run the pointwise math of forward and backward through torch.compile (with an eager fallback).
+    fuse: bool = False
+    #: What the backward plan favours when saving costs memory and recomputing costs time.
+    policy: str = "memory"
     #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
     source: str = "command-line flags"
 
@@ -185,6 +192,14 @@ class OpSpec:
                 f"op name {self.name!r} would shadow a name the generated code or its tests rely on",
                 where=f"{where}: name",
                 hint=f"try {'my_' + self.name!r}",
+            )
+        if not isinstance(self.fuse, bool):
+            raise SpecError(f"fuse must be true or false, got {self.fuse!r}", where=f"{where}: fuse")
+        if self.policy not in POLICIES:
+            raise SpecError(
+                f"policy must be one of {', '.join(map(repr, POLICIES))}, got {self.policy!r}",
+                where=f"{where}: policy",
+                hint='"memory" saves the fewest bytes for backward, "time" recomputes the least',
             )
         if not isinstance(self.forward, str) or not self.forward.strip():
             raise SpecError(
@@ -235,7 +250,7 @@ class OpSpec:
 
 # --- TOML ------------------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "forward", "doc", "tensors", "scalars"}
+_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars"}
 _TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
 _SCALAR_KEYS = {"type", "default"}
 
@@ -339,6 +354,8 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         tensors=tuple(_tensor_from_table(n, t, f"{source}: tensors.{n}") for n, t in tensors_table.items()),
         scalars=tuple(_scalar_from_table(n, t, f"{source}: scalars.{n}") for n, t in scalars_table.items()),
         doc=doc,
+        fuse=data.get("fuse", False),
+        policy=data.get("policy", "memory"),
         source=source,
     )
 
@@ -400,6 +417,8 @@ def spec_from_flags(
     scalars: Sequence[str] = (),
     learnable: Sequence[str] = (),
     doc: str = "",
+    fuse: bool = False,
+    policy: str = "memory",
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
@@ -409,7 +428,15 @@ def spec_from_flags(
     """
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
     return spec_from_mapping(
-        {"name": name, "forward": forward, "doc": doc, "tensors": tensor_args, "scalars": scalar_args},
+        {
+            "name": name,
+            "forward": forward,
+            "doc": doc,
+            "fuse": fuse,
+            "policy": policy,
+            "tensors": tensor_args,
+            "scalars": scalar_args,
+        },
         source="command-line flags",
     )
 
@@ -422,6 +449,8 @@ def spec_with_flags(
     tensors: Sequence[str] = (),
     scalars: Sequence[str] = (),
     learnable: Sequence[str] = (),
+    fuse: bool | None = None,
+    policy: str | None = None,
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
@@ -434,6 +463,10 @@ def spec_with_flags(
         data["forward"] = forward
     if doc is not None:
         data["doc"] = doc
+    if fuse is not None:
+        data["fuse"] = fuse
+    if policy is not None:
+        data["policy"] = policy
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
     for given, other in ((tensor_args, "scalars"), (scalar_args, "tensors")):
         for arg in given:
@@ -491,7 +524,12 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
             table["init"] = t.init
         tensors[t.name] = table
     scalars = {s.name: {"type": s.type, "default": s.default} for s in spec.scalars}
-    return {"name": spec.name, "forward": spec.forward, "doc": spec.doc, "tensors": tensors, "scalars": scalars}
+    data: dict[str, Any] = {"name": spec.name, "forward": spec.forward, "doc": spec.doc}
+    if spec.fuse:
+        data["fuse"] = True
+    if spec.policy != "memory":
+        data["policy"] = spec.policy
+    return {**data, "tensors": tensors, "scalars": scalars}
 
 
 def spec_to_toml(spec: OpSpec) -> str:
@@ -499,6 +537,10 @@ def spec_to_toml(spec: OpSpec) -> str:
     lines = [f"name = {_toml_str(spec.name)}", f"forward = {_toml_str(spec.forward)}"]
     if spec.doc:
         lines.append(f"doc = {_toml_str(spec.doc)}")
+    if spec.fuse:
+        lines.append("fuse = true")
+    if spec.policy != "memory":
+        lines.append(f"policy = {_toml_str(spec.policy)}")
     for t in spec.tensors:
         lines += ["", f"[tensors.{t.name}]", f"shape = {list(t.shape)}"]
         if t.domain is not None:
