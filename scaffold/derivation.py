@@ -61,6 +61,17 @@ def apply_kink_convention(expr: sympy.Expr) -> sympy.Expr:
     )
 
 
+def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
+    """d expr / d symbol; a sum differentiates only its terms that contain ``symbol``.
+
+    sympy's diff visits every term of a sum; for a sum of n terms in 3n + 1 tensors that makes the
+    partials cost O(n**2) instead of O(n).
+    """
+    if isinstance(expr, sympy.Add):
+        return sympy.Add(*[_diff(term, symbol) for term in expr.args if symbol in term.free_symbols])
+    return sympy.diff(expr, symbol)
+
+
 def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     """Differentiate the forward with respect to each tensor argument."""
     tensors = {parsed.symbols[name] for name in parsed.tensor_names}
@@ -68,7 +79,7 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     partials = []
     for name in parsed.tensor_names:
         symbol = parsed.symbols[name]
-        derivative = apply_kink_convention(sympy.diff(forward, symbol))
+        derivative = apply_kink_convention(_diff(forward, symbol))
         if sympy.count_ops(derivative) <= TIDY_LIMIT:
             # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
             # unlike simplify().

@@ -212,17 +212,21 @@ def _evaluates(
     import mpmath
 
     names = list(domains)
-    functions = []
-    for expr in exprs:  # each on its own: one that lambdify cannot translate leaves the others checked
-        try:
-            functions.append(sympy.lambdify([symbols[n] for n in names], expr, modules="mpmath"))
-        except Exception:  # no opinion on this one
-            continue
+    arguments = [symbols[n] for n in names]
+    try:  # all at once: lambdify's cost grows with the number of arguments, per call
+        functions = [sympy.lambdify(arguments, list(exprs), modules="mpmath")]
+    except Exception:
+        functions = []
+        for expr in exprs:  # each on its own: one that lambdify cannot translate leaves the others checked
+            try:
+                functions.append(sympy.lambdify(arguments, [expr], modules="mpmath"))
+            except Exception:  # no opinion on this one
+                continue
     if not functions:
         return None
 
     def f(*point):
-        return [function(*point) for function in functions]
+        return [value for function in functions for value in function(*point)]
 
     for unit in _sample_points(len(names)):
         point = []

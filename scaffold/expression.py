@@ -22,7 +22,9 @@ from .spec import OpSpec
 
 MAX_LENGTH = 5000
 MAX_DEPTH = 60
-MAX_NODES = 2000
+#: Operators that chain: a sum or a product of many terms is one level of nesting, not one per term.
+_CHAINS = ((ast.Add, ast.Sub), (ast.Mult, ast.Div))
+MAX_NODES = 4000
 MAX_INTEGER_DIGITS = 30
 MAX_EXPONENT = 64
 MAX_POWER_DIGITS = 300
@@ -285,6 +287,8 @@ class _Builder:
         raise self.fail(node, f"the operator {type(node.op).__name__} is not allowed")
 
     def build_BinOp(self, node: ast.BinOp, depth: int) -> sympy.Basic:
+        if isinstance(node.op, _CHAINS):
+            return self._chain(node, depth)
         left = self.build(node.left, depth)
         right = self.build(node.right, depth)
         op = node.op
@@ -307,6 +311,31 @@ class _Builder:
         if isinstance(op, ast.Pow):
             return self._power(node, a, b)
         raise self.fail(node, f"the operator {_OPERATOR_NAMES.get(type(op), type(op).__name__)} is not allowed")
+
+    def _chain(self, node: ast.BinOp, depth: int) -> sympy.Expr:
+        """``a + b - c + ...`` or ``a * b / c * ...``, built in one step.
+
+        Python parses such a chain as a left-nested tree; walking it as one level keeps a long sum from
+        counting as deep nesting, and building one Add (or Mul) of all its terms keeps it linear in the
+        number of terms (``a + b`` after ``a + b + ...`` would re-flatten the sum each time).
+        """
+        family = _CHAINS[0] if isinstance(node.op, _CHAINS[0]) else _CHAINS[1]
+        spine: list[ast.BinOp] = []
+        left: ast.AST = node
+        while isinstance(left, ast.BinOp) and isinstance(left.op, family):
+            spine.append(left)
+            left = left.left
+        terms = [self._expr(self.build(left, depth), left)]
+        for link in reversed(spine):
+            value = self._expr(self.build(link.right, depth), link.right)
+            if isinstance(link.op, ast.Sub):
+                value = -value
+            elif isinstance(link.op, ast.Div):
+                if value == 0:
+                    raise self.fail(link, "division by zero")
+                value = 1 / value
+            terms.append(value)
+        return sympy.Add(*terms) if family is _CHAINS[0] else sympy.Mul(*terms)
 
     def _power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
         if exponent.is_Number and abs(exponent) > MAX_EXPONENT:

@@ -1,0 +1,63 @@
+"""Large expressions: a long sum is wide, not deep, and its derivation stays linear in its size.
+
+Generation time itself is measured by benchmarks/generation.py, not asserted here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+
+from scaffold.api import compile_op, generate_op
+from scaffold.errors import ExpressionError
+from scaffold.expression import MAX_DEPTH, parse_expression
+
+from .conftest import make_spec
+
+
+def tanh_sum(n: int):
+    forward = " + ".join(f"a{i}*tanh(w{i}*x + b{i})" for i in range(n))
+    tensors = {"x": {}, **{f"{p}{i}": {} for i in range(n) for p in "awb"}}
+    return make_spec(f"tanh_sum{n}", forward, tensors)
+
+
+def test_a_sum_of_many_terms_is_one_level_of_nesting():
+    spec = tanh_sum(64)
+    op = compile_op(spec)
+    partials = {p.name: p.expr for p in op.derivation.partials}
+    a, w, x, b = sympy.symbols("a7 w7 x b7", real=True)
+    assert partials["a7"] == sympy.tanh(w * x + b)
+    assert len(partials["x"].args) == 64  # one term per tanh, nothing else
+    files = generate_op(spec, time_limit=None)
+    assert "grad_a63" in files["tanh_sum64.py"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("a - b + c - d", "a - b + c - d"),
+        ("a / b * c / d", "a*c/(b*d)"),
+        ("a - (b - c)", "a - b + c"),
+        ("a / (b / c)", "a*c/b"),
+        ("-a - b", "-a - b"),
+    ],
+)
+def test_chains_keep_their_meaning(text, expected):
+    symbols = {n: sympy.Symbol(n, real=True) for n in "abcd"}
+    assert parse_expression(text, symbols, where="forward") == sympy.sympify(expected, locals=symbols)
+
+
+def test_a_long_product_parses():
+    symbols = {"x": sympy.Symbol("x", real=True)}
+    assert parse_expression("*".join(["x"] * 200), symbols, where="forward") == symbols["x"] ** 200
+
+
+def test_deep_nesting_is_still_refused():
+    text = "exp(" * (MAX_DEPTH + 5) + "x" + ")" * (MAX_DEPTH + 5)
+    with pytest.raises(ExpressionError, match="nested more than"):
+        parse_expression(text, {"x": sympy.Symbol("x", real=True)}, where="forward")
+
+
+def test_division_by_zero_inside_a_chain_is_refused():
+    with pytest.raises(ExpressionError, match="division by zero"):
+        parse_expression("x * 2 / 0 * 3", {"x": sympy.Symbol("x", real=True)}, where="forward")
