@@ -34,7 +34,7 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     parsed = parse_forward(spec)
     derivation = derive(parsed, where=f"{spec.source}: forward")
     domains = infer_domains(spec, parsed, tuple(p.expr for p in derivation.partials))
-    return CompiledOp(spec, parsed, derivation, make_plan(derivation), domains)
+    return CompiledOp(spec, parsed, derivation, make_plan(derivation, spec), domains)
 
 
 def generate_op(

@@ -7,9 +7,17 @@ Decides what the generated backward (and jvp) compute and what the forward must 
 * common subexpressions are shared (sympy's ``cse``) across all terms; a temporary used by one term is
   computed inside that term's guard (``needs_input_grad``, or "this tangent is not None"), one used by
   several is computed once, guarded by "any of them is needed";
-* where a partial contains the whole forward (d/dx exp(x) = exp(x)), backward uses the saved output
-  instead of computing the forward again;
+* what backward reads is chosen by a small cost model. The candidates: the inputs; the output, where a
+  partial contains the whole forward (d/dx exp(x) = exp(x), d/dx tanh(x) = 1 - tanh(x)**2); and boolean
+  masks for the conditions of steps and case distinctions (relu, leaky_relu, clamp), one byte per element
+  instead of the four or eight of the float input they are computed from. Each choice is costed in
+  bytes saved (relative to the example shapes of the spec) and in tensor operations in backward (plus the
+  forward's work to build the masks); the spec's ``policy`` says which comes first: ``"memory"`` (the
+  default) the bytes, ``"time"`` the operations;
 * exactly the tensors the formulas use are saved; scalars they use become ctx attributes.
+
+Intermediates of the forward other than its output are never saved: saving them would need them
+returned as extra outputs for double backward to stay correct, so backward recomputes them instead.
 """
 
 from __future__ import annotations
@@ -17,9 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import itertools
+import math
+
 import sympy
 
 from .derivation import Derivation
+from .spec import OpSpec
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -70,14 +82,36 @@ class DerivativeCode:
 
 
 @dataclass(frozen=True)
+class Mask:
+    """A condition of the forward saved for backward as a bool tensor: ``name = condition``."""
+
+    name: str
+    condition: sympy.Basic
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a choice of saved tensors costs, relative to the op's example shapes."""
+
+    elements: float  # saved elements, each mask element counting 1/4 (bool next to float32)
+    operations: int  # tensor operations in backward, plus those the forward adds to build masks
+
+
+@dataclass(frozen=True)
 class BackwardPlan:
     forward_steps: tuple[Step, ...]
     forward_expr: sympy.Expr
     backward: DerivativeCode
-    saved: tuple[str, ...]  # tensors saved for backward, in order; may end with OUTPUT
+    saved: tuple[str, ...]  # saved for backward, in order: inputs, then masks, then OUTPUT
+    masks: tuple[Mask, ...]  # computed in setup_context from the inputs
     ctx_scalars: tuple[str, ...]  # scalar arguments backward or jvp read from ctx
+    backward_scalars: tuple[str, ...]  # those backward reads
+    jvp_scalars: tuple[str, ...]  # those jvp reads
     jvp: DerivativeCode
     saved_for_forward: tuple[str, ...]  # tensors saved for jvp
+    policy: str
+    cost: Cost
+    baseline: Cost  # saving the inputs the formulas use, as written, without masks or the output
 
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
@@ -118,8 +152,10 @@ def straight_line(expr: sympy.Expr, taken: set[str]) -> tuple[tuple[Step, ...], 
     return tuple(Step(str(s), e) for s, e in replacements), reduced
 
 
-def make_plan(derivation: Derivation) -> BackwardPlan:
+def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPlan:
     parsed = derivation.parsed
+    policy = spec.policy if spec is not None else "memory"
+    shapes = {t.name: t.shape for t in spec.tensors} if spec is not None else {}
     names = [p.name for p in derivation.partials]
     taken = set(parsed.symbols) | {GRAD_OUTPUT, OUTPUT} | {n + TANGENT_SUFFIX for n in names}
     grad_output = sympy.Symbol(GRAD_OUTPUT, real=True)
@@ -128,27 +164,148 @@ def make_plan(derivation: Derivation) -> BackwardPlan:
     # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x).
     forward_steps, forward_expr = straight_line(derivation.forward, taken)
 
-    # Backward: the whole forward inside a partial is the saved output (exp, tanh, ...): no recompute.
+    # Backward: choose what it reads (see the module docstring), then share its subexpressions.
     forward = derivation.forward
-    backward = _share(
-        [
-            grad_output * (p.expr.xreplace({forward: output}) if not forward.is_Symbol else p.expr)
-            for p in derivation.partials
-        ],
-        names,
-        taken,
-    )
+    plain = [grad_output * p.expr for p in derivation.partials]
+    variants = [plain]
+    if not forward.is_Symbol:
+        with_output = [e.xreplace({forward: output}) for e in plain]
+        if with_output != plain:
+            variants.append(with_output)
+    sizes = _Sizes(parsed.tensor_names, shapes)
+    candidates = [_with_masks(v, subset, taken, sizes) for v in variants for subset in _mask_subsets(v, parsed)]
+    key = (lambda c: (c[2].elements, c[2].operations)) if policy == "memory" else (lambda c: (c[2].operations, c[2].elements))
+    exprs, masks, cost = min(candidates, key=key)
+    backward = _share(exprs, names, taken | {m.name for m in masks})
     # jvp: partial * tangent per argument, from the inputs alone (the output has no tangent there).
     jvp = _share([p.expr * sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials], names, taken)
 
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
+    used_masks = tuple(m for m in masks if m.name in backward_names)
     return BackwardPlan(
         forward_steps=forward_steps,
         forward_expr=forward_expr,
         backward=backward,
-        saved=saved + ((OUTPUT,) if OUTPUT in backward_names else ()),
+        saved=saved + tuple(m.name for m in used_masks) + ((OUTPUT,) if OUTPUT in backward_names else ()),
+        masks=used_masks,
         ctx_scalars=tuple(n for n in parsed.scalar_names if n in backward_names | jvp_names),
+        backward_scalars=tuple(n for n in parsed.scalar_names if n in backward_names),
+        jvp_scalars=tuple(n for n in parsed.scalar_names if n in jvp_names),
         jvp=jvp,
         saved_for_forward=tuple(n for n in parsed.tensor_names if n in jvp_names),
+        policy=policy,
+        cost=cost,
+        baseline=candidates[0][2],
     )
+
+
+# -- the cost model ---------------------------------------------------------------------------------
+
+#: Conditions considered for masks, at most: every subset of them is costed.
+MAX_MASKED_CONDITIONS = 6
+#: Bytes of a bool element relative to a float32 one.
+MASK_WEIGHT = 0.25
+
+
+class _Sizes:
+    """Elements of the tensors backward may read, from the spec's example shapes (1 where unknown)."""
+
+    def __init__(self, tensor_names: tuple[str, ...], shapes: dict[str, tuple[int, ...]]) -> None:
+        self.shapes = {n: shapes.get(n, ()) for n in tensor_names}
+
+    def of(self, names: set[str]) -> int:
+        """Elements of the broadcast of the named tensors' shapes (the output: all of them)."""
+        dims: list[int] = []
+        for shape in (self.shapes[n] for n in sorted(names) if n in self.shapes):
+            shape = (1,) * (len(dims) - len(shape)) + tuple(shape)
+            dims = [1] * (len(shape) - len(dims)) + dims
+            dims = [max(a, b) for a, b in zip(dims, shape)]
+        return math.prod(dims)
+
+
+def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
+    """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise (where no
+    branch needs its input kept inside a region, see printing) and of steps (Heaviside, 0 or 1 at 0)."""
+    from .printing import RESTRICTED  # the printer clamps such branches using the condition itself
+
+    found: list[sympy.Basic] = []
+    for expr in exprs:
+        for node in sympy.preorder_traversal(expr):
+            if isinstance(node, sympy.Piecewise) and not any(p.expr.has(*RESTRICTED) for p in node.args):
+                conds = [p.cond for p in node.args if p.cond.free_symbols & tensors]
+            elif isinstance(node, sympy.Heaviside) and node.args[1] in (0, 1) and node.free_symbols & tensors:
+                conds = [_step_condition(node)]
+            else:
+                continue
+            found += [c for c in conds if c not in found]
+    return found
+
+
+def _step_condition(step: sympy.Heaviside) -> sympy.Basic:
+    """Where a step (0 or 1 at 0) is 1, as a comparison of its positive and negative terms: x > y."""
+    arg, at_zero = step.args
+    constant, terms = arg.as_coeff_add()
+    positive = sympy.Add(*[t for t in terms if not t.could_extract_minus_sign()])
+    negative = sympy.Add(*[-t for t in terms if t.could_extract_minus_sign()])
+    if positive == 0:  # c - v > 0: v < c
+        return (sympy.Lt if at_zero == 0 else sympy.Le)(negative, constant)
+    return (sympy.Gt if at_zero == 0 else sympy.Ge)(positive, negative - constant)
+
+
+def _mask_subsets(exprs: list[sympy.Expr], parsed) -> list[tuple[sympy.Basic, ...]]:
+    conditions = _conditions(exprs, {parsed.symbols[n] for n in parsed.tensor_names})
+    if len(conditions) > MAX_MASKED_CONDITIONS:
+        return [(), tuple(conditions)]
+    return [c for k in range(len(conditions) + 1) for c in itertools.combinations(conditions, k)]
+
+
+def _with_masks(
+    exprs: list[sympy.Expr], conditions: tuple[sympy.Basic, ...], taken: set[str], sizes: _Sizes
+) -> tuple[list[sympy.Expr], tuple[Mask, ...], Cost]:
+    """``exprs`` with each of ``conditions`` read from a saved mask, the masks, and what it all costs."""
+    names = (n for n in (f"mask{i}" if i else "mask" for i in range(10**6)) if n not in taken)
+    masks = tuple(Mask(next(names), c) for c in conditions)
+    symbols = {m.condition: sympy.Symbol(m.name) for m in masks}
+
+    def mask(node: sympy.Basic) -> sympy.Basic:
+        if isinstance(node, sympy.Heaviside):
+            if node.args[1] in (0, 1) and _step_condition(node) in symbols:
+                return sympy.Piecewise((1, symbols[_step_condition(node)]), (0, True))
+            return node
+        pairs = [(p.expr, symbols.get(p.cond, p.cond)) for p in node.args]
+        return sympy.Piecewise(*pairs)
+
+    if symbols:
+        exprs = [
+            e.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), mask) for e in exprs
+        ]
+    read = {s.name for e in exprs for s in e.free_symbols}
+    tensors = set(sizes.shapes)
+    elements = sum(sizes.of({n}) for n in read & tensors)
+    if OUTPUT in read:
+        elements += sizes.of(tensors)
+    operations = sum(_operations(e, tensors | {OUTPUT, GRAD_OUTPUT} | set(symbols.values())) for e in exprs)
+    for m in masks:
+        if m.name in read:
+            condition_tensors = {s.name for s in m.condition.free_symbols} & tensors
+            elements += MASK_WEIGHT * sizes.of(condition_tensors)
+            operations += _operations(m.condition, tensors)
+    return exprs, masks, Cost(elements, operations)
+
+
+def _operations(expr: sympy.Basic, tensors: set) -> int:
+    """Tensor operations (passes over memory) ``expr`` costs when printed as torch code, roughly."""
+    names = {t if isinstance(t, str) else t.name for t in tensors}
+    count = 0
+    for node in sympy.preorder_traversal(expr):
+        if node.is_Atom or not any(s.name in names for s in node.free_symbols):
+            continue
+        if isinstance(node, (sympy.Add, sympy.Mul)):
+            tensor_args = sum(1 for a in node.args if any(s.name in names for s in a.free_symbols))
+            count += tensor_args - 1 + (tensor_args < len(node.args))
+        elif isinstance(node, sympy.Piecewise):
+            count += len(node.args) - 1
+        elif not isinstance(node, sympy.functions.elementary.piecewise.ExprCondPair):
+            count += 1
+    return count

@@ -67,6 +67,8 @@ FUNCTIONS: dict[type, tuple[str, str | None]] = {
     stable.ndtr: ("torch.special.ndtr", None),
     stable.log_ndtr: ("torch.special.log_ndtr", None),
     stable.logit: ("torch.logit", None),
+    stable.silu: ("torch.nn.functional.silu", None),
+    stable.gelu: ("torch.nn.functional.gelu", None),
 }
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -108,7 +110,9 @@ def _unsupported(node: sympy.Basic, where: str) -> DerivationError:
 def check_printable(expr: sympy.Basic, *, where: str) -> None:
     """Raise :class:`DerivationError` naming the first sub-expression that cannot be printed as torch."""
     for node in sympy.preorder_traversal(expr):
-        if isinstance(node, _NOT_REAL) or not (isinstance(node, _ALLOWED) or type(node) in FUNCTIONS):
+        if isinstance(node, _NOT_REAL) or not (
+            isinstance(node, (*_ALLOWED, stable.DerivativeKernel)) or type(node) in FUNCTIONS
+        ):
             raise _unsupported(node, where)
 
 
@@ -200,7 +204,7 @@ class TorchPrinter(StrPrinter):
         masks = [f for f in factors if self._is_dtype_free(f)]
         if not any(self.is_tensor(f) for f in factors if f not in masks):
             masks = []
-        steps = [m for m in masks if isinstance(m, sympy.Heaviside)]
+        steps = [m for m in masks if isinstance(m, sympy.Heaviside) or _is_indicator(m)]
         if steps:
             # A step selects rather than multiplies: where() keeps an overflowing factor it zeroes
             # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan.
@@ -208,8 +212,34 @@ class TorchPrinter(StrPrinter):
             conditions = [self._step_condition(m) for m in steps]
             condition = conditions[0] if len(conditions) == 1 else " & ".join(f"({c})" for c in conditions)
             return f"torch.where({condition}, {self._print(rest)}, 0)"
+        cases = [m for m in masks if isinstance(m, sympy.Piecewise)]
+        if len(cases) == 1:
+            # A case distinction between numbers times a tensor: each case scales the tensor, so that
+            # the numbers keep its dtype (torch.where(c, 1, 0.01) would be float32 next to float64).
+            (case,) = cases
+            others = list(expr.args)
+            others.remove(case)  # by equality: as_coeff_mul may hand out an equal, not the same, object
+            rest = sympy.Mul(*others)
+            if sympy.count_ops(rest) <= 2:  # cheap enough to print once per case
+                return self._print(sympy.Piecewise(*[(p.expr * rest, p.cond) for p in case.args]))
+        kernel = next((f for f in factors if isinstance(f, stable.DerivativeKernel) and self.is_tensor(f)), None)
+        if kernel is not None and any(self.is_tensor(f) for f in factors if f is not kernel):
+            # grad * tanh_grad(t) is one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)
+            others = list(expr.args)
+            others.remove(kernel)
+            return f"{kernel.kernel}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
         numerator: list[str] = []
         denominator: list[str] = []
+        scalars = [f for f in factors if f not in masks and not self.is_tensor(f)]
+        plain = coefficient == 1 or (coefficient.is_Rational and coefficient.p == 1 and not sign)  # -x, x / 2
+        if self.is_tensor(expr) and (scalars or not plain):
+            # The factors that are numbers are multiplied out in Python first, so that each tensor is
+            # touched once: 3/2 * x, not 3 * x / 2, which is two passes over x.
+            factors = tuple(f for f in factors if f not in scalars)
+            group = sympy.Mul(-coefficient if sign else coefficient, *scalars)
+            text = self._print(group)
+            numerator.append(f"({text})" if isinstance(group, sympy.Add) else text)
+            coefficient, sign = sympy.S.One, ""
         if coefficient.is_Rational:
             if coefficient.p != 1:
                 numerator.append(str(coefficient.p))
@@ -221,7 +251,12 @@ class TorchPrinter(StrPrinter):
         for factor in factors:
             if factor in masks:
                 continue
-            if factor.is_Pow and factor.exp.is_Rational and factor.exp.is_negative and factor.exp != -sympy.S.Half:
+            if (
+                factor.is_Pow
+                and factor.exp.is_Rational
+                and factor.exp.is_negative
+                and (factor.exp != -sympy.S.Half or not self.is_tensor(factor))  # torch.rsqrt(x)
+            ):
                 inverse = factor.base if factor.exp == -1 else sympy.Pow(factor.base, -factor.exp, evaluate=False)
                 denominator.append(self.parenthesize(inverse, prec, strict=True))
             else:
@@ -245,8 +280,10 @@ class TorchPrinter(StrPrinter):
             return self.is_tensor(factor) and not any(self.is_tensor(p.expr) for p in factor.args)
         return False
 
-    def _step_condition(self, step: sympy.Heaviside) -> str:
+    def _step_condition(self, step: sympy.Heaviside | sympy.Piecewise) -> str:
         """Where a Heaviside step with value 0 or 1 at 0 is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
+        if isinstance(step, sympy.Piecewise):  # an indicator: 1 where its condition holds
+            return self._print(step.args[0].cond)
         arg, at_zero = step.args
         constant, terms = arg.as_coeff_add()
         lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
@@ -259,6 +296,8 @@ class TorchPrinter(StrPrinter):
     # -- functions --------------------------------------------------------------------------------
 
     def _print_Function(self, expr: sympy.Function) -> str:
+        if isinstance(expr, stable.DerivativeKernel):  # nothing to fuse it with: its formula
+            return self._print(type(expr).expanded(*expr.args))
         if type(expr) in RECIPROCALS:
             reciprocal = RECIPROCALS[type(expr)](*expr.args, evaluate=False)
             return f"(1 / {self._print(reciprocal)})"
@@ -400,6 +439,17 @@ class TorchPrinter(StrPrinter):
             return self._print(value)
         finally:
             self._substitutions.pop()
+
+
+def _is_indicator(expr: sympy.Basic) -> bool:
+    """``Piecewise((1, condition), (0, True))``: a step on a condition, e.g. a saved mask."""
+    return (
+        isinstance(expr, sympy.Piecewise)
+        and len(expr.args) == 2
+        and expr.args[0].expr == 1
+        and expr.args[1].expr == 0
+        and expr.args[1].cond is sympy.true
+    )
 
 
 def _has_singular_power(expr: sympy.Basic) -> bool:

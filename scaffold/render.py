@@ -110,10 +110,11 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
 
     needed_scalars = set(plan.ctx_scalars)
     unpack = [n if n in tensor_names or n in needed_scalars else "_" for n in all_names]
-    saved_inputs = [n for n in plan.saved if n != OUTPUT]
     saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
+    mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
     code.scope()
+    code.tensors |= {m.name for m in plan.masks}
     backward = _blocks(code, plan.backward.shared, lambda i: f"ctx.needs_input_grad[{i}]", len(tensor_names))
     gradients = []
     for g in plan.backward.terms:
@@ -153,9 +154,12 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         "forward_lines": forward_lines,
         "unpack": _unpack(unpack),
         "saved_args": ", ".join(saved_args),
-        "saved_unpack": _unpack(saved_inputs + ([OUTPUT] if OUTPUT in plan.saved else [])),
-        "saved_comment": _saved_comment(saved_inputs, OUTPUT in plan.saved),
+        "saved_unpack": _unpack(list(plan.saved)),
+        "saved_comment": _saved_comment(plan),
+        "mask_lines": mask_lines,
         "ctx_scalars": list(plan.ctx_scalars),
+        "backward_scalars": list(plan.backward_scalars),
+        "jvp_scalars": list(plan.jvp_scalars),
         "shape_names": tensor_names,
         "shared_blocks": backward,
         "gradients": gradients,
@@ -221,13 +225,22 @@ def _unpack(names: list[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
 
 
-def _saved_comment(inputs: list[str], output: bool) -> str:
-    what = [*inputs] + (["the output"] if output else [])
+def _saved_comment(plan: BackwardPlan) -> str:
+    """One line on what backward reads and why: the plan's choice, in words."""
+    masks = {m.name for m in plan.masks}
+    what = ["the output" if n == OUTPUT else n for n in plan.saved]
     if not what:
         return "The gradients need no tensors: nothing is saved."
     listed = ", ".join(what[:-1]) + (" and " if len(what) > 1 else "") + what[-1]
-    reason = " (reused where a derivative contains the whole forward)" if output else ""
-    return f"The gradient formulas read {listed}{reason}; nothing else is saved."
+    reasons = []
+    if OUTPUT in plan.saved:
+        reasons.append("the derivative is cheaper in terms of the output")
+    if masks:
+        reasons.append("bool masks, 1 byte per element" if len(masks) > 1 else "a bool mask, 1 byte per element")
+    if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:
+        reasons.append(f"{plan.cost.elements / plan.baseline.elements:.2g}x the bytes of saving the inputs")
+    because = f" ({'; '.join(reasons)})" if reasons else ""
+    return f"Saves {listed}{because}; policy {plan.policy!r}."
 
 
 def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomain, ...], module_import: str) -> dict:

@@ -71,7 +71,7 @@ class sigmoid(StableFunction):  # noqa: N801
         return 1 / (1 + sympy.exp(-x))
 
     def fdiff(self, argindex=1):
-        return self * (1 - self)
+        return sigmoid_grad(self)
 
     def _eval_is_positive(self):
         return self.args[0].is_extended_real
@@ -177,9 +177,96 @@ class logit(StableFunction):  # noqa: N801
         return 1 / (x * (1 - x))
 
 
+class silu(StableFunction):  # noqa: N801
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return x / (1 + sympy.exp(-x))
+
+    def fdiff(self, argindex=1):
+        x = self.args[0]
+        s = sigmoid(x)
+        return s * (1 + x * (1 - s))
+
+
+class gelu(StableFunction):  # noqa: N801
+    """The exact GELU, x * ndtr(x) (torch.nn.functional.gelu's default)."""
+
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return x * sympy.erfc(-x / sympy.sqrt(2)) / 2
+
+    def fdiff(self, argindex=1):
+        return gelu_grad(self.args[0])
+
+
+# -- derivative kernels ---------------------------------------------------------------------------
+# A derivative that PyTorch computes, multiplied by grad_output, in one fused kernel: the printer turns
+# ``grad * tanh_grad(t)`` into ``torch.ops.aten.tanh_backward(grad, t)`` (one pass instead of three).
+# Each is differentiable again in PyTorch (double backward) and has a vmap rule. The argument is what
+# the kernel takes: the function's output for sigmoid and tanh, its input for gelu.
+
+
+class DerivativeKernel(StableFunction):
+    """A derivative with a fused ``grad * derivative`` kernel in ``torch.ops.aten``."""
+
+    #: The aten kernel, called as ``kernel(grad, arg)``.
+    kernel = ""
+
+    @classmethod
+    def expanded(cls, x: sympy.Expr) -> sympy.Expr:
+        """The derivative in stable primitives: printed where there is no gradient to fuse it with."""
+        raise NotImplementedError
+
+    @classmethod
+    def literal(cls, x):
+        return to_literal(cls.expanded(x))
+
+    def fdiff(self, argindex=1):
+        x = sympy.Dummy("x", real=True)
+        return sympy.diff(self.expanded(x), x).xreplace({x: self.args[0]})
+
+
+class sigmoid_grad(DerivativeKernel):  # noqa: N801
+    """d sigmoid(u) / du in terms of s = sigmoid(u): s * (1 - s)."""
+
+    nargs = 1
+    kernel = "torch.ops.aten.sigmoid_backward"
+
+    @classmethod
+    def expanded(cls, s):
+        return s * (1 - s)
+
+
+class tanh_grad(DerivativeKernel):  # noqa: N801
+    """d tanh(u) / du in terms of t = tanh(u): 1 - t**2."""
+
+    nargs = 1
+    kernel = "torch.ops.aten.tanh_backward"
+
+    @classmethod
+    def expanded(cls, t):
+        return 1 - t**2
+
+
+class gelu_grad(DerivativeKernel):  # noqa: N801
+    """d gelu(x) / dx = ndtr(x) + x * exp(-x**2 / 2) / sqrt(2 * pi)."""
+
+    nargs = 1
+    kernel = "torch.ops.aten.gelu_backward"
+
+    @classmethod
+    def expanded(cls, x):
+        return ndtr(x) + x * sympy.exp(-(x**2) / 2) / sympy.sqrt(2 * sympy.pi)
+
+
 PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, erfcx, ndtr, log_ndtr, logit,
+    softplus, sigmoid, logsigmoid, logaddexp, xlogy, erfcx, ndtr, log_ndtr, logit, silu, gelu,
 )  # fmt: skip
+KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
 
 def to_literal(expr: sympy.Basic) -> sympy.Basic:
@@ -345,6 +432,10 @@ class _Rewriter:
             if isinstance(f, sympy.exp) and coefficient == -constant:
                 rest[i] = coefficient * expm1(f.args[0])
                 return sympy.Add(*rest)
+            # 1 - tanh(u)**2, the derivative of tanh(u), in terms of tanh(u): one fused kernel
+            if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and coefficient == -constant:
+                rest[i] = constant * tanh_grad(f.base)
+                return sympy.Add(*rest)
             # c - 2c * sigmoid(w) = c * tanh(-w / 2), as in d/du log(cosh(u)) = 1 - 2 * sigmoid(-2u)
             if isinstance(f, sigmoid) and coefficient == -2 * constant:
                 rest[i] = constant * sympy.tanh(-f.args[0] / 2)
@@ -384,6 +475,13 @@ class _Rewriter:
                 factors.remove(f)
                 factors.remove(sympy.exp(f.args[0] ** 2))
                 return coefficient * erfcx(f.args[0]) * sympy.Mul(*factors)
+        # u * sigmoid(u) = silu(u); u * ndtr(u) = gelu(u): one kernel each, with their own derivatives
+        for f in factors:
+            if isinstance(f, (sigmoid, ndtr)) and f.args[0] != 0:
+                u = f.args[0]
+                scale, rest = _factor_out(coefficient, factors, f, u)
+                if rest is not None:
+                    return scale * (silu(u) if isinstance(f, sigmoid) else gelu(u)) * rest
         # x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0
         logs = [f for f in factors if isinstance(f, sympy.log) and self.is_tensor(f)]
         tensor_factors = [f for f in factors if f not in logs and self.is_tensor(f)]
@@ -403,6 +501,22 @@ class _Rewriter:
         for u in exponents[1:]:
             total_log = logaddexp(total_log, u)
         return sympy.exp(a - total_log)
+
+
+def _factor_out(
+    coefficient: sympy.Expr, factors: list[sympy.Expr], f: sympy.Expr, u: sympy.Expr
+) -> tuple[sympy.Expr, sympy.Expr | None]:
+    """For a product ``coefficient * factors`` containing ``f`` and ``u`` itself (or ``k * u`` spread
+    over the numeric coefficient and the other factors): ``(scale, rest)`` with product
+    ``scale * u * f * rest``; ``rest`` is None if ``u`` is not a factor."""
+    others = list(factors)
+    others.remove(f)
+    k, u_factors = u.as_coeff_mul()
+    if not all(g in others for g in u_factors) or k == 0:
+        return coefficient, None
+    for g in u_factors:
+        others.remove(g)
+    return coefficient / k, sympy.Mul(*others)
 
 
 def _as_ndtr(f: sympy.Expr) -> tuple[sympy.Expr, ...]:

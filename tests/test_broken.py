@@ -26,7 +26,7 @@ def _sub(pattern: str, replacement: str, count: int = 1):
 MUTATIONS = {
     # (spec, how the module is broken)
     "control": ("swish", lambda text: text),
-    "scaled_backward": ("swish", _sub(r"grad_x = \(tmp3 \*", "grad_x = (1.01 * tmp3 *")),
+    "scaled_backward": ("swish", _sub(r"grad_x = \(grad_output \*", "grad_x = (1.01 * grad_output *")),
     "wrong_partial": ("quadratic", _sub(r"\(2 \* a \* x \+ b\)", "(2 * a * x - b)")),
     "wrong_forward": (
         "swish",

@@ -33,7 +33,7 @@ class QuadraticFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, a, b, c = inputs
-        # The gradient formulas read x, a and b; nothing else is saved.
+        # Saves x, a and b; policy 'memory'.
         ctx.save_for_backward(x, a, b)
         # jvp reads x, a, b (forward mode saves separately from backward).
         ctx.save_for_forward(x, a, b)

@@ -33,12 +33,12 @@ class SmoothL1Function(torch.autograd.Function):
     def forward(input, target, beta):
         tmp0 = input - target
         tmp1 = torch.abs(tmp0)
-        return torch.where(beta > tmp1, tmp0**2 / (2 * beta), -beta / 2 + tmp1)
+        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, target, beta = inputs
-        # The gradient formulas read input and target; nothing else is saved.
+        # Saves input and target; policy 'memory'.
         ctx.save_for_backward(input, target)
         # jvp reads input, target (forward mode saves separately from backward).
         ctx.save_for_forward(input, target)

@@ -22,8 +22,8 @@ class SwishFunction(torch.autograd.Function):
 
     Partial derivatives, each multiplied by grad_output in backward:
 
-        d out / d x = (beta*x*(1 - sigmoid(beta*x)) + 1)*sigmoid(beta*x)
-        d out / d beta = x**2*(1 - sigmoid(beta*x))*sigmoid(beta*x)
+        d out / d x = beta*x*sigmoid_grad(sigmoid(beta*x)) + sigmoid(beta*x)
+        d out / d beta = x**2*sigmoid_grad(sigmoid(beta*x))
     """
 
     # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
@@ -36,7 +36,7 @@ class SwishFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, beta = inputs
-        # The gradient formulas read x and beta; nothing else is saved.
+        # Saves x and beta; policy 'memory'.
         ctx.save_for_backward(x, beta)
         # jvp reads x, beta (forward mode saves separately from backward).
         ctx.save_for_forward(x, beta)
@@ -52,12 +52,11 @@ class SwishFunction(torch.autograd.Function):
         grad_x = grad_beta = None
         tmp0 = beta * x
         tmp1 = torch.sigmoid(tmp0)
-        tmp2 = 1 - tmp1
-        tmp3 = grad_output * tmp1
+        tmp2 = tmp1 * (1 - tmp1)
         if ctx.needs_input_grad[0]:
-            grad_x = (tmp3 * (tmp0 * tmp2 + 1)).sum_to_size(ctx.x_shape)
+            grad_x = (grad_output * (tmp0 * tmp2 + tmp1)).sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            grad_beta = (tmp2 * tmp3 * x**2).sum_to_size(ctx.beta_shape)
+            grad_beta = (grad_output * tmp2 * x**2).sum_to_size(ctx.beta_shape)
         return grad_x, grad_beta
 
     @staticmethod
@@ -67,11 +66,11 @@ class SwishFunction(torch.autograd.Function):
         terms = []
         tmp0 = beta * x
         tmp1 = torch.sigmoid(tmp0)
-        tmp2 = 1 - tmp1
+        tmp2 = tmp1 * (1 - tmp1)
         if x_tangent is not None:
-            terms.append(tmp1 * x_tangent * (tmp0 * tmp2 + 1))
+            terms.append(x_tangent * (tmp0 * tmp2 + tmp1))
         if beta_tangent is not None:
-            terms.append(beta_tangent * tmp1 * tmp2 * x**2)
+            terms.append(beta_tangent * tmp2 * x**2)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 

@@ -55,7 +55,7 @@ def reference(input, target, beta):
     """The forward as written, in plain torch, differentiated by autograd."""
     tmp0 = input - target
     tmp1 = torch.abs(tmp0)
-    return torch.where(beta > tmp1, tmp0**2 / (2 * beta), -beta / 2 + tmp1)
+    return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1)
 
 
 def test_gradcheck(device):
