@@ -104,6 +104,38 @@ def _parser() -> argparse.ArgumentParser:
         )
         _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
         command.set_defaults(handler=_update)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time an op against the same math in plain PyTorch",
+        description="Time the generated op (eager and fused) against its forward in plain PyTorch under "
+        "autograd, that under torch.compile, and a native PyTorch op if you name one: forward and "
+        "forward+backward times (median ± IQR) and the bytes kept for backward, as a markdown table. "
+        "Progress goes to stderr.",
+        epilog="example: scaffold bench --spec gelu.toml --native torch.nn.functional.gelu --numel 1048576",
+    )
+    bench.add_argument("name", nargs="?", help="an op of the current project (its specs/NAME.toml)")
+    bench.add_argument("--spec", metavar="FILE", help="benchmark the op of this TOML spec file instead")
+    bench.add_argument("--device", default="cpu", help="where to run it: cpu (default), cuda, cuda:1, ...")
+    bench.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16 or float16")
+    bench.add_argument(
+        "--numel", metavar="N", type=_count,
+        help="elements of the largest input (default: 4194304 = 4 Mi); the spec's shapes are grown to it",
+    )  # fmt: skip
+    bench.add_argument(
+        "--native", metavar="DOTTED.NAME",
+        help="also time this PyTorch op, called like the op (tensors, then scalars), e.g. torch.nn.functional.gelu",
+    )  # fmt: skip
+    bench.add_argument(
+        "--no-compile", action="store_true",
+        help="skip what needs torch.compile (scaffold fused, plain torch.compile): compiling takes seconds",
+    )  # fmt: skip
+    bench.add_argument(
+        "--min-time", metavar="SECONDS", type=_seconds,
+        help="time each candidate for at least this long (default: 1)",
+    )  # fmt: skip
+    _time_limit(bench)
+    bench.set_defaults(handler=_bench)
     return parser
 
 
@@ -130,6 +162,16 @@ def _seconds(text: str) -> float:
         value = float("nan")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
     return value
 
 
@@ -210,6 +252,33 @@ def _update(args: argparse.Namespace) -> int:
     _report(changes, dry_run=args.dry_run)
     conflicts = sum(c.conflicts for c in changes)
     return EXIT_CONFLICT if conflicts else 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if bool(args.spec) == bool(args.name):
+        raise SpecError(
+            "NAME and --spec cannot be combined" if args.spec else "missing NAME or --spec",
+            hint="give an op's name inside a project (scaffold bench swish), or its spec file (--spec swish.toml)",
+        )
+    from . import bench  # imports torch, which no other command needs
+
+    spec = load_spec(args.spec) if args.spec else bench.load_project_spec(args.name)
+    options = {"numel": args.numel, "min_time": args.min_time}
+    try:
+        report = bench.bench_op(
+            spec,
+            device=args.device,
+            dtype=args.dtype,
+            native=args.native,
+            compile=not args.no_compile,
+            progress=lambda message: print(f"scaffold: {message}", file=sys.stderr, flush=True),
+            time_limit=args.time_limit,
+            **{key: value for key, value in options.items() if value is not None},
+        )
+    except KeyboardInterrupt:
+        raise bench.BenchError("interrupted; nothing was measured to the end") from None
+    print(bench.format_table(report))
+    return 0
 
 
 def _diff(change: FileChange) -> list[str]:

@@ -22,11 +22,10 @@ returned as extra outputs for double backward to stay correct, so backward recom
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-
 import itertools
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import sympy
 
@@ -174,8 +173,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
             variants.append(with_output)
     sizes = _Sizes(parsed.tensor_names, shapes)
     candidates = [_with_masks(v, subset, taken, sizes) for v in variants for subset in _mask_subsets(v, parsed)]
-    key = (lambda c: (c[2].elements, c[2].operations)) if policy == "memory" else (lambda c: (c[2].operations, c[2].elements))
-    exprs, masks, cost = min(candidates, key=key)
+    exprs, masks, cost = min(candidates, key=lambda c: _rank(c[2], policy))
     backward = _share(exprs, names, taken | {m.name for m in masks})
     # jvp: partial * tangent per argument, from the inputs alone (the output has no tangent there).
     jvp = _share([p.expr * sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials], names, taken)
@@ -222,6 +220,10 @@ class _Sizes:
             dims = [1] * (len(shape) - len(dims)) + dims
             dims = [max(a, b) for a, b in zip(dims, shape)]
         return math.prod(dims)
+
+
+def _rank(cost: Cost, policy: str) -> tuple[float, float]:
+    return (cost.elements, cost.operations) if policy == "memory" else (cost.operations, cost.elements)
 
 
 def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
