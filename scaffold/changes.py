@@ -63,9 +63,12 @@ class Flags:
     tensors: Sequence[str] = ()
     scalars: Sequence[str] = ()
     learnable: Sequence[str] = ()
+    fuse: bool | None = None
+    policy: str | None = None
 
     def __bool__(self) -> bool:
-        return self.forward is not None or self.doc is not None or bool(self.tensors or self.scalars or self.learnable)
+        given = (self.forward, self.doc, self.fuse, self.policy)
+        return any(v is not None for v in given) or bool(self.tensors or self.scalars or self.learnable)
 
 
 def new_op_changes(
@@ -165,6 +168,8 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         tensors=flags.tensors,
         scalars=flags.scalars,
         learnable=flags.learnable,
+        fuse=flags.fuse,
+        policy=flags.policy,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

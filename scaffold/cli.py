@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -15,7 +16,7 @@ from .changes import FileChange, Flags, new_op_changes, update_changes
 from .errors import ScaffoldError, SpecError
 from .limits import TIME_LIMIT
 from .project import find_project, new_project
-from .spec import load_spec, spec_from_flags
+from .spec import POLICIES, load_spec, spec_from_flags
 from .write import apply_changes, write_files
 
 EXIT_ERROR = 1
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         scalar="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
     )
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
+    _plan_flags(op, fuse_help="run the op's math through torch.compile (fuse = true in a spec)")
     op.add_argument(
         "--output-dir", "-o", metavar="DIR",
         help="where to write NAME.py and test_NAME.py (default: inside a project, its specs/, ops/ and tests/; "
@@ -96,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         scalar="add a non-tensor argument, or replace the argument of that name",
     )
     update_op.add_argument("--doc", help="a new one-line description")
+    _plan_flags(update_op, fuse_help="turn fused mode (torch.compile) on or off in the spec", optional=True)
     # Both levels take these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); the inner
     # level must not reset what the outer one was given, hence SUPPRESS as its default.
     for command, default in ((update, False), (update_op, argparse.SUPPRESS)):
@@ -134,9 +137,22 @@ def _parser() -> argparse.ArgumentParser:
         "--min-time", metavar="SECONDS", type=_seconds,
         help="time each candidate for at least this long (default: 1)",
     )  # fmt: skip
+    bench.add_argument(
+        "--threads", metavar="N", type=_count,
+        help="CPU threads torch may use (default: torch's setting); 1 gives steadier times on a busy machine",
+    )  # fmt: skip
     _time_limit(bench)
     bench.set_defaults(handler=_bench)
     return parser
+
+
+def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: bool = False) -> None:
+    action = argparse.BooleanOptionalAction if optional else "store_true"
+    command.add_argument("--fuse", action=action, default=None, help=fuse_help)
+    command.add_argument(
+        "--policy", choices=POLICIES, default=None,
+        help="what backward's plan favours: memory (default; fewest bytes saved) or time (fewest operations)",
+    )  # fmt: skip
 
 
 def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable: str, scalar: str) -> None:
@@ -185,6 +201,10 @@ def _new_op(args: argparse.Namespace) -> int:
                 hint="put everything in the spec file, or use flags alone",
             )
         spec = load_spec(args.spec)
+        if args.fuse is not None or args.policy is not None:  # flags over the file's keys
+            spec = dataclasses.replace(
+                spec, fuse=spec.fuse if args.fuse is None else args.fuse, policy=args.policy or spec.policy
+            )
     else:
         missing = [f for f, v in (("NAME", args.name), ("--forward", args.forward)) if v is None]
         if not args.tensor and not args.learnable:
@@ -196,7 +216,14 @@ def _new_op(args: argparse.Namespace) -> int:
                 "or scaffold new op --spec swish.toml",
             )
         spec = spec_from_flags(
-            args.name, args.forward, args.tensor, args.scalar, learnable=args.learnable, doc=args.doc
+            args.name,
+            args.forward,
+            args.tensor,
+            args.scalar,
+            learnable=args.learnable,
+            doc=args.doc,
+            fuse=bool(args.fuse),
+            policy=args.policy or "memory",
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -204,7 +231,9 @@ def _new_op(args: argparse.Namespace) -> int:
         for written in write_files(files, args.output_dir or ".", force=args.force):
             print(f"{written.status:>11}  {written.path}")
         return 0
-    spec_text = Path(args.spec).read_text(encoding="utf-8") if args.spec else None
+    # A spec file is copied into the project as written, unless flags changed it.
+    as_written = args.spec and args.fuse is None and args.policy is None
+    spec_text = Path(args.spec).read_text(encoding="utf-8") if as_written else None
     changes = new_op_changes(project, spec, spec_text=spec_text, force=args.force, time_limit=args.time_limit)
     apply_changes(project.root, changes)
     _report(changes)
@@ -241,6 +270,8 @@ def _update(args: argparse.Namespace) -> int:
         tensors=getattr(args, "tensor", ()),
         scalars=getattr(args, "scalar", ()),
         learnable=getattr(args, "learnable", ()),
+        fuse=getattr(args, "fuse", None),
+        policy=getattr(args, "policy", None),
     )
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
     if args.dry_run:
@@ -263,7 +294,7 @@ def _bench(args: argparse.Namespace) -> int:
     from . import bench  # imports torch, which no other command needs
 
     spec = load_spec(args.spec) if args.spec else bench.load_project_spec(args.name)
-    options = {"numel": args.numel, "min_time": args.min_time}
+    options = {"numel": args.numel, "min_time": args.min_time, "threads": args.threads}
     try:
         report = bench.bench_op(
             spec,

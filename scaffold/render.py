@@ -23,7 +23,7 @@ from .errors import DerivationError
 from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
-from .stable import primitives_used
+from .stable import DerivativeKernel, primitives_used
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
 
@@ -61,6 +61,8 @@ def _docstring_text(text: str) -> str:
 
 
 def _math(expr: sympy.Basic) -> str:
+    """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas."""
+    expr = expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).expanded(*e.args))
     return sympy.sstr(expr)
 
 
@@ -113,12 +115,14 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
     saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
+    # Fused, backward's math is a module-level function of plain arguments (torch.compile'd), not of ctx.
+    ctx = "" if spec.fuse else "ctx."
     code.scope()
     code.tensors |= {m.name for m in plan.masks}
-    backward = _blocks(code, plan.backward.shared, lambda i: f"ctx.needs_input_grad[{i}]", len(tensor_names))
+    backward = _blocks(code, plan.backward.shared, lambda i: f"{ctx}needs_input_grad[{i}]", len(tensor_names))
     gradients = []
     for g in plan.backward.terms:
-        shape = f"ctx.{g.name}_shape"
+        shape = f"{ctx}{g.name}_shape"
         lines = code.steps(g.steps)  # first: it records which temporaries are tensors
         if g.is_zero:
             value = f"{GRAD_OUTPUT}.new_zeros({shape})"
@@ -151,7 +155,14 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         if t.learnable
     ]
     return {
+        "fuse": spec.fuse,
+        "ctx": ctx,
         "forward_lines": forward_lines,
+        "saved_params": ", ".join(["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+                                  + [f"{n}_shape" for n in tensor_names]),
+        "saved_call": ", ".join(["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+                                + [f"ctx.{n}_shape" for n in tensor_names]),
+        "tensor_grads": _unpack([f"grad_{n}" for n in tensor_names]),
         "unpack": _unpack(unpack),
         "saved_args": ", ".join(saved_args),
         "saved_unpack": _unpack(list(plan.saved)),

@@ -1,0 +1,118 @@
+"""Fused mode (``fuse = true``): the op's math runs through torch.compile, with an eager fallback.
+
+Compiling takes seconds per op on CPU, so only a few ops are compiled here; speed is measured by
+``scaffold bench`` and benchmarks/run.py, not asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+
+import pytest
+import torch
+
+from scaffold import generate_op, write_files
+
+from .conftest import make_spec, run_pytest
+
+SWISH = {"x": {}, "beta": {"shape": [], "learnable": True, "init": 1.0}}
+
+
+def _load(folder, name):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fused_module_is_the_eager_math_behind_torch_compile():
+    eager = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH), time_limit=None)["swish.py"]
+    fused = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH, fuse=True), time_limit=None)["swish.py"]
+    assert "torch.compile" not in eager and "_Fused" not in eager
+    assert "def _forward(x, beta):" in fused and "def _backward(needs_input_grad, grad_output, x, beta" in fused
+    assert "return _fused_forward(x, beta)" in fused
+    assert "_fused_backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)" in fused
+    # The same math either way: the forward's line and the gradients' lines appear in both.
+    assert "return x * torch.sigmoid(beta * x)" in eager and "return x * torch.sigmoid(beta * x)" in fused
+    assert "grad_beta = (grad_output * tmp2 * x**2).sum_to_size(beta_shape)" in fused
+
+
+def test_generated_tests_of_fused_ops_pass(tmp_path):
+    # gradcheck, gradgradcheck (eager: double backward), torch.func (eager inside transforms), the reference
+    for spec in (
+        make_spec("swish_fused", "x / (1 + exp(-beta*x))", SWISH, fuse=True),
+        make_spec(
+            "leaky_fused", "Piecewise((x, x > 0), (alpha*x, True))", scalars={"alpha": {"default": 0.1}}, fuse=True
+        ),
+    ):
+        write_files(generate_op(spec), tmp_path)
+    result = run_pytest(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_fused_op_compiles_once_and_matches_eager(tmp_path):
+    write_files(generate_op(make_spec("mul_fused", "x*y", {"x": {}, "y": {"shape": [5]}}, fuse=True)), tmp_path)
+    module = _load(tmp_path, "mul_fused")
+    x = torch.randn(4, 5, requires_grad=True)
+    y = torch.randn(5, requires_grad=True)
+    out = module.mul_fused(x, y)
+    grad_x, grad_y = torch.autograd.grad(out, (x, y), torch.ones_like(out))
+    assert module._fused_forward.compiled is not None and not module._fused_forward.failed
+    assert module._fused_backward.compiled is not None and not module._fused_backward.failed
+    torch.testing.assert_close(out, x * y)
+    torch.testing.assert_close(grad_y, x.sum(0))  # summed back over the broadcast dimension
+
+
+def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypatch):
+    write_files(generate_op(make_spec("exp_fused", "exp(x)", fuse=True)), tmp_path)
+    module = _load(tmp_path, "exp_fused")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    x = torch.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="exp_fused: torch.compile failed, running eagerly from now on"):
+        out = module.exp_fused(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the backward's own compile fails too; the forward's is not retried
+        module._fused_backward.failed = True
+        (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        again = module.exp_fused(x)
+    assert module._fused_forward.failed
+    torch.testing.assert_close(out, torch.exp(x))
+    torch.testing.assert_close(grad, torch.exp(x))
+    torch.testing.assert_close(again, out)
+
+
+def test_cli_fuse_and_policy_flags(tmp_path, capsys):
+    from scaffold.cli import main
+
+    assert main(["new", "op", "e", "--forward", "exp(x)", "--tensor", "x", "--fuse", "-o", str(tmp_path)]) == 0
+    assert "_fused_forward = _Fused(_forward)" in (tmp_path / "e.py").read_text()
+    spec = tmp_path / "r.toml"
+    spec.write_text('name = "r"\nforward = "Max(x, 0)"\n\n[tensors.x]\n')
+    assert main(["new", "op", "--spec", str(spec), "--policy", "time", "-o", str(tmp_path)]) == 0
+    text = (tmp_path / "r.py").read_text()
+    assert "policy 'time'" in text and "ctx.save_for_backward(x)" in text and "_Fused" not in text
+
+
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        ('policy = "fast"', "policy must be one of 'memory', 'time', got 'fast'"),
+        ("fuse = 1", "fuse must be true or false, got 1"),
+    ],
+)
+def test_bad_fuse_or_policy_in_a_spec(tmp_path, capsys, key, message):
+    from scaffold.cli import main
+
+    spec = tmp_path / "r.toml"
+    spec.write_text(f'name = "r"\nforward = "Max(x, 0)"\n{key}\n\n[tensors.x]\n')
+    assert main(["new", "op", "--spec", str(spec), "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "r.py").exists()

@@ -1,0 +1,107 @@
+"""The backward plan's cost model, the printer's pass-saving forms and the fused kernels, on generated code."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import sympy
+import torch
+
+from scaffold import generate_op, write_files
+from scaffold.api import compile_op
+from scaffold.plan import OUTPUT
+from scaffold.printing import print_torch
+
+from .conftest import make_spec
+
+
+def _load(tmp_path, spec):
+    write_files(generate_op(spec, time_limit=None), tmp_path)
+    module_spec = importlib.util.spec_from_file_location(spec.name, tmp_path / f"{spec.name}.py")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _saved(function, *args):
+    """Bytes of the distinct storages autograd keeps for backward, and the result."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = function(*args)
+    return storages, out
+
+
+def test_relu_saves_a_bool_mask_not_its_input():
+    plan = compile_op(make_spec("relu", "Max(x, 0)")).plan
+    assert [m.name for m in plan.masks] == ["mask"] and plan.saved == ("mask",)
+    assert plan.cost.elements == plan.baseline.elements / 4
+
+
+def test_leaky_relu_mask_in_generated_code(tmp_path):
+    spec = make_spec("leaky", "Piecewise((x, x > 0), (alpha*x, True))", scalars={"alpha": {"default": 0.01}})
+    module = _load(tmp_path, spec)
+    text = (tmp_path / "leaky.py").read_text()
+    assert "mask = x > 0" in text and "ctx.save_for_backward(mask)" in text
+    assert "# Saves mask (a bool mask, 1 byte per element; 0.25x the bytes of saving the inputs)" in text
+    x = torch.randn(1000, dtype=torch.float64, requires_grad=True)
+    storages, out = _saved(module.leaky, x, 0.01)
+    assert [dtype for _, dtype in storages.values()] == [torch.bool]
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    # The slope keeps float64: where() over numbers alone would have made it float32 (0.0099999998).
+    assert grad[x < 0].unique().tolist() == [0.01]
+
+
+def test_tanh_reads_its_output_through_the_fused_kernel():
+    plan = compile_op(make_spec("t", "tanh(x)")).plan
+    assert plan.saved == (OUTPUT,)
+    files = generate_op(make_spec("t", "tanh(x)"), time_limit=None)
+    assert "torch.ops.aten.tanh_backward(grad_output, out)" in files["t.py"]
+
+
+def test_mask_not_taken_when_the_input_is_needed_anyway():
+    # huber needs the difference in one branch: a mask would add bytes, not remove any
+    forward = "Piecewise((0.5*(x - y)**2, Abs(x - y) <= 1), (Abs(x - y) - 0.5, True))"
+    plan = compile_op(make_spec("h", forward, {"x": {}, "y": {}})).plan
+    assert plan.masks == () and plan.saved == ("x", "y")
+
+
+def test_policy_time_prefers_fewer_operations():
+    memory = compile_op(make_spec("r", "Max(x, 0)")).plan
+    time = compile_op(make_spec("r", "Max(x, 0)", policy="time")).plan
+    assert memory.saved == ("mask",) and time.saved == ("x",)
+    assert time.cost.operations < memory.cost.operations and time.cost.elements > memory.cost.elements
+    assert "policy 'time'" in generate_op(make_spec("r", "Max(x, 0)", policy="time"), time_limit=None)["r.py"]
+
+
+def test_silu_and_gelu_become_primitives():
+    silu = generate_op(make_spec("s", "x / (1 + exp(-x))"), time_limit=None)["s.py"]
+    gelu = generate_op(make_spec("g", "x/2*(1 + erf(x/sqrt(2)))"), time_limit=None)["g.py"]
+    assert "return torch.nn.functional.silu(x)" in silu
+    assert "return torch.nn.functional.gelu(x)" in gelu and "torch.ops.aten.gelu_backward(grad_output, x)" in gelu
+    # The docstring shows the derivative's formula, not the kernel's name.
+    assert "gelu_grad" not in gelu
+
+
+@pytest.mark.parametrize(
+    "expr, text",
+    [
+        ("sqrt(2)*x*exp(-x**2/2)/(2*sqrt(pi))", "math.sqrt(2) / (2 * math.sqrt(math.pi)) * x * torch.exp(-1/2 * x**2)"),
+        ("3*x/2", "3/2 * x"),
+        ("x/2", "x / 2"),
+        ("-x*y", "-x * y"),
+        ("alpha*x*y/3", "alpha / 3 * x * y"),
+        ("(alpha + 1)*x", "(alpha + 1) * x"),
+        ("1/sqrt(x)", "torch.rsqrt(x)"),
+    ],
+)
+def test_numbers_are_multiplied_out_before_touching_a_tensor(expr, text):
+    symbols = {n: sympy.Symbol(n, real=True) for n in ("x", "y", "alpha")}
+    assert print_torch(sympy.sympify(expr, locals=symbols), {"x", "y"}, where="test")[0] == text
