@@ -1,0 +1,181 @@
+"""Benchmark scaffold's generated ops against plain PyTorch and PyTorch's own ops; print a markdown table.
+
+    python benchmarks/run.py                                  # the default ops, float32, 4 Mi elements
+    python benchmarks/run.py --ops gelu,mish --no-compile --min-time 0.2
+
+For every op (from tests/catalogue.py, with PyTorch's own implementation as the native op):
+:func:`scaffold.bench.bench_op`, then one table row of ratios of forward+backward time and of bytes
+saved for backward. The table goes to stdout, progress to stderr; nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Activations, losses and broadcasting ops with a native PyTorch equivalent (log_cosh has none).
+DEFAULT_OPS = (
+    "swish", "silu", "gelu", "gelu_tanh", "mish", "softplus", "elu", "leaky_relu", "logsigmoid", "hardswish",
+    "sigmoid", "tanh_op", "mse", "huber", "bce_with_logits", "log_cosh", "affine", "lerp", "mul",
+)  # fmt: skip
+
+COLUMNS = (
+    ("eager vs plain", "eager fwd+bwd"),
+    ("eager saved vs plain", "eager saved"),
+    ("eager vs native", "eager vs native"),
+    ("fused vs plain", "fused fwd+bwd"),
+    ("fused vs native", "fused vs native"),
+    ("fused vs torch.compile", "fused vs compiled"),
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", help=f"comma-separated catalogue ops (default: {','.join(DEFAULT_OPS)})")
+    parser.add_argument("--numel", type=int, default=None, help="elements per input (default: 4194304)")
+    parser.add_argument("--min-time", type=float, default=None, help="seconds each timing runs for (default: 1)")
+    parser.add_argument("--no-compile", action="store_true", help="skip scaffold fused and plain torch.compile")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16 or float16")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    return parser
+
+
+def _catalogue() -> dict:
+    return {op.name: op for op in importlib.import_module("catalogue").OPS}
+
+
+def _selected(text: str | None, catalogue: dict) -> list:
+    names = [n.strip() for n in text.split(",") if n.strip()] if text else list(DEFAULT_OPS)
+    unknown = [n for n in names if n not in catalogue]
+    if not names or unknown:
+        raise SystemExit(f"run.py: error: not in tests/catalogue.py: {', '.join(unknown) or 'no ops given'}")
+    return [catalogue[n] for n in names]
+
+
+def _ratios(report) -> dict[str, float | None]:
+    from scaffold import bench
+
+    def fwd_bwd(name: str | None) -> float | None:
+        row = report.row(name) if name else None
+        return row.fwd_bwd.median if row is not None and row.fwd_bwd is not None else None
+
+    def saved(name: str) -> int | None:
+        row = report.row(name)
+        return row.saved_bytes if row is not None else None
+
+    native = next((r.name for r in report.rows if r.name.startswith(bench.NATIVE_PREFIX)), None)
+    return {
+        "plain ms": fwd_bwd(bench.PLAIN),
+        "eager fwd+bwd": bench.ratio(fwd_bwd(bench.EAGER), fwd_bwd(bench.PLAIN)),
+        "eager saved": bench.ratio(saved(bench.EAGER), saved(bench.PLAIN)),
+        "eager vs native": bench.ratio(fwd_bwd(bench.EAGER), fwd_bwd(native)),
+        "fused fwd+bwd": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.PLAIN)),
+        "fused vs native": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(native)),
+        "fused vs compiled": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.COMPILED)),
+    }
+
+
+def _notes(report) -> str:
+    return "; ".join(f"{row.name}: {row.note}" for row in report.rows if row.note).replace("|", "\\|")
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _table(results: list[tuple[str, dict[str, float | None], str]], *, compiled: bool) -> list[str]:
+    columns = [(title, key) for title, key in COLUMNS if compiled or not key.startswith("fused")]
+    lines = [
+        "| op | plain autograd fwd+bwd (ms) | " + " | ".join(title for title, _ in columns) + " | note |",
+        "|---|---:|" + "---:|" * len(columns) + "---|",
+    ]
+    for name, ratios, note in results:
+        plain = ratios["plain ms"]
+        cells = [name, "—" if plain is None else f"{plain * 1e3:.2f}", *(_cell(ratios[key]) for _, key in columns)]
+        lines.append("| " + " | ".join([*cells, note]) + " |")
+    medians = {key: _median([r[key] for _, r, _ in results]) for _, key in columns}
+    cells = [f"**median of {len(results)} ops**", "", *(_cell(medians[key]) for _, key in columns), ""]
+    lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    summary = ", ".join(f"{title} {_cell(medians[key])}" for title, key in columns if medians[key] is not None)
+    lines.append(f"Medians over {len(results)} ops: {summary}.")
+    return lines
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # scaffold without installing it; the catalogue
+    from scaffold import bench
+    from scaffold.errors import ScaffoldError
+    from scaffold.spec import spec_from_mapping
+
+    ops = _selected(args.ops, _catalogue())
+    try:  # settings wrong for every op are reported once
+        bench.resolve_dtype(args.dtype), bench.resolve_device(args.device)
+    except ScaffoldError as exc:
+        print(f"run.py: error: {exc}", file=sys.stderr)
+        return 1
+    given = (("numel", args.numel), ("min_time", args.min_time), ("threads", args.threads))
+    options = {key: value for key, value in given if value is not None}
+    results = []
+    report = None
+    failed = False
+    for index, op in enumerate(ops, start=1):
+
+        def progress(message: str, prefix: str = f"[{index}/{len(ops)}] {op.name}: ") -> None:
+            print(prefix + message, file=sys.stderr, flush=True)
+
+        try:
+            report = bench.bench_op(
+                spec_from_mapping(op.mapping(), source=f"tests/catalogue.py: {op.name}"),
+                device=args.device,
+                dtype=args.dtype,
+                native=op.native,
+                native_name="torch",
+                compile=not args.no_compile,
+                progress=progress,
+                **options,
+            )
+        except ScaffoldError as exc:  # one op that cannot be benchmarked does not stop the others
+            print(f"run.py: error: {exc}", file=sys.stderr)
+            results.append(
+                (
+                    op.name,
+                    dict.fromkeys(["plain ms", *(key for _, key in COLUMNS)]),
+                    f"failed: {str(exc).splitlines()[0]}",
+                )
+            )
+            failed = True
+            continue
+        results.append((op.name, _ratios(report), _notes(report)))
+    if report is None:
+        return 1
+    compiled = "without torch.compile (--no-compile)" if args.no_compile else "with torch.compile"
+    print(f"Machine: {report.machine}.")
+    print(
+        f"{report.device}, {report.dtype}, {report.numel:,} elements per input, each timing at least "
+        f"{report.min_time:g} s (median of torch.utils.benchmark blocks), {compiled}."
+    )
+    print(
+        "Ratios of forward+backward time (`torch.autograd.grad` of the output) and of bytes saved for backward; "
+        "lower is better. plain = the forward as written in plain torch under autograd; native = PyTorch's own op."
+    )
+    print()
+    print("\n".join(_table(results, compiled=not args.no_compile)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
