@@ -22,8 +22,8 @@ class SwishFunction(torch.autograd.Function):
 
     Partial derivatives, each multiplied by grad_output in backward:
 
-        d out / d x = beta*x*sigmoid_grad(sigmoid(beta*x)) + sigmoid(beta*x)
-        d out / d beta = x**2*sigmoid_grad(sigmoid(beta*x))
+        d out / d x = beta*x*(1 - sigmoid(beta*x))*sigmoid(beta*x) + sigmoid(beta*x)
+        d out / d beta = x**2*(1 - sigmoid(beta*x))*sigmoid(beta*x)
     """
 
     # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
