@@ -250,7 +250,7 @@ def _saved_comment(plan: BackwardPlan) -> str:
         reasons.append("bool masks, 1 byte per element" if len(masks) > 1 else "a bool mask, 1 byte per element")
     if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:
         reasons.append(f"{plan.cost.elements / plan.baseline.elements:.2g}x the bytes of saving the inputs")
-    because = f" ({'; '.join(reasons)})" if reasons else ""
+    because = f" ({'; '.join(reasons)})" if reasons else ", what the gradient formulas read"
     return f"Saves {listed}{because}; policy {plan.policy!r}."
 
 

@@ -33,7 +33,7 @@ class QuadraticFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, a, b, c = inputs
-        # Saves x, a and b; policy 'memory'.
+        # Saves x, a and b, what the gradient formulas read; policy 'memory'.
         ctx.save_for_backward(x, a, b)
         # jvp reads x, a, b (forward mode saves separately from backward).
         ctx.save_for_forward(x, a, b)

@@ -38,7 +38,7 @@ class SmoothL1Function(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, target, beta = inputs
-        # Saves input and target; policy 'memory'.
+        # Saves input and target, what the gradient formulas read; policy 'memory'.
         ctx.save_for_backward(input, target)
         # jvp reads input, target (forward mode saves separately from backward).
         ctx.save_for_forward(input, target)

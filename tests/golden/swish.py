@@ -36,7 +36,7 @@ class SwishFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, beta = inputs
-        # Saves x and beta; policy 'memory'.
+        # Saves x and beta, what the gradient formulas read; policy 'memory'.
         ctx.save_for_backward(x, beta)
         # jvp reads x, beta (forward mode saves separately from backward).
         ctx.save_for_forward(x, beta)
