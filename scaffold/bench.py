@@ -42,11 +42,11 @@ from torch.utils import benchmark
 
 from .api import compile_op, generate_op
 from .domain import InputDomain
-from .errors import ScaffoldError, SpecError
+from .errors import BenchError, SpecError
 from .limits import TIME_LIMIT, run_with_time_limit
 from .project import find_project
 from .render import reference_module
-from .spec import OpSpec, check_identifier, load_spec
+from .spec import OpSpec, check_identifier
 
 #: Elements of the largest input by default: 4 Mi float32 values are 16 MiB, beyond most CPU caches.
 DEFAULT_NUMEL = 4 * 1024 * 1024
@@ -66,10 +66,6 @@ ROUNDS = 5
 SEED = 0
 #: Outputs further apart than this (relative and absolute) from plain autograd's get a note.
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-
-
-class BenchError(ScaffoldError):
-    """A benchmark cannot run as asked (no such device, dtype or native op)."""
 
 
 @dataclass(frozen=True)
@@ -189,11 +185,8 @@ def load_project_spec(name: str, start: str | Path = ".") -> OpSpec:
             where=str(Path(start).resolve()),
             hint=f"pass the spec file, e.g. scaffold bench --spec {name}.toml, or run it inside a project",
         )
-    path = project.spec_path(name)
-    if not (project.root / path).is_file():
-        known = ", ".join(project.spec_names()) or "none"
-        raise SpecError(f"{path} does not exist", where=str(project.root), hint=f"the project's ops: {known}")
-    return load_spec(project.root / path, source=str(path))
+    known = ", ".join(project.spec_names()) or "none"
+    return project.load_op_spec(name, missing_hint=f"the project's ops: {known}")
 
 
 # --- inputs ------------------------------------------------------------------------------------------

@@ -45,3 +45,7 @@ class WriteError(ScaffoldError):
 
 def _rebuild(cls: type[ScaffoldError], message: str, where: str | None, hint: str | None) -> ScaffoldError:
     return cls(message, where=where, hint=hint)
+
+
+class BenchError(ScaffoldError):
+    """A benchmark cannot run as asked (no such device, dtype or native op)."""

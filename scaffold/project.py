@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from ._version import __version__
 from .errors import SpecError, WriteError
-from .spec import check_identifier
+from .spec import OpSpec, check_identifier, load_spec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -108,6 +108,20 @@ class Project:
         """Whether tests/conftest.py defines the ``device`` fixture generated tests can share."""
         conftest = self.read(PurePosixPath("tests") / "conftest.py") or ""
         return re.search(r"^def device\(", conftest, re.MULTILINE) is not None
+
+    def load_op_spec(self, name: str, *, missing_hint: str) -> OpSpec:
+        """The spec of op ``name`` (specs/NAME.toml), which must name the op as its file does."""
+        path = self.spec_path(name)
+        if not (self.root / path).is_file():
+            raise SpecError(f"{path} does not exist", where=str(self.root), hint=missing_hint)
+        spec = load_spec(self.root / path, source=str(path))
+        if spec.name != name:
+            raise SpecError(
+                f"the spec is named {spec.name!r} but its file is {path.name}",
+                where=f"{path}: name",
+                hint=f"rename the file to {spec.name}.toml or set name = {name!r}",
+            )
+        return spec
 
     def spec_names(self) -> list[str]:
         """The ops that have a spec, sorted."""
