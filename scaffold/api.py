@@ -7,10 +7,12 @@ write_files(files, "ops/")               # atomic, refuses to clobber without fo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from .derivation import Derivation, derive
 from .domain import InputDomain, infer_domains
+from .errors import ScaffoldWarning
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
@@ -52,15 +54,21 @@ def generate_op(
     a worker process that is stopped after ``time_limit`` seconds (None: in this process, no limit).
     """
     args = (spec, module_import, shared_device_fixture)
-    if time_limit is None:
-        return _generate(*args)
     where = f"{spec.source}: forward"
-    return run_with_time_limit(_generate, args, seconds=time_limit, where=where, what="deriving the op")
+    if time_limit is None:
+        files, notes = _generate(*args)
+    else:
+        files, notes = run_with_time_limit(_generate, args, seconds=time_limit, where=where, what="deriving the op")
+    for note in notes:  # raised here, not in the worker process, so that callers see them
+        warnings.warn(ScaffoldWarning(f"{where}: {note}"), stacklevel=2)
+    return files
 
 
-def _generate(spec: OpSpec, module_import: str | None, shared_device_fixture: bool) -> dict[str, str]:
+def _generate(
+    spec: OpSpec, module_import: str | None, shared_device_fixture: bool
+) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
-    return render_op(
+    files = render_op(
         spec,
         op.derivation,
         op.plan,
@@ -68,3 +76,4 @@ def _generate(spec: OpSpec, module_import: str | None, shared_device_fixture: bo
         module_import=module_import,
         shared_device_fixture=shared_device_fixture,
     )
+    return files, op.derivation.warnings

@@ -7,13 +7,14 @@ import dataclasses
 import difflib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from ._version import __version__
 from .api import generate_op
 from .changes import FileChange, Flags, new_op_changes, update_changes
-from .errors import ScaffoldError, SpecError
+from .errors import ScaffoldError, ScaffoldWarning, SpecError
 from .limits import TIME_LIMIT
 from .project import find_project, new_project
 from .spec import POLICIES, load_spec, spec_from_flags
@@ -373,8 +374,22 @@ def _attach_dashed_values(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else argv))
-    try:
-        return args.handler(args)
-    except ScaffoldError as exc:
-        print(f"scaffold: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ScaffoldWarning)
+        warnings.showwarning = _show_warning
+        try:
+            return args.handler(args)
+        except ScaffoldError as exc:
+            print(f"scaffold: error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """scaffold's own warnings as one line on stderr, like its errors; any other warning as Python shows it."""
+    if issubclass(category, ScaffoldWarning):
+        print(f"scaffold: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)

@@ -27,6 +27,10 @@ class ScaffoldError(Exception):
         return text
 
 
+class ScaffoldWarning(UserWarning):
+    """Something about a generated op its author may not expect (the op is still generated and correct)."""
+
+
 class SpecError(ScaffoldError):
     """The op spec (TOML file or command-line flags) is malformed."""
 

@@ -227,16 +227,31 @@ def _rank(cost: Cost, policy: str) -> tuple[float, float]:
 
 
 def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
-    """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise (where no
-    branch needs its input kept inside a region, see printing) and of steps (Heaviside, 0 or 1 at 0)."""
-    from .printing import RESTRICTED  # the printer clamps such branches using the condition itself
+    """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise and of steps
+    (Heaviside, 0 or 1 at 0), except where the printer keeps a branch's or a step's other factors inside
+    the region using the condition itself (see printing.needs_guard)."""
+    from .printing import needs_guard  # the printer clamps such branches using the condition itself
 
     found: list[sympy.Basic] = []
     for expr in exprs:
-        for node in sympy.preorder_traversal(expr):
-            if isinstance(node, sympy.Piecewise) and not any(p.expr.has(*RESTRICTED) for p in node.args):
+        nodes = list(sympy.preorder_traversal(expr))
+        # A step whose other factors would overflow outside it is printed with their input kept inside it.
+        guarded = {
+            f
+            for n in nodes
+            if isinstance(n, sympy.Mul) and needs_guard(n)
+            for f in n.args
+            if isinstance(f, sympy.Heaviside)
+        }
+        for node in nodes:
+            if isinstance(node, sympy.Piecewise) and not any(needs_guard(p.expr) for p in node.args):
                 conds = [p.cond for p in node.args if p.cond.free_symbols & tensors]
-            elif isinstance(node, sympy.Heaviside) and node.args[1] in (0, 1) and node.free_symbols & tensors:
+            elif (
+                isinstance(node, sympy.Heaviside)
+                and node.args[1] in (0, 1)
+                and node.free_symbols & tensors
+                and node not in guarded
+            ):
                 conds = [_step_condition(node)]
             else:
                 continue

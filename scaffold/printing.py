@@ -207,10 +207,13 @@ class TorchPrinter(StrPrinter):
         steps = [m for m in masks if isinstance(m, sympy.Heaviside) or _is_indicator(m)]
         if steps:
             # A step selects rather than multiplies: where() keeps an overflowing factor it zeroes
-            # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan.
+            # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan, and the factor's input is kept
+            # where the step is 1, so that its gradient is not 0 * inf = nan either (double backward).
             rest = sympy.Mul(*[f for f in expr.args if f not in steps])
-            conditions = [self._step_condition(m) for m in steps]
-            condition = conditions[0] if len(conditions) == 1 else " & ".join(f"({c})" for c in conditions)
+            conditions = [_step_relational(m) for m in steps]
+            if len(conditions) == 1:
+                return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
+            condition = " & ".join(f"({self._print(c)})" for c in conditions)
             return f"torch.where({condition}, {self._print(rest)}, 0)"
         cases = [m for m in masks if isinstance(m, sympy.Piecewise)]
         if len(cases) == 1:
@@ -279,19 +282,6 @@ class TorchPrinter(StrPrinter):
         if isinstance(factor, sympy.Piecewise):
             return self.is_tensor(factor) and not any(self.is_tensor(p.expr) for p in factor.args)
         return False
-
-    def _step_condition(self, step: sympy.Heaviside | sympy.Piecewise) -> str:
-        """Where a Heaviside step with value 0 or 1 at 0 is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
-        if isinstance(step, sympy.Piecewise):  # an indicator: 1 where its condition holds
-            return self._print(step.args[0].cond)
-        arg, at_zero = step.args
-        constant, terms = arg.as_coeff_add()
-        lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
-        greater = True
-        if lhs.could_extract_minus_sign():
-            lhs, rhs, greater = -lhs, -rhs, False
-        op = (">" if greater else "<") + ("=" if at_zero == 1 else "")
-        return f"{self._print(lhs)} {op} {self._print(rhs)}"
 
     # -- functions --------------------------------------------------------------------------------
 
@@ -430,7 +420,7 @@ class TorchPrinter(StrPrinter):
     def _print_branch(self, value: sympy.Expr, region: sympy.Basic) -> str:
         """Print one Piecewise value; keep its input inside its region when its functions need that."""
         guard = _region_bound(region, self.tensors)
-        if guard is None or (not value.has(*RESTRICTED) and not _has_singular_power(value)):
+        if guard is None or not needs_guard(value):
             return self._print(value)
         symbol, inside = guard
         condition = self._print(region)
@@ -439,6 +429,18 @@ class TorchPrinter(StrPrinter):
             return self._print(value)
         finally:
             self._substitutions.pop()
+
+
+def _step_relational(step: sympy.Heaviside | sympy.Piecewise) -> sympy.Basic:
+    """Where a step (a Heaviside with value 0 or 1 at 0, or an indicator) is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
+    if isinstance(step, sympy.Piecewise):  # an indicator: 1 where its condition holds
+        return step.args[0].cond
+    arg, at_zero = step.args
+    constant, terms = arg.as_coeff_add()
+    lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
+    if lhs.could_extract_minus_sign():
+        return (sympy.Le if at_zero == 1 else sympy.Lt)(-lhs, -rhs, evaluate=False)
+    return (sympy.Ge if at_zero == 1 else sympy.Gt)(lhs, rhs, evaluate=False)
 
 
 def _is_indicator(expr: sympy.Basic) -> bool:
@@ -452,10 +454,21 @@ def _is_indicator(expr: sympy.Basic) -> bool:
     )
 
 
-def _has_singular_power(expr: sympy.Basic) -> bool:
-    return any(
-        isinstance(p, sympy.Pow) and p.exp.is_Number and (p.exp.is_negative or not p.exp.is_Integer)
-        for p in sympy.preorder_traversal(expr)
+#: Functions that overflow for large inputs: in an untaken branch their derivative may be inf, and
+#: where() passes the branch a zero gradient, so double backward would compute 0 * inf = nan.
+_GROWING = (
+    sympy.exp, cfunctions.expm1, cfunctions.exp2, sympy.sinh, sympy.cosh, sympy.tan, sympy.sec, sympy.csc,
+    sympy.cot, stable.erfcx,
+)  # fmt: skip
+
+
+def needs_guard(value: sympy.Basic) -> bool:
+    """Whether a Piecewise branch must see its input kept inside its region: the branch's functions are
+    undefined (log, sqrt, ...), infinite (1/x) or overflow (exp, x**3) elsewhere, and the untaken branch
+    of a where() would put nan into the gradient (log) or into the gradient's gradient (exp)."""
+    return value.has(*RESTRICTED, *_GROWING) or any(
+        isinstance(p, sympy.Pow) and not (p.exp.is_Number and p.exp in (0, 1, 2))
+        for p in sympy.preorder_traversal(value)
     )
 
 

@@ -222,6 +222,11 @@ class DerivativeKernel(StableFunction):
         raise NotImplementedError
 
     @classmethod
+    def accurate(cls, x: sympy.Expr) -> sympy.Expr:
+        """The derivative in a form that keeps its relative accuracy in float32 tails (default: expanded)."""
+        return cls.expanded(x)
+
+    @classmethod
     def literal(cls, x):
         return to_literal(cls.expanded(x))
 
@@ -240,6 +245,11 @@ class sigmoid_grad(DerivativeKernel):  # noqa: N801
     def expanded(cls, s):
         return s * (1 - s)
 
+    @classmethod
+    def accurate(cls, s):
+        # 1 - s is 0 in float32 once s rounds to 1 (u > 17), where the derivative is still e**-u.
+        return s * sigmoid(-s.args[0]) if isinstance(s, sigmoid) else cls.expanded(s)
+
 
 class tanh_grad(DerivativeKernel):  # noqa: N801
     """d tanh(u) / du in terms of t = tanh(u): 1 - t**2."""
@@ -250,6 +260,16 @@ class tanh_grad(DerivativeKernel):  # noqa: N801
     @classmethod
     def expanded(cls, t):
         return 1 - t**2
+
+    @classmethod
+    def accurate(cls, t):
+        # 1 - tanh(u)**2 cancels to 0 in float32 once |tanh(u)| rounds to 1 (|u| > 9); 1 / cosh(u)**2 does
+        # not, but its own derivative is inf / inf at |u| > 44. 4 * sigmoid(2u) * sigmoid(-2u) is accurate,
+        # and so is everything autograd derives from it.
+        if not isinstance(t, sympy.tanh):
+            return cls.expanded(t)
+        u = t.args[0]
+        return 4 * sigmoid(2 * u) * sigmoid(-2 * u)
 
 
 class gelu_grad(DerivativeKernel):  # noqa: N801
@@ -267,6 +287,25 @@ PRIMITIVES: tuple[type[StableFunction], ...] = (
     softplus, sigmoid, logsigmoid, logaddexp, xlogy, erfcx, ndtr, log_ndtr, logit, silu, gelu,
 )  # fmt: skip
 KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
+
+
+def accurate_kernels(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
+    """``expr`` with its derivative kernels in their accurate forms, unless ``expr`` is one kernel times
+    numbers or scalars.
+
+    A fused kernel such as ``sigmoid_backward(grad, s)`` computes ``s * (1 - s)``, which in float32 is 0
+    for u > 17 where the true value is e**-u: harmless on its own (PyTorch's sigmoid has the same tail),
+    but not once it multiplies another tensor (``x**2 * sigmoid'(beta*x)``, the gradient of a learnable
+    slope) or is added to other terms: there the lost relative accuracy becomes an absolute error.
+    """
+    kernels = [e for e in sympy.preorder_traversal(expr) if isinstance(e, DerivativeKernel)]
+    factors = expr.args if expr.is_Mul else (expr,)
+    others = [f for f in factors if not isinstance(f, DerivativeKernel)]
+    if len(kernels) <= 1 and len(others) == len(factors) - len(kernels) and not any(
+        f.free_symbols & set(tensors) for f in others
+    ):
+        return expr  # no kernel, or one kernel times numbers and scalars
+    return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).accurate(*e.args))
 
 
 def to_literal(expr: sympy.Basic) -> sympy.Basic:
@@ -435,6 +474,10 @@ class _Rewriter:
             # 1 - tanh(u)**2, the derivative of tanh(u), in terms of tanh(u): one fused kernel
             if f.is_Pow and f.exp == 2 and isinstance(f.base, sympy.tanh) and coefficient == -constant:
                 rest[i] = constant * tanh_grad(f.base)
+                return sympy.Add(*rest)
+            # c - c * sigmoid(u) = c * sigmoid(-u): 1 - sigmoid(u) is 0 in float32 for u > 17
+            if isinstance(f, sigmoid) and coefficient == -constant:
+                rest[i] = constant * sigmoid(-f.args[0])
                 return sympy.Add(*rest)
             # c - 2c * sigmoid(w) = c * tanh(-w / 2), as in d/du log(cosh(u)) = 1 - 2 * sigmoid(-2u)
             if isinstance(f, sigmoid) and coefficient == -2 * constant:

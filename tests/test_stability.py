@@ -27,6 +27,8 @@ REAL = (-1e4, -1000.0, -100.0, -88.0, -30.0, -10.0, -2.5, -1.0, -0.3, -1e-3, 1e-
 REAL += (88.0, 100.0, 1000.0, 1e4)
 POSITIVE = (1e-30, 1e-6, 1e-3, 0.3, 1.0, 2.5, 10.0, 100.0, 1e4, 1e30)
 UNIT = (1e-6, 1e-3, 0.1, 0.5, 0.9, 1 - 1e-3, 1 - 2**-20)
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,44 @@ CASES = [
         lambda x, y: F.poisson_nll_loss(x, y, log_input=True, full=False, reduction="none"),
         {"x": (-100.0, -10.0, 0.5, 10.0, 80.0), "y": (0.0, 1.0, 100.0)},
     ),
+    # Derivative kernels multiplied by another tensor keep their relative accuracy in the tails: the
+    # gradient of a learnable slope is x**2 * sigmoid'(u), and s * (1 - s) is 0 in float32 for u > 17.
+    Case(
+        "swish_slope",
+        "x / (1 + exp(-2*beta*x))",
+        lambda x, beta: x * torch.sigmoid(2 * beta * x),
+        {"x": REAL, "beta": (-1.0, 1e-3, 0.5, 1.0, 10.0)},
+    ),
+    Case(
+        "mish_slope",
+        "x * tanh(log(1 + exp(beta*x)))",
+        lambda x, beta: x * torch.tanh(F.softplus(beta * x)),
+        {"x": REAL, "beta": (1e-3, 0.5, 1.0, 10.0)},
+    ),
+    Case("tanh_scaled", "tanh(w * x)", lambda w, x: torch.tanh(w * x), {"w": (-3.0, 1e-3, 0.5, 10.0), "x": REAL}),
+    # 1 - sigmoid(x) is sigmoid(-x), also inside a power: the focal term divided 0 by 0 for |x| > 17.
+    *(
+        Case(
+            f"focal_{name}",
+            "(1 - 1/(1 + exp(-x)))**gamma * log(1/(1 + exp(-x)))",
+            lambda x, gamma=gamma: torch.sigmoid(-x) ** gamma * F.logsigmoid(x),
+            {"x": REAL},
+            scalars={"gamma": {"default": gamma}},
+        )
+        for name, gamma in (("gamma2", 2.0), ("gamma_half", 0.5))
+    ),
+    # Powers with a symbolic exponent differentiate to n*x**(n - 1), finite at 0 (not n*x**n/x).
+    *(
+        Case(f"power_{name}", "x**n", lambda x, n=n: x**n, {"x": (0.0, *POSITIVE)}, scalars={"n": {"default": n}})
+        for name, n in (("one", 1.0), ("three_halves", 1.5), ("five_halves", 2.5))
+    ),
+    Case(
+        "abs_power",
+        "Abs(x)**p",
+        lambda x: x.abs() ** 1.5,
+        {"x": (0.0, *REAL)},
+        scalars={"p": {"default": 1.5}},
+    ),
 ]
 
 
@@ -193,3 +233,25 @@ def test_literal_formula_is_not_stable():
     literal, native = torch.log(1 + torch.exp(x)).detach(), F.softplus(x).detach()
     with pytest.raises(AssertionError, match="not finite"):
         _check("value", literal, native, native.double(), [x.detach()], rtol=1e-5, atol=1e-6)
+
+
+SECOND_ORDER = [
+    Case("elu", "Piecewise((x, x > 0), (exp(x) - 1, True))", F.elu, {"x": REAL}),
+    Case("selu", f"{SELU_SCALE}*Piecewise((x, x > 0), ({SELU_ALPHA}*(exp(x) - 1), True))", F.selu, {"x": REAL}),
+    Case("celu", "Max(x, 0) + Min(0, 2*(exp(x/2) - 1))", lambda x: F.celu(x, alpha=2.0), {"x": REAL}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SECOND_ORDER, ids=[c.name for c in SECOND_ORDER])
+def test_untaken_branches_are_safe_at_second_order(case, tmp_path):
+    """Double backward through a torch.where: the untaken branch gets a zero gradient, and 0 * exp(100) is
+    nan in float32 unless the branch's input is kept inside its region."""
+    op = _load(case, tmp_path)
+    scalars = [v["default"] for v in case.scalars.values()]
+    (x,) = (x.requires_grad_() for x in _grid(case))
+    (grad,) = torch.autograd.grad(op(x, *scalars).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    exact = x.detach().double().requires_grad_()
+    (exact_grad,) = torch.autograd.grad(case.native(exact).sum(), exact, create_graph=True)
+    (exact_second,) = torch.autograd.grad(exact_grad.sum(), exact)
+    _check("second derivative", second, exact_second.float(), exact_second, [x.detach()], rtol=1e-4, atol=1e-6)
