@@ -294,9 +294,7 @@ def _with_masks(
         return sympy.Piecewise(*pairs)
 
     if symbols:
-        exprs = [
-            e.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), mask) for e in exprs
-        ]
+        exprs = [e.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), mask) for e in exprs]
     read = {s.name for e in exprs for s in e.free_symbols}
     tensors = set(sizes.shapes)
     elements = sum(sizes.of({n}) for n in read & tensors)

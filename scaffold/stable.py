@@ -301,8 +301,10 @@ def accurate_kernels(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sy
     kernels = [e for e in sympy.preorder_traversal(expr) if isinstance(e, DerivativeKernel)]
     factors = expr.args if expr.is_Mul else (expr,)
     others = [f for f in factors if not isinstance(f, DerivativeKernel)]
-    if len(kernels) <= 1 and len(others) == len(factors) - len(kernels) and not any(
-        f.free_symbols & set(tensors) for f in others
+    if (
+        len(kernels) <= 1
+        and len(others) == len(factors) - len(kernels)
+        and not any(f.free_symbols & set(tensors) for f in others)
     ):
         return expr  # no kernel, or one kernel times numbers and scalars
     return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).accurate(*e.args))

@@ -72,3 +72,32 @@ def test_python_dash_m(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "test_swish.py").exists()
+
+
+def test_a_gradient_that_is_zero_everywhere_is_a_warning_not_an_error(tmp_path, capsys):
+    """sign(x) generates (its gradient is 0 away from 0, as torch.sign's), and the user is told so."""
+    code = main(["new", "op", "step_mix", "--forward", "sign(x) * y", "--tensor", "x", "--tensor", "y",
+                 "--output-dir", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err.count("scaffold: warning:") == 1, err
+    assert "gradient with respect to 'x' is zero everywhere: it enters only through sign(x)" in err
+    assert "hint: for a gradient through a step use a smooth surrogate" in err
+    assert (tmp_path / "step_mix.py").is_file()
+
+
+def test_library_reports_a_zero_gradient_as_a_scaffold_warning():
+    import warnings
+
+    from scaffold import generate_op
+    from scaffold.errors import ScaffoldWarning
+
+    from .conftest import make_spec
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generate_op(make_spec("steps", "Heaviside(x) + y**2", {"x": {}, "y": {}}), time_limit=None)
+        generate_op(make_spec("smooth", "x * y", {"x": {}, "y": {}}), time_limit=None)
+    messages = [str(w.message) for w in caught if issubclass(w.category, ScaffoldWarning)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("steps.toml: forward: the gradient with respect to 'x' is zero everywhere")
