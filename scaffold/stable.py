@@ -12,6 +12,7 @@ stay plain Python):
 * ``log(exp(a) + exp(b) + ...)`` -> ``logaddexp(a, logaddexp(b, ...))``
 * ``1 / (1 + exp(-u))`` -> ``sigmoid(u)``; ``exp(u) / (1 + exp(u))`` too
 * ``log(sigmoid(u))``, ``log(1 - sigmoid(u))`` -> ``logsigmoid(u)``, ``logsigmoid(-u)``
+* ``1 - sigmoid(u)`` -> ``sigmoid(-u)``; ``1 - tanh(u)``, ``1 + tanh(u)`` -> ``2*sigmoid(-2*u)``, ``2*sigmoid(2*u)``
 * ``log(1 + u)`` -> ``log1p(u)``
 * ``exp(u) - 1`` -> ``expm1(u)``
 * ``exp(u) / (exp(u) + exp(v))`` -> ``sigmoid(u - v)``; with more terms ``exp(u - logaddexp(...))``
@@ -22,6 +23,10 @@ stay plain Python):
 * ``log(erfc(u))`` -> ``log(2) + log_ndtr(-sqrt(2) * u)``
 * ``log(u / (1 - u))`` -> ``logit(u)``
 * ``log(cosh(u))`` -> ``u + softplus(-2*u) - log(2)``
+
+Derivatives are written in forms that keep their relative accuracy in float32 tails (``sigmoid'(u)`` as
+``sigmoid(u)*sigmoid(-u)``, ``tanh'(u)`` as ``4*sigmoid(2*u)*sigmoid(-2*u)``) wherever they multiply another
+tensor (:func:`accurate_kernels`); alone, they stay PyTorch's fused backward kernels.
 
 Each primitive is a sympy ``Function`` with its derivative (``fdiff``) written in stable primitives and
 its literal formula (:func:`to_literal`), which the test reference and the domain checks evaluate.
@@ -480,6 +485,10 @@ class _Rewriter:
             # c - c * sigmoid(u) = c * sigmoid(-u): 1 - sigmoid(u) is 0 in float32 for u > 17
             if isinstance(f, sigmoid) and coefficient == -constant:
                 rest[i] = constant * sigmoid(-f.args[0])
+                return sympy.Add(*rest)
+            # c -+ c * tanh(u) = 2c * sigmoid(-+2u): 1 - tanh(u) is 0 in float32 for u > 9
+            if isinstance(f, sympy.tanh) and abs(coefficient) == abs(constant):
+                rest[i] = 2 * constant * sigmoid(2 * f.args[0] * sympy.sign(coefficient / constant))
                 return sympy.Add(*rest)
             # c - 2c * sigmoid(w) = c * tanh(-w / 2), as in d/du log(cosh(u)) = 1 - 2 * sigmoid(-2u)
             if isinstance(f, sigmoid) and coefficient == -2 * constant:
