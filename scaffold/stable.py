@@ -434,17 +434,18 @@ class _Rewriter:
 
     def _pow(self, node: sympy.Pow) -> sympy.Expr | None:
         base, exponent = node.args
-        if not (base.is_Add and exponent.is_Number):
+        if not base.is_Add:
             return None
         constant, terms = base.as_coeff_add()
-        # 1 / (c + k exp(u)) = sigmoid(-(u + log(k/c))) / c
-        if exponent.is_negative and constant.is_positive and len(terms) == 1:
+        # 1 / (c + k exp(u)) = sigmoid(-(u + log(k/c))) / c, also to a symbolic power: (1 + exp(-x))**-gamma
+        negative = exponent.is_negative or (not exponent.is_Number and exponent.could_extract_minus_sign())
+        if negative and constant.is_positive and len(terms) == 1:
             u = self._exp_term(terms[0])
             if u is not None:
                 shift = sympy.log(constant)
                 return (sigmoid(shift - u) / constant) ** (-exponent)
         # (x**2 + y**2) ** (k/2) = hypot(x, y) ** k
-        if (2 * exponent).is_odd and constant == 0 and len(terms) >= 2:
+        if exponent.is_Number and (2 * exponent).is_odd and constant == 0 and len(terms) >= 2:
             roots = [self._square_root(t) for t in terms]
             if all(r is not None for r in roots):
                 total = roots[0]

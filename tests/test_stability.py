@@ -156,6 +156,13 @@ CASES = [
         )
         for name, gamma in (("gamma2", 2.0), ("gamma_half", 0.5))
     ),
+    Case(
+        "focal_negative_class",
+        "(1/(1 + exp(-x)))**gamma * log(1 - 1/(1 + exp(-x)))",
+        lambda x: torch.sigmoid(x) ** 2.0 * F.logsigmoid(-x),
+        {"x": REAL},
+        scalars={"gamma": {"default": 2.0}},
+    ),
     # Powers with a symbolic exponent differentiate to n*x**(n - 1), finite at 0 (not n*x**n/x).
     *(
         Case(f"power_{name}", "x**n", lambda x, n=n: x**n, {"x": (0.0, *POSITIVE)}, scalars={"n": {"default": n}})
