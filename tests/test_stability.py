@@ -157,10 +157,13 @@ CASES = [
         for name, gamma in (("gamma2", 2.0), ("gamma_half", 0.5))
     ),
     Case(
-        "focal_negative_class",
-        "(1/(1 + exp(-x)))**gamma * log(1 - 1/(1 + exp(-x)))",
-        lambda x: torch.sigmoid(x) ** 2.0 * F.logsigmoid(-x),
-        {"x": REAL},
+        "focal_binary",
+        "-y*(1 - 1/(1 + exp(-x)))**gamma*log(1/(1 + exp(-x)))"
+        " - (1 - y)*(1/(1 + exp(-x)))**gamma*log(1 - 1/(1 + exp(-x)))",
+        lambda x, y: (
+            -y * torch.sigmoid(-x) ** 2.0 * F.logsigmoid(x) - (1 - y) * torch.sigmoid(x) ** 2.0 * F.logsigmoid(-x)
+        ),
+        {"x": REAL, "y": (0.0, 0.25, 1.0)},
         scalars={"gamma": {"default": 2.0}},
     ),
     # Powers with a symbolic exponent differentiate to n*x**(n - 1), finite at 0 (not n*x**n/x).
