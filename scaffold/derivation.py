@@ -161,7 +161,8 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
             # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
             # unlike simplify().
             derivative = sympy.factor_terms(derivative)
-        derivative = _merge_powers(accurate_kernels(stabilize(derivative, tensors), tensors))
+        derivative = stabilize(accurate_kernels(stabilize(derivative, tensors), tensors), tensors)
+        derivative = _merge_powers(derivative)
         for node in sympy.preorder_traversal(derivative):
             if isinstance(node, _UNEVALUATED):
                 raise DerivationError(

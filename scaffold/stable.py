@@ -515,6 +515,16 @@ class _Rewriter:
                 factors.remove(f)
                 factors.remove(sigmoid(-f.args[0]))
                 return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
+        # exp(a) * sigmoid(b)**k = exp(a + k*logsigmoid(b)): exp(a) may overflow where the product is finite
+        # (x*exp(x)*sigmoid(-2*exp(x)), the derivative of x*tanh(exp(x))), and inf * 0 is nan. (Not with
+        # ndtr: the derivative of log_ndtr overflows at second order where ndtr's does not.)
+        exps = [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
+        bounded = [f for f in factors if _log_of_bounded(f) is not None and self.is_tensor(f)]
+        if len(exps) == 1 and bounded:
+            for f in (*exps, *bounded):
+                factors.remove(f)
+            exponent = exps[0].args[0] + sympy.Add(*[_log_of_bounded(f) for f in bounded])
+            return coefficient * sympy.exp(exponent) * sympy.Mul(*factors)
         # exp(a) / (exp(a) + exp(b) + ...): sigmoid(a - b) for two terms, exp(a - logaddexp(a, b, ...)) for more
         for f in factors:
             for g in factors:
@@ -556,6 +566,14 @@ class _Rewriter:
         for u in exponents[1:]:
             total_log = logaddexp(total_log, u)
         return sympy.exp(a - total_log)
+
+
+def _log_of_bounded(f: sympy.Expr) -> sympy.Expr | None:
+    """``log(f)`` in stable primitives for ``f`` a sigmoid (or a numeric power of one), else None."""
+    base, exponent = f.as_base_exp() if f.is_Pow else (f, sympy.S.One)
+    if exponent.is_Number and isinstance(base, sigmoid):
+        return exponent * logsigmoid(base.args[0])
+    return None
 
 
 def _factor_out(
