@@ -1,14 +1,30 @@
-"""Where the generated tests draw their inputs from.
+"""Where the generated tests draw their inputs from, and where the op is defined.
 
-For each tensor argument: an interval (declared in the spec, or inferred from the functions the forward
-applies to it: log needs a positive input, atanh one inside (-1, 1), ...) and points to stay away from
-(declared, or inferred from the kinks of Abs, sign, Heaviside, Max, Min and Piecewise conditions, and the
-poles of divisions). Inference handles arguments that are affine in one tensor (``log(2*x - 1)``); for
-anything else it keeps the tensors involved positive, and the spec can always say better.
+For each tensor argument:
+
+* its **support**, where the op is defined in that tensor: an interval whose ends may be infinite, each
+  open or closed. Declared in the spec (``domain = [a, b]`` is the closed support [a, b]), or inferred
+  from what the forward applies to the tensor: log needs a positive input, ``x**2.5`` or ``x**n`` with a
+  float scalar ``n`` a base >= 0, atanh an input in (-1, 1), acosh one >= 1, tan stays between its poles.
+  Only what needs restricting is restricted: an argument that is provably in range (``log(1 + exp(x))``,
+  ``Abs(x)**p``, ``log(sigmoid(x))``) restricts nothing, and an integer power (a number or an int scalar
+  exponent) is defined everywhere but at a pole of a negative exponent.
+* its **special points**: the closed ends of the support and the zeros of the base of a power with a
+  non-integer or symbolic exponent (0 for ``x**n`` or ``Abs(x)**p``, 1 for ``(x - 1)**1.5``), where
+  derivatives written as ``n*x**n/x`` turn into 0/0.
+* an **interval** the random test inputs are drawn from (inside the support, away from its ends) and
+  **points to avoid** (declared, or inferred from the kinks of Abs, sign, Heaviside, Max, Min and
+  Piecewise conditions and the poles of divisions), where finite differences are meaningless.
+
+Inference handles arguments that are affine in one tensor (``log(2*x - 1)``). An argument that is
+neither affine nor provably in range (``log(p / (1 - p))``) is left to a numeric check (:func:`_repair`),
+which samples the forward and its derivatives and tries other intervals where they are not finite and
+real; the spec can always say better.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -19,26 +35,73 @@ from sympy.codegen import cfunctions
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .spec import OpSpec
-from .stable import to_literal
+from .stable import stabilize, to_literal
 
 DEFAULT_DOMAIN = (-3.0, 3.0)
 WIDTH = 3.0  # width of an inferred interval bounded on one side only
 MARGIN = 0.25  # distance kept from an inferred bound
 
 _POSITIVE = (sympy.log, cfunctions.log2, cfunctions.log10, sympy.loggamma, sympy.digamma, sympy.polygamma)
-_UNIT = (sympy.asin, sympy.acos, sympy.atanh, sympy.erfinv)
+_OPEN_UNIT = (sympy.atanh, sympy.erfinv)  # infinite at -1 and 1
+_CLOSED_UNIT = (sympy.asin, sympy.acos)  # defined at -1 and 1, with infinite derivatives there
 _KINKS = (sympy.Abs, sympy.sign, sympy.Heaviside)
 
 
 @dataclass(frozen=True)
+class Support:
+    """Where the op is defined in one tensor: from ``low`` to ``high`` (possibly infinite), each end open
+    or closed."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_closed: bool = False
+    high_closed: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = self.low < value or (self.low_closed and value == self.low)
+        below = value < self.high or (self.high_closed and value == self.high)
+        return above and below
+
+    def __and__(self, other: Support) -> Support:
+        """The intersection: where both hold (an end shared by both is closed only if closed in both)."""
+        if other.low > self.low or (other.low == self.low and not other.low_closed):
+            low, low_closed = other.low, other.low_closed
+        else:
+            low, low_closed = self.low, self.low_closed
+        if other.high < self.high or (other.high == self.high and not other.high_closed):
+            high, high_closed = other.high, other.high_closed
+        else:
+            high, high_closed = self.high, self.high_closed
+        return Support(low, high, low_closed, high_closed)
+
+    @property
+    def closed_ends(self) -> tuple[float, ...]:
+        return tuple(v for v, closed in ((self.low, self.low_closed), (self.high, self.high_closed)) if closed)
+
+    def __str__(self) -> str:
+        return (
+            f"{'[' if self.low_closed else '('}{_number(self.low)}, "
+            f"{_number(self.high)}{']' if self.high_closed else ')'}"
+        )
+
+
+def _number(value: float) -> str:
+    return "inf" if value == math.inf else "-inf" if value == -math.inf else f"{value:g}"
+
+
+@dataclass(frozen=True)
 class InputDomain:
-    """The interval test inputs of one tensor are drawn from, and the points they keep away from."""
+    """The interval test inputs of one tensor are drawn from, the points they keep away from, and where
+    the op is defined in that tensor (its support) with the points of it where the op is hardest."""
 
     name: str
     low: float
     high: float
     avoid: tuple[float, ...]
     reason: str
+    support: Support = Support()
+    support_reason: str = "nothing restricts it"
+    special: tuple[float, ...] = ()  # closed ends of the support, zeros of the base of a non-integer power
 
 
 @dataclass
@@ -47,6 +110,8 @@ class _Bounds:
     high: float | None = None
     avoid: set[float] = field(default_factory=set)
     reasons: list[str] = field(default_factory=list)  # why the interval is what it is
+    support: Support = Support()
+    special: set[float] = field(default_factory=set)
 
     def add_low(self, value: float, reason: str) -> None:
         self.low = value if self.low is None else max(self.low, value)
@@ -70,36 +135,71 @@ def _affine(arg: sympy.Expr, tensors: set[sympy.Symbol]) -> tuple[sympy.Symbol, 
     return s, k, c
 
 
+def _holds(arg: sympy.Expr, low: float | None, high: float | None, closed: bool, tensors: set[sympy.Symbol]) -> bool:
+    """Whether sympy proves ``low < arg < high`` (``<=`` where ``closed``) for every real input, on the
+    expression as written or on its stable form (sigmoid, softplus and ndtr know they are positive)."""
+
+    def proved(a: sympy.Expr) -> bool:
+        for bound, sign in ((low, 1), (high, -1)):
+            if bound is None:
+                continue
+            gap = sign * (a - bound)
+            if not (gap.is_nonnegative if closed else gap.is_positive):
+                return False
+        return True
+
+    if proved(arg):
+        return True
+    stable = stabilize(arg, tensors)
+    return stable != arg and proved(stable)
+
+
 def infer_domains(
     spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = ()
 ) -> tuple[InputDomain, ...]:
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
     numbers = {k: sympy.Number(v) for k, v in defaults.items()}
-    expr = to_literal(parsed.expr).xreplace(numbers)
+    literal = to_literal(parsed.expr)  # scalars still symbols: an int scalar exponent is an integer power
+    expr = literal.xreplace(numbers)
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     bounds = {s: _Bounds() for s in tensors}
 
-    def constrain(arg: sympy.Expr, low: float | None, high: float | None, what: str, *, positive=True) -> None:
-        if (low is not None and high is None and (arg - low).is_positive) or (
-            low is None and high is not None and (high - arg).is_positive
-        ):
-            return  # holds everywhere, e.g. log(x**2 + 1)
+    def constrain(
+        arg: sympy.Expr,
+        low: float | None,
+        high: float | None,
+        what: str,
+        *,
+        closed: bool = False,
+        sample: tuple[float | None, float | None] | None = None,
+    ) -> None:
+        """The op needs ``low < arg < high`` (``<=`` where ``closed``); test inputs are drawn from
+        ``sample`` (default: the same bounds) when narrower."""
+        if _holds(arg, low, high, closed, tensors):
+            return  # holds everywhere, e.g. log(x**2 + 1) or log(1/(1 + exp(-x)))
         affine = _affine(arg, tensors)
-        if affine is None and not positive:
-            return  # left to the numeric check
         if affine is None:
-            for s in arg.free_symbols & tensors:
-                bounds[s].add_low(0.0, f"{what} (kept positive)")
-            return
+            return  # left to the numeric check
         s, k, c = affine
-        for bound, is_low in ((low, True), (high, False)):
-            if bound is None:
+        sample_low, sample_high = sample or (low, high)
+        for bound, sample_bound, is_low in ((low, sample_low, True), (high, sample_high, False)):
+            if bound is None or sample_bound is None:
                 continue
-            x = (bound - c) / k
-            if (k > 0) == is_low:
-                bounds[s].add_low(x, what)
+            x, y = (bound - c) / k + 0.0, (sample_bound - c) / k + 0.0
+            if (k > 0) == is_low:  # a lower bound on s
+                bounds[s].support &= Support(low=x, low_closed=closed)
+                bounds[s].add_low(y, what)
             else:
-                bounds[s].add_high(x, what)
+                bounds[s].support &= Support(high=x, high_closed=closed)
+                bounds[s].add_high(y, what)
+
+    def zero_of_base(base: sympy.Expr) -> None:
+        """A special point where the base of a power with a non-integer exponent is 0."""
+        inner = base.args[0] if isinstance(base, sympy.Abs) else base
+        affine = _affine(inner, tensors)
+        if affine is not None:
+            s, k, c = affine
+            bounds[s].special.add(-c / k + 0.0)
 
     def kink(a: sympy.Expr) -> None:
         for alternative in _without_minmax(a):  # Min(Max(x, 0), 6) switches where x = 0 and x = 6
@@ -108,27 +208,45 @@ def infer_domains(
                 s, k, c = affine
                 bounds[s].avoid.add(-c / k + 0.0)
 
-    for node in sympy.preorder_traversal(expr):
+    def power(node: sympy.Pow) -> None:
+        base, exponent = node.base.xreplace(numbers), node.exp
+        if not base.free_symbols & tensors:
+            return
+        text = sympy.sstr(node)
+        if exponent.free_symbols & tensors:
+            constrain(base, 0.0, None, f"{text} needs a positive base")
+        elif exponent.is_integer:  # a number, or an int scalar: defined everywhere but at a pole
+            if exponent.xreplace(numbers).is_negative:
+                kink(base)
+        elif exponent.xreplace(numbers).is_negative:
+            constrain(base, 0.0, None, f"{text} needs a positive base")
+        else:  # x**2.5, x**n with a float scalar n: defined at 0, where n*x**(n-1) is hard
+            constrain(base, 0.0, None, f"{text} needs a base >= 0", closed=True)
+            zero_of_base(base)
+
+    for node in sympy.preorder_traversal(literal):
+        if isinstance(node, sympy.Pow):
+            power(node)
+            continue
+        node = node.xreplace(numbers)
         text = sympy.sstr(node)
         if isinstance(node, _POSITIVE):
             constrain(node.args[-1], 0.0, None, f"{text} needs a positive input")
         elif isinstance(node, cfunctions.log1p):
             constrain(node.args[0], -1.0, None, f"{text} needs an input above -1")
         elif isinstance(node, sympy.acosh):
-            constrain(node.args[0], 1.0, None, f"{text} needs an input above 1")
+            constrain(node.args[0], 1.0, None, f"{text} needs an input >= 1", closed=True)
         elif isinstance(node, (sympy.tan, sympy.sec)):
             # Defined between poles, but steep near them: tests stay in one branch, well inside it.
-            constrain(node.args[0], -1.4, 1.4, f"{text} is kept between its poles at -pi/2 and pi/2", positive=False)
+            what = f"{text} is kept between its poles at -pi/2 and pi/2"
+            constrain(node.args[0], -math.pi / 2, math.pi / 2, what, sample=(-1.4, 1.4))
         elif isinstance(node, (sympy.cot, sympy.csc)):
-            constrain(node.args[0], 0.15, 3.0, f"{text} is kept between its poles at 0 and pi", positive=False)
-        elif isinstance(node, _UNIT):
+            what = f"{text} is kept between its poles at 0 and pi"
+            constrain(node.args[0], 0.0, math.pi, what, sample=(0.15, 3.0))
+        elif isinstance(node, _OPEN_UNIT):
             constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in (-1, 1)")
-        elif isinstance(node, sympy.Pow) and node.exp.is_Number and not node.exp.is_Integer:
-            constrain(node.base, 0.0, None, f"{text} needs a positive base")
-        elif isinstance(node, sympy.Pow) and not node.exp.is_Number and node.base.free_symbols & tensors:
-            constrain(node.base, 0.0, None, f"{text} needs a positive base")
-        elif isinstance(node, sympy.Pow) and node.exp.is_Number and node.exp.is_negative:
-            kink(node.base)
+        elif isinstance(node, _CLOSED_UNIT):
+            constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in [-1, 1]", closed=True, sample=(-1.0, 1.0))
         elif isinstance(node, _KINKS):
             kink(node.args[0])
         elif isinstance(node, (sympy.Max, sympy.Min)):
@@ -145,20 +263,35 @@ def infer_domains(
         if t.domain is not None:
             low, high = t.domain
             reason = "declared in the spec"
-        elif b.low is None and b.high is None:
-            low, high = DEFAULT_DOMAIN
-            reason = "the default"
+            support = Support(low, high, True, True)
+            support_reason = "declared in the spec"
         else:
-            if b.low is not None and b.high is not None:
-                margin = min(MARGIN, (b.high - b.low) / 8)
-                low, high = b.low + margin, b.high - margin
-            elif b.low is not None:
-                low, high = b.low + MARGIN, b.low + WIDTH
+            support = b.support
+            support_reason = "; ".join(dict.fromkeys(b.reasons)) if b.reasons else "nothing restricts it"
+            if b.low is None and b.high is None:
+                low, high = DEFAULT_DOMAIN
+                reason = "the default"
             else:
-                low, high = b.high - WIDTH, b.high - MARGIN
-            reason = "inferred: " + "; ".join(dict.fromkeys(b.reasons))
+                if b.low is not None and b.high is not None:
+                    margin = min(MARGIN, (b.high - b.low) / 8)
+                    low, high = b.low + margin, b.high - margin
+                elif b.low is not None:
+                    low, high = b.low + MARGIN, b.low + WIDTH
+                else:
+                    low, high = b.high - WIDTH, b.high - MARGIN
+                reason = "inferred: " + "; ".join(dict.fromkeys(b.reasons))
         avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
-        domains[t.name] = InputDomain(t.name, float(low), float(high), tuple(float(v) for v in avoid), reason)
+        special = tuple(sorted(v for v in {*support.closed_ends, *b.special} if v in support))
+        domains[t.name] = InputDomain(
+            t.name,
+            float(low),
+            float(high),
+            tuple(float(v) for v in avoid),
+            reason,
+            support,
+            support_reason,
+            tuple(float(v) for v in special),
+        )
     checked = [expr, *(to_literal(p).xreplace(numbers) for p in partials)]
     free = [t.name for t in spec.tensors if t.domain is None]
     repaired = _repair(domains, checked, parsed.symbols, free)
@@ -173,6 +306,7 @@ def infer_domains(
     return tuple(repaired.values())
 
 
+UNKNOWN_SUPPORT = "not inferred: the forward is not real everywhere, the tests skip points where it is not"
 # Intervals tried, in order, for a tensor whose inferred interval gives a non-real or infinite value.
 CANDIDATES = ((0.25, 3.0), (0.1, 0.9), (1.25, 4.0), (3.0, 6.0), (-0.9, -0.1), (-3.0, -0.25))
 _SAMPLES = 24
@@ -199,7 +333,9 @@ def _repair(
             trial = dict(domains)
             for name in names:
                 avoid = tuple(v for v in domains[name].avoid if low < v < high)
-                trial[name] = InputDomain(name, low, high, avoid, reason)
+                trial[name] = dataclasses.replace(domains[name], low=low, high=high, avoid=avoid, reason=reason)
+                if trial[name].support == Support():
+                    trial[name] = dataclasses.replace(trial[name], support_reason=UNKNOWN_SUPPORT)
             if _evaluates(exprs, symbols, trial):
                 return trial
     return None

@@ -8,6 +8,7 @@ deterministic: the same spec gives the same bytes.
 from __future__ import annotations
 
 import ast
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -258,35 +259,85 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
     code = _CodePrinter(spec)
     reference_lines = _reference_lines(code, derivation)
     by_name = {d.name: d for d in domains}
+    shapes = small_shapes(spec)
+    module_shapes = _module_shapes(spec, shapes)
+    typical = _typical_values(domains)
     inputs = []
-    for t in spec.tensors:
+    for t, shape in zip(spec.tensors, shapes):
         d = by_name[t.name]
         inputs.append(
             {
                 "name": t.name,
-                "shape": _shape(t.shape),
-                "shape_list": list(t.shape),
+                "shape": _shape(shape),
+                "example_shape": list(t.shape),
                 "low": repr(d.low),
                 "high": repr(d.high),
                 "avoid": _shape(d.avoid),
-                "extremes": _shape(_extremes(d, len(spec.tensors))),
+                "extremes": _shape(_extremes(d)),
+                "typical": repr(typical[t.name]),
+                "special": _shape(d.special),
                 "description": _domain_description(d),
+                "support": _support_description(d),
             }
         )
     scalars = [s.default for s in spec.scalars]
     return {
         "module_import": module_import,
         "inputs": inputs,
+        "shapes": _shape_list(shapes),
+        "module_shapes": _shape_list(module_shapes) if module_shapes != shapes else "",
+        "special": [i for i in inputs if by_name[i["name"]].special],
         "reference_lines": reference_lines,
         "reference_params": ", ".join(a.name for a in spec.arguments),
-        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
+        "imports": [IMPORTS[alias] for alias in sorted(code.imports | {"math"})],
         "scalars": repr(tuple(scalars)),
         "scalar_names": ", ".join(s.name for s in spec.scalars),
         "module_kwargs": ", ".join(f"{s.name}={s.default!r}" for s in spec.scalars),
         "learnables": [t.name for t in spec.tensors if t.learnable],
         "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
         "tensor_names": [t.name for t in spec.tensors],
+        "tensors_literal": "[" + ", ".join(f'"{t.name}"' for t in spec.tensors) + "]",
     }
+
+
+def _shape_list(shapes: list[tuple[int, ...]]) -> str:
+    return "[" + ", ".join(_shape(s) for s in shapes) + "]"
+
+
+#: Sizes the generated tests give the broadcast dimensions of the example shapes, the last one first: a
+#: few distinct sizes catch transposed dimensions, more dimensions get 2 so that gradcheck stays small.
+SMALL_SIZES = (4, 3)
+
+
+def small_shapes(spec: OpSpec) -> list[tuple[int, ...]]:
+    """Shapes that broadcast as the spec's example shapes do, whatever their size: each dimension
+    (counted from the right) whose broadcast size is above 1 gets a small size of its own, the same in
+    every tensor that has it; a dimension of size 1 stays 1."""
+    rank = max(len(t.shape) for t in spec.tensors)
+    broadcast = [max((t.shape[-d] for t in spec.tensors if len(t.shape) >= d), default=1) for d in range(1, rank + 1)]
+    sizes, wide = {}, 0
+    for d, size in enumerate(broadcast, start=1):
+        if size > 1:
+            sizes[d] = SMALL_SIZES[wide] if wide < len(SMALL_SIZES) else 2
+            wide += 1
+    return [tuple(1 if n == 1 else sizes[len(t.shape) - i] for i, n in enumerate(t.shape)) for t in spec.tensors]
+
+
+def _module_shapes(spec: OpSpec, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Shapes for the Module's test: learnable tensors keep their example shapes (those of the Module's
+    parameters); the other tensors take small sizes except in the dimensions a parameter fixes."""
+    fixed = {}  # dimension counted from the right -> its size in the parameters
+    for t in spec.tensors:
+        if t.learnable:
+            fixed.update({d: n for d, n in enumerate(reversed(t.shape), start=1) if n > 1})
+    result = []
+    for t, small in zip(spec.tensors, shapes):
+        if t.learnable:
+            result.append(tuple(t.shape))
+        else:
+            rank = len(t.shape)
+            result.append(tuple(fixed.get(rank - i, n) if n > 1 else 1 for i, n in enumerate(small)))
+    return result
 
 
 def _reference_lines(code: _CodePrinter, derivation: Derivation) -> list[str]:
@@ -310,17 +361,63 @@ def reference_module(spec: OpSpec, derivation: Derivation) -> str:
     return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"
 
 
-#: Inputs of the extreme-input test, positive side; the negatives are used too.
+#: Inputs of the extreme-input test: distances from 0 on each side, or from the finite end of a support
+#: bounded on one side (log: 1e-3 to 1e4; log1p: -1 + 1e-3 to -1 + 1e4).
 EXTREMES = (1e-3, 1.0, 10.0, 30.0, 100.0, 1e4)
+#: How far inside an open end of a bounded support the extreme-input test goes, relative to its half-width.
+END_DISTANCE = 1e-3
 
 
-def _extremes(d: InputDomain, count: int) -> tuple[float, ...]:
-    """Large and tiny inputs for one tensor of ``count``, away from its kinks; fewer when there are many."""
-    values = EXTREMES if count <= 2 else EXTREMES[::2] if count == 3 else (1.0, 100.0)
-    # A domain on one side of 0 (log, digamma) keeps its side: elsewhere there may be poles, not nans.
-    signed = values if d.low >= 0 else tuple(-x for x in reversed(values)) if d.high <= 0 else None
-    candidates = signed or (*(-x for x in reversed(values)), *values)
-    return tuple(v for v in candidates if all(abs(v - a) > 1e-2 for a in d.avoid))
+def _extremes(d: InputDomain) -> tuple[float, ...]:
+    """Large and tiny inputs inside the tensor's support, away from its kinks and poles.
+
+    Unbounded: +-1e-3 to +-1e4. Bounded on one side: 1e-3 to 1e4 away from that end. Bounded on both:
+    each end (moved 1e-3 of the half-width inside if open), the quarter points, and +-1e-3 where 0 is
+    inside (else the midpoint): [-2, 2] gives -2, -1, -1e-3, 1e-3, 1, 2; (-1, 1) gives +-0.999, +-0.5, +-1e-3.
+    """
+    s = d.support
+    if math.isinf(s.low) and math.isinf(s.high):
+        values = [*(-x for x in EXTREMES), *EXTREMES]
+    elif math.isinf(s.high):
+        values = [s.low + x for x in EXTREMES]
+    elif math.isinf(s.low):
+        values = [s.high - x for x in EXTREMES]
+    else:
+        inside = END_DISTANCE * (s.high - s.low) / 2
+        quarter = (s.high - s.low) / 4
+        values = [
+            s.low if s.low_closed else s.low + inside,
+            s.low + quarter,
+            s.high - quarter,
+            s.high if s.high_closed else s.high - inside,
+        ]
+        values += [-1e-3, 1e-3] if s.low < 0 < s.high else [(s.low + s.high) / 2]
+    rounded = {float(f"{v:.6g}") for v in values}
+    kept = sorted(v for v in rounded if v in s and all(abs(v - a) > 1e-2 for a in d.avoid))
+    return tuple(kept) or (_typical(d),)
+
+
+def _typical(d: InputDomain, taken: set[float] = frozenset()) -> float:
+    """An ordinary value of the tensor, for the others' tests: 1.0 if the tests draw it, else another
+    point of the interval they draw from, away from its kinks and poles and from the magnitudes in
+    ``taken`` (other tensors' ordinary values: ties sit on kinks such as Max(x, y))."""
+    width = d.high - d.low
+    candidates = [1.0, 0.5, 1.5, 0.75, 1.25, 2.0, *(d.low + width * k / 16 for k in (8, 5, 11, 3, 13, 7, 9))]
+    for value in candidates:
+        value = round(value, 6)
+        if d.low <= value <= d.high and all(abs(value - a) > 0.1 for a in d.avoid) and abs(value) not in taken:
+            return value
+    return round((d.low + d.high) / 2, 6)
+
+
+def _typical_values(domains: tuple[InputDomain, ...]) -> dict[str, float]:
+    """Ordinary values of the tensors, of distinct magnitudes where the domains allow."""
+    taken: set[float] = set()
+    values = {}
+    for d in domains:
+        values[d.name] = _typical(d, taken)
+        taken.add(abs(values[d.name]))
+    return values
 
 
 def _domain_description(d: InputDomain) -> str:
@@ -328,6 +425,10 @@ def _domain_description(d: InputDomain) -> str:
     if d.avoid:
         text += ", away from " + ", ".join(map(repr, d.avoid))
     return text
+
+
+def _support_description(d: InputDomain) -> str:
+    return f"defined on {d.support} ({d.support_reason})"
 
 
 def render_op(

@@ -59,7 +59,8 @@ RESERVED_OP_NAMES = frozenset(
     {
         "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
         "reference", "make_inputs", "gradcheck", "gradgradcheck", "device", "TENSORS", "SCALARS",
-        "AVOID_MARGIN",
+        "AVOID_MARGIN", "SHAPES", "MODULE_SHAPES", "EXTREMES", "TYPICAL", "SPECIAL", "nearest",
+        "extreme_partners", "one_at_a_time", "assert_matches_reference",
     }
 )  # fmt: skip
 
@@ -237,6 +238,7 @@ class OpSpec:
             if arg.name in seen:
                 raise SpecError(f"argument {arg.name!r} is declared twice", where=arg_where)
             seen.add(arg.name)
+        _check_broadcasting(self.tensors, where)
 
     @property
     def camel(self) -> str:
@@ -246,6 +248,28 @@ class OpSpec:
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
         """All arguments in call order: tensors, then scalars."""
         return self.tensors + self.scalars
+
+
+def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
+    """The example shapes must broadcast together: the generated tests and the backward plan use them."""
+    first: dict[int, TensorArg] = {}  # dimension counted from the right -> the first tensor with a size > 1 there
+    for t in tensors:
+        for dim, size in enumerate(reversed(t.shape), start=1):
+            if size == 1:
+                continue
+            other = first.setdefault(dim, t)
+            other_size = other.shape[-dim]
+            if other_size != size:
+                fixed = list(t.shape)
+                fixed[-dim] = other_size
+                raise SpecError(
+                    f"the example shapes of {other.name} {list(other.shape)} and {t.name} {list(t.shape)} do not "
+                    f"broadcast together: dimension -{dim} (counted from the right) is {other_size} in {other.name} "
+                    f"and {size} in {t.name}",
+                    where=f"{where}: tensors.{t.name}.shape",
+                    hint=f"each dimension must have the same size or 1 in every tensor, "
+                    f"e.g. shape = {fixed} for {t.name}",
+                )
 
 
 # --- TOML ------------------------------------------------------------------------------------------

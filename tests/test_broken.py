@@ -53,7 +53,7 @@ MUTATIONS = {
     "tensor_on_ctx": ("swish", _sub(r"ctx\.x_shape = x\.shape", "ctx.x_shape = x.shape\n        ctx.x = x")),
     "not_differentiable_twice": (
         "swish",
-        _sub(r"tmp1 = torch\.sigmoid\(tmp0\)", "tmp1 = torch.sigmoid(tmp0).detach()"),
+        _sub(r"tmp2 = torch\.sigmoid\(tmp0\)", "tmp2 = torch.sigmoid(tmp0).detach()"),
     ),
     "wrong_kink_side": (
         "smooth_l1",

@@ -135,6 +135,11 @@ CASES = [
         id="bad shape",
     ),
     pytest.param(
+        ["op", "--forward", "x * y", "--tensor", "x=4,5", "--tensor", "y=3"],
+        "scaffold: error: command-line flags: tensors.y.shape: the example shapes of x [4, 5] and y [3] do not broadcast together: dimension -1 (counted from the right) is 5 in x and 3 in y\n  hint: each dimension must have the same size or 1 in every tensor, e.g. shape = [5] for y\n",
+        id="shapes that do not broadcast",
+    ),
+    pytest.param(
         ["op", "--tensor", "x"],
         'scaffold: error: missing --forward\n  hint: e.g. scaffold new op swish --forward "x / (1 + exp(-x))" --tensor x, or scaffold new op --spec swish.toml\n',
         id="missing forward",

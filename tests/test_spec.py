@@ -62,6 +62,11 @@ def test_spec_round_trips_through_toml(tmp_path):
         ('name = "op"\nforward = "x*a"\n[tensors.x]\n[scalars.a]\ntype = "complex"\ndefault = 1\n', "type must be"),
         ('name = "op"\nforward = "x"\n[tensors.x]\n[scalars.x]\ndefault = 1\n', "declared twice"),
         ('name = "op"\nforward = 3\n[tensors.x]\n', "forward must be a string"),
+        (
+            'name = "op"\nforward = "x*w"\n[tensors.x]\nshape = [32, 64, 10, 10]\n[tensors.w]\nshape = [64, 10]\n',
+            r"tensors\.w\.shape: the example shapes of x \[32, 64, 10, 10\] and w \[64, 10\] do not broadcast "
+            r"together: dimension -2 \(counted from the right\) is 10 in x and 64 in w",
+        ),
     ],
 )
 def test_bad_specs(tmp_path, toml, message):

@@ -22,8 +22,8 @@ class SwishFunction(torch.autograd.Function):
 
     Partial derivatives, each multiplied by grad_output in backward:
 
-        d out / d x = beta*x*(1 - sigmoid(beta*x))*sigmoid(beta*x) + sigmoid(beta*x)
-        d out / d beta = x**2*(1 - sigmoid(beta*x))*sigmoid(beta*x)
+        d out / d x = sigmoid(-beta*x)*silu(beta*x) + sigmoid(beta*x)
+        d out / d beta = x**2*sigmoid(-beta*x)*sigmoid(beta*x)
     """
 
     # forward, backward and jvp use only torch operations, so torch.func.vmap can batch them.
@@ -51,12 +51,12 @@ class SwishFunction(torch.autograd.Function):
         # broadcasting added so that it has its input's shape.
         grad_x = grad_beta = None
         tmp0 = beta * x
-        tmp1 = torch.sigmoid(tmp0)
-        tmp2 = tmp1 * (1 - tmp1)
+        tmp1 = torch.sigmoid(-tmp0)
+        tmp2 = torch.sigmoid(tmp0)
         if ctx.needs_input_grad[0]:
-            grad_x = (grad_output * (tmp0 * tmp2 + tmp1)).sum_to_size(ctx.x_shape)
+            grad_x = (grad_output * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2)).sum_to_size(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            grad_beta = (grad_output * tmp2 * x**2).sum_to_size(ctx.beta_shape)
+            grad_beta = (grad_output * tmp1 * tmp2 * x**2).sum_to_size(ctx.beta_shape)
         return grad_x, grad_beta
 
     @staticmethod
@@ -65,12 +65,12 @@ class SwishFunction(torch.autograd.Function):
         x, beta = ctx.saved_tensors
         terms = []
         tmp0 = beta * x
-        tmp1 = torch.sigmoid(tmp0)
-        tmp2 = tmp1 * (1 - tmp1)
+        tmp1 = torch.sigmoid(-tmp0)
+        tmp2 = torch.sigmoid(tmp0)
         if x_tangent is not None:
-            terms.append(x_tangent * (tmp0 * tmp2 + tmp1))
+            terms.append(x_tangent * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2))
         if beta_tangent is not None:
-            terms.append(beta_tangent * tmp2 * x**2)
+            terms.append(beta_tangent * tmp1 * tmp2 * x**2)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 

@@ -1,0 +1,310 @@
+"""Where ops are defined (domain inference) and the inputs their generated tests use.
+
+* inference restricts only what needs restricting: a logit takes both signs, ``Abs(x)**p`` any x;
+* supports (open or closed ends) and special points (closed ends, zeros of a power's base);
+* the extreme-input values stay inside a declared or inferred support;
+* the extreme-input grid grows linearly with the number of tensors, and still pairs a tiny input of one
+  tensor with a huge one of another;
+* small test shapes keep the example shapes' broadcasting pattern;
+* the generated tests, run in a subprocess, pass on a correct op and catch the known wrong derivatives
+  (``n*x**n/x`` at x = 0, ``s*(1 - s)`` of a saturated sigmoid in float32).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from scaffold import compile_op, generate_op, write_files
+from scaffold.domain import InputDomain, Support
+from scaffold.render import _extremes, small_shapes
+
+from .conftest import make_spec, run_pytest
+
+INF = math.inf
+FOCAL = "(1 - 1/(1 + exp(-x)))**gamma * log(1/(1 + exp(-x)))"
+
+
+def _domains(forward: str, tensors: dict | None = None, scalars: dict | None = None) -> dict[str, InputDomain]:
+    return {d.name: d for d in compile_op(make_spec("op", forward, tensors, scalars)).domains}
+
+
+def _float(default: float) -> dict:
+    return {"type": "float", "default": default}
+
+
+def test_focal_logits_take_both_signs():
+    (x,) = _domains(FOCAL, scalars={"gamma": _float(2.0)}).values()
+    assert x.low < 0 < x.high
+    assert x.support == Support()  # sigmoid and its complement are positive: nothing to restrict
+    extremes = _extremes(x)
+    assert min(extremes) == -1e4 and max(extremes) == 1e4
+
+
+@pytest.mark.parametrize(
+    ("forward", "scalars", "support", "special"),
+    [
+        ("x**n", {"n": _float(1.0)}, Support(0.0, INF, low_closed=True), (0.0,)),
+        ("x**n", {"n": _float(-0.5)}, Support(0.0, INF), ()),  # a pole at 0, not a special point
+        ("x**n", {"n": {"type": "int", "default": 3}}, Support(), ()),  # an integer power
+        ("Abs(x)**p", {"p": _float(1.5)}, Support(), (0.0,)),  # the base is never negative
+        ("(x - 1)**1.5", {}, Support(1.0, INF, low_closed=True), (1.0,)),
+        ("sqrt(x)", {}, Support(0.0, INF, low_closed=True), (0.0,)),
+        ("log(x)", {}, Support(0.0, INF), ()),
+        ("log(2*x - 1)", {}, Support(0.5, INF), ()),
+        ("log(x**2 + 1)", {}, Support(), ()),
+        ("log1p(x)", {}, Support(-1.0, INF), ()),
+        ("atanh(x)", {}, Support(-1.0, 1.0), ()),
+        ("asin(x)", {}, Support(-1.0, 1.0, True, True), (-1.0, 1.0)),
+        ("acosh(x)", {}, Support(1.0, INF, low_closed=True), (1.0,)),
+        ("log(1 + exp(x))", {}, Support(), ()),
+    ],
+)
+def test_supports_and_special_points(forward, scalars, support, special):
+    (x,) = _domains(forward, scalars=scalars).values()
+    assert (x.support, x.special) == (support, special)
+    assert x.low in x.support and x.high in x.support
+
+
+def test_a_negative_int_power_is_a_pole_to_avoid():
+    (x,) = _domains("x**n", scalars={"n": {"type": "int", "default": -2}}).values()
+    assert (x.support, x.avoid, x.low, x.high) == (Support(), (0.0,), -3.0, 3.0)
+
+
+def test_arguments_not_provably_in_range_are_left_to_the_numeric_check():
+    p = _domains("log(p / (1 - p))", {"p": {}})["p"]
+    assert 0 < p.low < p.high < 1
+    x, y = _domains("sqrt(x * y)", {"x": {}, "y": {}}).values()
+    assert x.low > 0 and y.low > 0  # found numerically, not forced on every tensor
+
+
+def test_a_declared_domain_is_the_closed_support():
+    d = _domains("x * exp(log_sigma)", {"x": {}, "log_sigma": {"domain": [-2.0, 2.0]}})["log_sigma"]
+    assert (d.support, d.special) == (Support(-2.0, 2.0, True, True), (-2.0, 2.0))
+    assert _extremes(d) == (-2.0, -1.0, -1e-3, 1e-3, 1.0, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("support", "avoid", "expected"),
+    [
+        (Support(), (), (-1e4, -100.0, -30.0, -10.0, -1.0, -1e-3, 1e-3, 1.0, 10.0, 30.0, 100.0, 1e4)),
+        (Support(), (0.0,), (-1e4, -100.0, -30.0, -10.0, -1.0, 1.0, 10.0, 30.0, 100.0, 1e4)),
+        (Support(0.0, INF), (), (1e-3, 1.0, 10.0, 30.0, 100.0, 1e4)),
+        (Support(1.0, INF, low_closed=True), (), (1.001, 2.0, 11.0, 31.0, 101.0, 10001.0)),
+        (Support(-1.0, 1.0), (), (-0.999, -0.5, -1e-3, 1e-3, 0.5, 0.999)),
+        (Support(0.5, 2.0, True, True), (), (0.5, 0.875, 1.25, 1.625, 2.0)),
+    ],
+)
+def test_extremes_stay_inside_the_support(support, avoid, expected):
+    d = InputDomain("x", -1.0, 1.0, avoid, "test", support)
+    assert _extremes(d) == expected
+    assert all(v in support for v in expected)
+
+
+def test_small_shapes_keep_the_broadcasting_pattern():
+    tensors = {
+        "x": {"shape": [32, 64, 10, 10]},
+        "w": {"shape": [64, 1, 1], "learnable": True},
+        "b": {"shape": [10], "learnable": True},
+        "c": {"shape": []},
+    }
+    spec = make_spec("op", "x * w + b + c", tensors)
+    shapes = small_shapes(spec)
+    assert shapes == [(2, 2, 3, 4), (2, 1, 1), (4,), ()]
+    for t, small in zip(spec.tensors, shapes):
+        assert len(small) == len(t.shape)
+        assert [n == 1 for n in small] == [n == 1 for n in t.shape]
+    # Dimensions equal in the example stay equal (here the last, 10 in x and b); others differ.
+    assert shapes[0][-1] == shapes[2][-1] and len(set(shapes[0][1:])) == 3
+    assert small_shapes(make_spec("op", "x * y", {"x": {"shape": [4, 1]}, "y": {"shape": [1, 5]}})) == [
+        (3, 1),
+        (1, 4),
+    ]
+
+
+def _import(path: Path, name: str):
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_extreme_grid_grows_linearly(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rows = {}
+    for n in (1, 2, 4, 6):
+        names = [f"x{i}" for i in range(n)]
+        forward = " + ".join(f"{a}*{b}" for a, b in zip(names, names[1:] + names[:1]))
+        op = f"grid{n}"
+        write_files(generate_op(make_spec(op, forward, {name: {} for name in names})), tmp_path)
+        test = _import(tmp_path / f"test_{op}.py", f"_test_{op}")
+        columns = test.one_at_a_time(test.EXTREMES, test.extreme_partners)
+        assert columns.shape[0] == n
+        rows[n] = columns.shape[1]
+        # Each tensor takes each of its extremes with the others at their typical values.
+        for i, name in enumerate(names):
+            typical = [test.TYPICAL[other] for other in names]
+            for value in test.EXTREMES[name]:
+                row = typical[:i] + [value] + typical[i + 1 :]
+                assert (columns.T == columns.new_tensor(row)).all(dim=1).any(), (name, value)
+    assert rows[1] == 12
+    assert all(rows[n] <= 5 * 12 * n for n in rows)  # 12 values, at most 5 companions each
+    assert rows[6] < 4**6  # the old cartesian product of 4 values per tensor
+
+
+def test_extreme_grid_pairs_a_tiny_value_with_a_huge_one(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tensors = {"x": {}, "beta": {"shape": [], "learnable": True}}
+    write_files(generate_op(make_spec("swishb", "x / (1 + exp(-2*beta*x))", tensors)), tmp_path)
+    test = _import(tmp_path / "test_swishb.py", "_test_swishb")
+    rows = {tuple(row) for row in test.one_at_a_time(test.EXTREMES, test.extreme_partners).T.tolist()}
+    # sigmoid(2 * 1e4 * 1e-3) rounds to 1 in float32: s*(1 - s) there is 0, not 2e-9.
+    assert {(1e4, 1e-3), (-1e4, -1e-3), (1e-3, 1e4)} <= rows
+
+
+# Hand-written modules with the derivative bugs scaffold used to generate: the generated tests must fail.
+_BUGGY_POWER = """
+import torch
+from torch import nn
+
+
+class PowfFunction(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, n):
+        return x**n
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, n = inputs
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        ctx.n = n
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return (grad_output * ctx.n * x**ctx.n / x if ctx.needs_input_grad[0] else None), None
+
+    @staticmethod
+    def jvp(ctx, x_tangent, *_):
+        (x,) = ctx.saved_tensors
+        return ctx.n * x_tangent * x**ctx.n / x
+
+
+def powf(x, n=1.0):
+    return PowfFunction.apply(x, n)
+
+
+class Powf(nn.Module):
+    def __init__(self, n=1.0):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x):
+        return powf(x, self.n)
+
+    def extra_repr(self):
+        return f"n={self.n!r}"
+"""
+
+_BUGGY_SWISH = """
+import torch
+from torch import nn
+
+
+class SwishbFunction(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, beta):
+        return x * torch.sigmoid(2 * beta * x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, beta = inputs
+        ctx.save_for_backward(x, beta)
+        ctx.save_for_forward(x, beta)
+        ctx.shapes = x.shape, beta.shape
+
+    @staticmethod
+    def _partials(x, beta):
+        s = torch.sigmoid(2 * beta * x)
+        ds = s * (1 - s)  # 0 in float32 where s rounds to 1
+        return s + 2 * beta * x * ds, 2 * x**2 * ds
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, beta = ctx.saved_tensors
+        dx, dbeta = SwishbFunction._partials(x, beta)
+        grads = [(grad_output * d).sum_to_size(shape) for d, shape in zip((dx, dbeta), ctx.shapes)]
+        return tuple(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad))
+
+    @staticmethod
+    def jvp(ctx, x_tangent, beta_tangent):
+        x, beta = ctx.saved_tensors
+        dx, dbeta = SwishbFunction._partials(x, beta)
+        return dx * x_tangent + dbeta * beta_tangent
+
+
+def swishb(x, beta):
+    return SwishbFunction.apply(x, beta)
+
+
+class Swishb(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.beta = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):
+        return swishb(x, self.beta)
+"""
+
+
+def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
+    ops = [
+        ("powf", "x**n", {"x": {}}, {"n": _float(1.0)}, _BUGGY_POWER),
+        ("swishb", "x / (1 + exp(-2*beta*x))", {"x": {}, "beta": {"shape": [], "learnable": True}}, {}, _BUGGY_SWISH),
+        (
+            "big",
+            "x * w + b",
+            {"x": {"shape": [32, 64, 10, 10]}, "w": {"shape": [64, 1, 1], "learnable": True}, "b": {"shape": [10]}},
+            {},
+            None,
+        ),
+    ]
+    for name, forward, tensors, scalars, buggy in ops:
+        write_files(generate_op(make_spec(name, forward, tensors, scalars)), tmp_path / "generated")
+        if buggy is not None:
+            write_files(generate_op(make_spec(name, forward, tensors, scalars)), tmp_path / "buggy")
+            (tmp_path / "buggy" / f"{name}.py").write_text(buggy, encoding="utf-8")
+    result = run_pytest(tmp_path / "generated")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
+    failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
+    assert failed == [
+        "FAILED test_powf.py::test_special_points[cpu]",
+        "FAILED test_swishb.py::test_extreme_inputs[cpu]",
+    ], result.stdout[-4000:]
+    assert "x at special points is nan where the reference's is 1.0, at {'x': 0.0}" in result.stdout
+    assert "beta in float32 at extreme inputs" in result.stdout
+
+
+def test_the_special_points_of_every_tensor_are_tested(tmp_path):
+    tensors = {"x": {}, "y": {"domain": [0.0, 1.0]}}
+    files = generate_op(make_spec("op", "Abs(x)**p * y", tensors, {"p": _float(1.5)}))
+    assert 'SPECIAL = {"x": (0.0,), "y": (0.0, 1.0)}' in files["test_op.py"]
+    assert "def test_special_points(device):" in files["test_op.py"]
+    # No special point, no test.
+    assert "test_special_points" not in generate_op(make_spec("op", "x * y", {"x": {}, "y": {}}))["test_op.py"]
+
+
+def test_module_parameters_keep_their_example_shapes():
+    tensors = {"x": {"shape": [32, 64, 10, 10]}, "w": {"shape": [64, 1, 1], "learnable": True}}
+    text = generate_op(make_spec("op", "x * w", tensors))["test_op.py"]
+    assert "SHAPES = [(2, 2, 3, 4), (2, 1, 1)]" in text
+    assert "MODULE_SHAPES = [(2, 64, 3, 4), (64, 1, 1)]" in text
