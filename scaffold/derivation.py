@@ -58,29 +58,46 @@ class Derivation:
 _SIGN_PRESERVING = (cfunctions.expm1, cfunctions.log1p, sympy.sinh, sympy.tanh, sympy.atan, sympy.asinh, sympy.erf)
 
 
-def _step_argument(arg: sympy.Expr) -> sympy.Expr:
-    """The simplest expression with the sign of ``arg``: ``-2*expm1(x/2)`` -> ``-x``.
+def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.Expr:
+    """The simplest expression with the sign of ``arg``: ``-alpha*expm1(x/alpha)`` -> ``-x``.
 
-    Heaviside(-2*expm1(x/2)) (from Min(0, 2*(exp(x/2) - 1))) is the step x < 0: printed that way it is
-    cheaper, and the printer can keep the input of the step's other factors inside its region.
+    Heaviside(-alpha*expm1(x/alpha)) (from Min(0, alpha*(exp(x/alpha) - 1))) is the step x < 0 whatever
+    the sign of the scalar alpha: printed that way it is cheaper, the printer can keep the input of the
+    step's other factors inside its region, and complementary steps can be recognised as such.
+    Factors without tensors are stripped only when their product has a known sign.
     """
+    scale, core = sympy.S.One, arg
     while True:
-        coefficient, rest = arg.as_coeff_Mul()
-        if coefficient.is_Number and coefficient != 0 and (abs(coefficient) != 1 or not rest.is_Add):
-            arg = sympy.sign(coefficient) * rest
-        if isinstance(rest, _SIGN_PRESERVING):
-            arg = sympy.sign(coefficient) * rest.args[0]
+        independent, dependent = core.as_independent(*tensors, as_Add=False)
+        scale *= independent
+        if isinstance(dependent, _SIGN_PRESERVING):
+            core = dependent.args[0]
             continue
-        return arg
+        break
+    sign = sympy.sign(scale)
+    return sign * dependent if sign.is_Number and sign != 0 else arg
 
 
-def apply_kink_convention(expr: sympy.Expr) -> sympy.Expr:
-    """Replace the distributions sympy's derivatives contain by their values under the kink convention."""
+def apply_kink_convention(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] = frozenset()) -> sympy.Expr:
+    """Replace the distributions sympy's derivatives contain by their values under the kink convention.
+
+    Where a sum holds complementary steps, ``A*Heaviside(u) + B*Heaviside(-u)`` (the pieces of a function
+    written as Max(0, x) + Min(0, f(x)), as CELU is), the second step is 1 at u = 0: the sum is B there,
+    the derivative from below, which is the derivative wherever the pieces join smoothly (CELU'(0) = 1,
+    not 0 + 0), and PyTorch's value for leaky_relu at its kink.
+    """
     expr = expr.replace(lambda e: isinstance(e, sympy.DiracDelta), lambda e: sympy.S.Zero)
-    return expr.replace(
+    expr = expr.replace(
         lambda e: isinstance(e, sympy.Heaviside),
-        lambda e: sympy.Heaviside(_step_argument(e.args[0]), 0),
+        lambda e: sympy.Heaviside(_step_argument(e.args[0], tensors), 0),
     )
+    return expr.replace(lambda e: isinstance(e, sympy.Add), _join_complementary_steps)
+
+
+def _join_complementary_steps(total: sympy.Add) -> sympy.Expr:
+    steps = {h.args[0]: h for term in total.args for h in term.atoms(sympy.Heaviside) if h.args[1] == 0}
+    lower = {steps[u]: sympy.Heaviside(u, 1) for u in steps if u.could_extract_minus_sign() and -u in steps}
+    return total.xreplace(lower) if lower else total
 
 
 class _Power(sympy.Function):
@@ -88,6 +105,7 @@ class _Power(sympy.Function):
 
     sympy differentiates a power with a symbolic exponent to ``n*x**n/x``, which is 0/0 at x = 0 for every
     n (even n = 1), and ``Abs(x)**p`` to ``p*Abs(x)**p*sign(x)/Abs(x)``: a division the forward never did.
+    Where the exponent may be 0, the derivative is 0 there (not 0 * x**-1, nan at x = 0).
     Standing in for such powers while sympy applies the chain rule keeps the exponent's arithmetic out
     of the denominator: ``n*x**(n - 1)``, ``p*sign(x)*Abs(x)**(p - 1)``, finite wherever the forward and
     its true derivative are.
@@ -98,8 +116,17 @@ class _Power(sympy.Function):
     def fdiff(self, argindex=1):
         base, exponent = self.args
         if argindex == 1:
-            return exponent * _Power(base, exponent - 1)
-        return _Power(base, exponent) * sympy.log(base)
+            if exponent.is_zero is False:
+                return exponent * _Power(base, exponent - 1)
+            # b**0 is 1 for every b: its derivative is 0, also at b = 0 where 0 * b**-1 is nan (PyTorch's
+            # pow_backward makes the same exception).
+            return sympy.Piecewise((0, sympy.Eq(exponent, 0)), (exponent * _Power(base, exponent - 1), True))
+        if base.is_zero is False:
+            return _Power(base, exponent) * sympy.log(base)
+        # At base 0 and exponent >= 0 (0**e is 0, or 1 at e = 0), 0 as PyTorch's pow_backward_exponent
+        # has it, not 1 * log(0) = -inf at e = 0.
+        zero = sympy.And(sympy.Eq(base, 0), exponent >= 0)
+        return sympy.Piecewise((0, zero), (_Power(base, exponent) * sympy.log(base), True))
 
 
 def _hold_powers(expr: sympy.Expr) -> sympy.Expr:
@@ -156,7 +183,7 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     partials = []
     for name in parsed.tensor_names:
         symbol = parsed.symbols[name]
-        derivative = apply_kink_convention(_diff(forward, symbol))
+        derivative = apply_kink_convention(_diff(forward, symbol), frozenset(tensors))
         if sympy.count_ops(derivative) <= TIDY_LIMIT:
             # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
             # unlike simplify().

@@ -376,6 +376,10 @@ def _evaluates(
             values = f(*point)
         except (ZeroDivisionError, ValueError, OverflowError):
             return False
+        except TypeError as exc:  # a case distinction on a complex value (log of a negative) is not real
+            if "complex" in str(exc) or "mpc" in str(exc):
+                return False
+            return None
         except Exception:
             return None
         for v in values:

@@ -81,6 +81,7 @@ FUNCTIONS: dict[str, tuple[Callable[..., sympy.Expr], tuple[int, ...]]] = {
     "logsigmoid": (stable.logsigmoid, (1,)),
     "logaddexp": (stable.logaddexp, (2,)),
     "xlogy": (stable.xlogy, (2,)),
+    "xlog1py": (stable.xlog1py, (2,)),
     "erfcx": (stable.erfcx, (1,)),
     "ndtr": (stable.ndtr, (1,)),
     "log_ndtr": (stable.log_ndtr, (1,)),

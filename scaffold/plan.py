@@ -15,6 +15,9 @@ Decides what the generated backward (and jvp) compute and what the forward must 
   forward's work to build the masks); the spec's ``policy`` says which comes first: ``"memory"`` (the
   default) the bytes, ``"time"`` the operations;
 * exactly the tensors the formulas use are saved; scalars they use become ctx attributes.
+* powers of a quotient stay powers of a quotient: sympy distributes ``(sigma/r)**12`` into
+  ``sigma**12 * r**-12``, each of which overflows float32 where the quotient is 1, so products of a power
+  and an inverse power are computed as ``tmp = sigma / r; tmp**12`` (see :func:`_pair_powers`).
 
 Intermediates of the forward other than its output are never saved: saving them would need them
 returned as extra outputs for double backward to stay correct, so backward recomputes them instead.
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import stable
 from .derivation import Derivation
 from .spec import OpSpec
 
@@ -121,7 +125,7 @@ def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
 
 def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> DerivativeCode:
     """CSE across ``exprs``; place each temporary with the one term that uses it, or in a shared block."""
-    replacements, reduced = sympy.cse(exprs, symbols=_temp_names(taken), order="none")
+    replacements, reduced = _eliminate(exprs, taken)
     users: dict[sympy.Symbol, set[int]] = {s: set() for s, _ in replacements}
     for i, expr in enumerate(reduced):
         for s in expr.free_symbols & users.keys():
@@ -145,10 +149,92 @@ def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> Deriva
     return DerivativeCode(tuple(shared), terms)
 
 
-def straight_line(expr: sympy.Expr, taken: set[str]) -> tuple[tuple[Step, ...], sympy.Expr]:
-    """``expr`` as assignments of its repeated subexpressions and a final expression over them."""
-    replacements, (reduced,) = sympy.cse([expr], symbols=_temp_names(taken), order="none")
+def straight_line(expr: sympy.Expr, taken: set[str], *, literal: bool = False) -> tuple[tuple[Step, ...], sympy.Expr]:
+    """``expr`` as assignments of its repeated subexpressions and a final expression over them.
+
+    ``literal``: the expression as written (a test's reference), without :func:`_pair_powers`."""
+    replacements, (reduced,) = _eliminate([expr], taken, pair=not literal)
     return tuple(Step(str(s), e) for s, e in replacements), reduced
+
+
+Replacements = list[tuple[sympy.Symbol, sympy.Expr]]
+
+
+def _eliminate(exprs: list[sympy.Expr], taken: set[str], *, pair: bool = True) -> tuple[Replacements, list[sympy.Expr]]:
+    """sympy's ``cse`` of ``exprs`` (after :func:`_pair_powers`), temporaries numbered in order of use."""
+    names = _temp_names(taken)
+    definitions: Replacements = []
+    if pair:
+        exprs = _pair_powers(exprs, names, definitions)
+    exprs = _products_with_exp(exprs, names, definitions)
+    replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
+    steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
+    renamed = dict(zip((s for s, _ in steps), _temp_names(taken)))
+    steps = [(renamed[s], e.xreplace(renamed)) for s, e in steps]
+    return steps, [e.xreplace(renamed) for e in reduced[: len(exprs)]]
+
+
+def _pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotients: Replacements) -> list[sympy.Expr]:
+    """``exprs`` with each product ``a**n * b**-m`` (n, m >= 2) written ``q**k * a**(n-k) * b**(k-m)``,
+    k = min(n, m), ``q`` a new temporary for ``a / b`` (appended to ``quotients``): ``(sigma/r)**12`` is
+    1 at sigma = r = 1e4, while sigma**12 and r**-12 are inf and 0 in float32."""
+    known: dict[tuple[sympy.Expr, sympy.Expr], sympy.Symbol] = {}
+
+    def powers(factors: tuple[sympy.Expr, ...], sign: int) -> list[sympy.Pow]:
+        found = [f for f in factors if f.is_Pow and f.exp.is_Integer and sign * f.exp >= 2 and f.base.free_symbols]
+        return sorted(found, key=lambda f: (-sign * f.exp, sympy.default_sort_key(f)))
+
+    def visit(node: sympy.Expr) -> sympy.Expr:
+        if node.is_Atom:
+            return node
+        args = tuple(visit(a) for a in node.args)
+        node = node.func(*args) if args != node.args else node
+        if not node.is_Mul:
+            return node
+        factors = list(node.args)
+        for up, down in zip(powers(node.args, 1), powers(node.args, -1)):
+            k = min(up.exp, -down.exp)
+            key = (up.base, down.base)
+            if key not in known:
+                known[key] = next(names)
+                quotients.append((known[key], up.base / down.base))
+            factors.remove(up)
+            factors.remove(down)
+            factors += [known[key] ** k, up.base ** (up.exp - k), down.base ** (down.exp + k)]
+        return sympy.Mul(*factors)
+
+    return [visit(e) for e in exprs]
+
+
+def _products_with_exp(
+    exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements
+) -> list[sympy.Expr]:
+    """``exprs`` with each ``xexpy(x, y)`` written ``x * finite_at_zero(e, x)``, ``e`` a new temporary for
+    ``exp(y)`` (appended to ``definitions``), so that exp(y) is computed once."""
+    known: dict[sympy.Expr, sympy.Symbol] = {}
+
+    def expand(node: stable.xexpy) -> sympy.Expr:
+        x, y = node.args
+        if y not in known:
+            known[y] = next(names)
+            definitions.append((known[y], sympy.exp(y)))
+        return x * stable.finite_at_zero(known[y], x)
+
+    return [e.replace(lambda n: isinstance(n, stable.xexpy), expand) for e in exprs]
+
+
+def _in_order(steps: Replacements) -> Replacements:
+    """``steps`` ordered so that each comes after the temporaries it reads (stable otherwise)."""
+    defined = {s for s, _ in steps}
+    done: set[sympy.Symbol] = set()
+    ordered: Replacements = []
+    pending = list(steps)
+    while pending:
+        i = next(i for i, (_, e) in enumerate(pending) if (e.free_symbols & defined) <= done)
+        s, e = pending.pop(i)
+        ordered.append((s, e))
+        done.add(s)
+    return ordered
 
 
 def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPlan:

@@ -63,6 +63,7 @@ FUNCTIONS: dict[type, tuple[str, str | None]] = {
     stable.logsigmoid: ("torch.nn.functional.logsigmoid", None),
     stable.logaddexp: ("torch.logaddexp", None),
     stable.xlogy: ("torch.xlogy", None),
+    stable.xlog1py: ("torch.special.xlog1py", None),
     stable.erfcx: ("torch.special.erfcx", None),
     stable.ndtr: ("torch.special.ndtr", None),
     stable.log_ndtr: ("torch.special.log_ndtr", None),
@@ -76,14 +77,14 @@ IMPORTS = {"math": "import math"}
 RESTRICTED = (
     sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
     sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
-    stable.xlogy, stable.logit,
+    stable.xlogy, stable.xlog1py, stable.logit,
 )  # fmt: skip
 _BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot, stable.logaddexp)
 _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc,
+    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero,
 )  # fmt: skip
 # Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
 RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
@@ -186,12 +187,15 @@ class TorchPrinter(StrPrinter):
             if tensor:
                 return f"torch.rsqrt({self._print(base)})"
             return f"1 / {self._qualified('math.sqrt')}({self._print(base)})"
-        if exponent.is_Number and exponent.is_negative:
-            inverse = base if exponent == -1 else sympy.Pow(base, -exponent, evaluate=False)
-            return f"1 / {self.parenthesize(inverse, PRECEDENCE['Mul'], strict=True)}"
+        if exponent == -1:
+            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
         prec = PRECEDENCE["Pow"]
         exponent_text = self._print(exponent)
-        if not (exponent.is_Integer and exponent >= 0) and not exponent.is_Symbol:
+        if exponent.is_Integer:
+            # x**-7, not 1 / x**7: the double backward of the reciprocal squares 1 / x**7 (inf in
+            # float32 at x = 1e-3), where pow's own derivative, -7 * x**-8, stays representable.
+            pass
+        elif not exponent.is_Symbol:
             exponent_text = f"({exponent_text})"
         return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
 
@@ -254,13 +258,8 @@ class TorchPrinter(StrPrinter):
         for factor in factors:
             if factor in masks:
                 continue
-            if (
-                factor.is_Pow
-                and factor.exp.is_Rational
-                and factor.exp.is_negative
-                and (factor.exp != -sympy.S.Half or not self.is_tensor(factor))  # torch.rsqrt(x)
-            ):
-                inverse = factor.base if factor.exp == -1 else sympy.Pow(factor.base, -factor.exp, evaluate=False)
+            if factor.is_Pow and (factor.exp == -1 or (factor.exp == -sympy.S.Half and not self.is_tensor(factor))):
+                inverse = factor.base if factor.exp == -1 else sympy.sqrt(factor.base)
                 denominator.append(self.parenthesize(inverse, prec, strict=True))
             else:
                 numerator.append(self.parenthesize(factor, prec))
@@ -316,6 +315,11 @@ class TorchPrinter(StrPrinter):
                 hint="declare the argument as a tensor",
             )
         return f"{self._qualified(math_name)}({args})"
+
+    def _print_finite_at_zero(self, expr: stable.finite_at_zero) -> str:
+        value, x = expr.args
+        text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
+        return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args

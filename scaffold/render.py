@@ -159,10 +159,14 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         "fuse": spec.fuse,
         "ctx": ctx,
         "forward_lines": forward_lines,
-        "saved_params": ", ".join(["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
-                                  + [f"{n}_shape" for n in tensor_names]),
-        "saved_call": ", ".join(["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
-                                + [f"ctx.{n}_shape" for n in tensor_names]),
+        "saved_params": ", ".join(
+            ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+            + [f"{n}_shape" for n in tensor_names]
+        ),
+        "saved_call": ", ".join(
+            ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+            + [f"ctx.{n}_shape" for n in tensor_names]
+        ),
         "tensor_grads": _unpack([f"grad_{n}" for n in tensor_names]),
         "unpack": _unpack(unpack),
         "saved_args": ", ".join(saved_args),
@@ -347,7 +351,7 @@ def _reference_lines(code: _CodePrinter, derivation: Derivation) -> list[str]:
     ``scaffold bench`` times autograd through it.
     """
     literal = derivation.parsed
-    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
+    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT}, literal=True)
     return code.steps(steps) + [f"return {code(expr)}"]
 
 

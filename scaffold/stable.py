@@ -16,13 +16,16 @@ stay plain Python):
 * ``log(1 + u)`` -> ``log1p(u)``
 * ``exp(u) - 1`` -> ``expm1(u)``
 * ``exp(u) / (exp(u) + exp(v))`` -> ``sigmoid(u - v)``; with more terms ``exp(u - logaddexp(...))``
-* ``x * log(y)`` -> ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy)
+* ``x * log(y)`` -> ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy); ``x * log1p(y)`` -> ``xlog1py(x, y)``
+* ``x * exp(v)`` -> ``xexpy(x, v)`` (0 where x = 0), for x that can be 0 while v is large
 * ``sqrt(x**2 + y**2)`` -> ``hypot(x, y)``
 * ``exp(u**2) * erfc(u)`` -> ``erfcx(u)``
 * ``(1 + erf(u / sqrt(2))) / 2`` -> ``ndtr(u)``; its log is ``log_ndtr(u)``
 * ``log(erfc(u))`` -> ``log(2) + log_ndtr(-sqrt(2) * u)``
 * ``log(u / (1 - u))`` -> ``logit(u)``
 * ``log(cosh(u))`` -> ``u + softplus(-2*u) - log(2)``
+* ``exp(a) * sigmoid(b)**k``, ``exp(a) * ndtr(b)**k`` -> ``exp(a + k*logsigmoid(b))``, ``exp(a + k*log_ndtr(b))``
+* ``1 / (c + k*cosh(u)**e)`` -> a sigmoid of ``e*log(cosh(u))`` (sympy folds exp(-log(cosh(u))) into 1/cosh(u))
 
 Derivatives are written in forms that keep their relative accuracy in float32 tails (``sigmoid'(u)`` as
 ``sigmoid(u)*sigmoid(-u)``, ``tanh'(u)`` as ``4*sigmoid(2*u)*sigmoid(-2*u)``) wherever they multiply another
@@ -123,6 +126,44 @@ class xlogy(StableFunction):  # noqa: N801
         return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(y), True))
 
 
+class xlog1py(StableFunction):  # noqa: N801
+    nargs = 2
+
+    @classmethod
+    def literal(cls, x, y):
+        return x * log1p(y)
+
+    def fdiff(self, argindex=1):
+        # torch.special.xlog1py's own x-derivative: 0, not -inf, where x = 0 and y = -1.
+        x, y = self.args
+        if argindex == 2:
+            return x / (1 + y)
+        return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, -1))), (log1p(y), True))
+
+
+class xexpy(StableFunction):  # noqa: N801
+    """``x * exp(y)``, 0 where x = 0 even where exp(y) overflows: (y - mu)**2 * exp(-log_var) at
+    y = mu, log_var = -100 is 0, not 0 * inf (float32). The printer keeps d/dx = exp(y) there."""
+
+    nargs = 2
+
+    @classmethod
+    def literal(cls, x, y):
+        return x * sympy.exp(y)
+
+    def fdiff(self, argindex=1):
+        x, y = self.args
+        return sympy.exp(y) if argindex == 1 else self
+
+
+class finite_at_zero(sympy.Function):  # noqa: N801
+    """``value`` (a tensor), except where ``x`` is 0, where an overflow to inf is brought back to the
+    largest float: how the plan writes ``xexpy(x, y)``, as ``x * finite_at_zero(exp(y), x)``. The product
+    is 0 there, and its derivative in x (for double backward) as close to exp(y) as the dtype allows."""
+
+    nargs = 2
+
+
 class erfcx(StableFunction):  # noqa: N801
     nargs = 1
 
@@ -161,10 +202,14 @@ class log_ndtr(StableFunction):  # noqa: N801
         return sympy.log(sympy.erfc(-x / sympy.sqrt(2)) / 2)
 
     def fdiff(self, argindex=1):
-        # The normal density over its distribution function, pdf(x) / ndtr(x), with the exp(-x**2 / 2)
-        # both share cancelled: exact where they underflow (x = -40) and where x**2 / 2 swamps log ndtr.
+        # The normal density over its distribution function, pdf(x) / ndtr(x). Below 0 with the
+        # exp(-x**2 / 2) both share cancelled (exact where they underflow, x = -40); above 0 as written,
+        # where ndtr(x) >= 1/2 and erfcx(-x / sqrt(2)) would overflow (inf, and nan at second order).
         x = self.args[0]
-        return sympy.sqrt(2 / sympy.pi) / erfcx(-x / sympy.sqrt(2))
+        return sympy.Piecewise(
+            (sympy.sqrt(2 / sympy.pi) / erfcx(-x / sympy.sqrt(2)), x < 0),
+            (sympy.exp(-(x**2) / 2) / (sympy.sqrt(2 * sympy.pi) * ndtr(x)), True),
+        )
 
     def _eval_is_negative(self):
         return self.args[0].is_extended_real
@@ -289,7 +334,7 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
 
 
 PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, erfcx, ndtr, log_ndtr, logit, silu, gelu,
+    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, erfcx, ndtr, log_ndtr, logit, silu, gelu,
 )  # fmt: skip
 KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
@@ -422,12 +467,19 @@ class _Rewriter:
         return None
 
     def _exp_term(self, term: sympy.Expr) -> sympy.Expr | None:
-        """``u + log(k)`` for a term ``k * exp(u)`` with k > 0 and u involving a tensor, else None."""
+        """``u + log(k)`` for a term ``k * exp(u)`` with k > 0 and u involving a tensor, else None.
+
+        ``k * cosh(v)**e`` counts as ``exp(e * log(cosh(v)) + log(k))``: sympy folds exp(-log(cosh(v)))
+        into 1/cosh(v) as the forward is parsed, and 1/(1 + 1/cosh(v)) is sigmoid(log(cosh(v)))."""
         coefficient, factors = term.as_coeff_mul()
-        if len(factors) == 1 and isinstance(factors[0], sympy.exp) and coefficient.is_positive:
-            u = factors[0].args[0]
-            if self.is_tensor(u):
-                return u + sympy.log(coefficient)
+        if len(factors) != 1 or not coefficient.is_positive:
+            return None
+        (f,) = factors
+        if isinstance(f, sympy.exp) and self.is_tensor(f.args[0]):
+            return f.args[0] + sympy.log(coefficient)
+        base, exponent = f.as_base_exp()
+        if isinstance(base, sympy.cosh) and exponent.is_Number and self.is_tensor(base):
+            return exponent * self._log(sympy.log(base)) + sympy.log(coefficient)
         return None
 
     # powers ---------------------------------------------------------------------------------------
@@ -516,8 +568,8 @@ class _Rewriter:
                 factors.remove(sigmoid(-f.args[0]))
                 return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
         # exp(a) * sigmoid(b)**k = exp(a + k*logsigmoid(b)): exp(a) may overflow where the product is finite
-        # (x*exp(x)*sigmoid(-2*exp(x)), the derivative of x*tanh(exp(x))), and inf * 0 is nan. (Not with
-        # ndtr: the derivative of log_ndtr overflows at second order where ndtr's does not.)
+        # (x*exp(x)*sigmoid(-2*exp(x)), the derivative of x*tanh(exp(x))), and inf * 0 is nan. Likewise
+        # exp(a) * ndtr(b) = exp(a + log_ndtr(b)) (K*exp(-r*T)*ndtr(d2) in Black-Scholes at r = -100).
         exps = [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
         bounded = [f for f in factors if _log_of_bounded(f) is not None and self.is_tensor(f)]
         if len(exps) == 1 and bounded:
@@ -547,12 +599,22 @@ class _Rewriter:
                 scale, rest = _factor_out(coefficient, factors, f, u)
                 if rest is not None:
                     return scale * (silu(u) if isinstance(f, sigmoid) else gelu(u)) * rest
-        # x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0
-        logs = [f for f in factors if isinstance(f, sympy.log) and self.is_tensor(f)]
+        # x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0 ((1 - x)**(b - 1) * log(1 - x) at
+        # x = 1, b > 1); x * log1p(y) = xlog1py(x, y) likewise where y = -1
+        logs = [f for f in factors if isinstance(f, (sympy.log, log1p)) and self.is_tensor(f)]
         tensor_factors = [f for f in factors if f not in logs and self.is_tensor(f)]
         if len(logs) == 1 and tensor_factors:
             scalars = [f for f in factors if f not in logs and f not in tensor_factors]
-            return coefficient * sympy.Mul(*scalars) * xlogy(sympy.Mul(*tensor_factors), logs[0].args[0])
+            kind = xlogy if isinstance(logs[0], sympy.log) else xlog1py
+            return coefficient * sympy.Mul(*scalars) * kind(sympy.Mul(*tensor_factors), logs[0].args[0])
+        # x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
+        # independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)
+        if len(exps) == 1 and not exps[0].args[0].is_nonpositive:
+            others = [f for f in factors if f is not exps[0] and self.is_tensor(f)]
+            v = exps[0].args[0]
+            if others and not sympy.Mul(*others).free_symbols & self.tensors <= v.free_symbols:
+                scalars = [f for f in factors if f is not exps[0] and not self.is_tensor(f)]
+                return coefficient * sympy.Mul(*scalars) * xexpy(sympy.Mul(*others), v)
         return None
 
     def _softmax(self, a: sympy.Expr, total: sympy.Add) -> sympy.Expr | None:
@@ -569,10 +631,10 @@ class _Rewriter:
 
 
 def _log_of_bounded(f: sympy.Expr) -> sympy.Expr | None:
-    """``log(f)`` in stable primitives for ``f`` a sigmoid (or a numeric power of one), else None."""
+    """``log(f)`` in stable primitives for ``f`` a sigmoid or ndtr (or a numeric power of one), else None."""
     base, exponent = f.as_base_exp() if f.is_Pow else (f, sympy.S.One)
-    if exponent.is_Number and isinstance(base, sigmoid):
-        return exponent * logsigmoid(base.args[0])
+    if exponent.is_Number and isinstance(base, (sigmoid, ndtr)):
+        return exponent * (logsigmoid if isinstance(base, sigmoid) else log_ndtr)(base.args[0])
     return None
 
 

@@ -27,6 +27,7 @@ REAL = (-1e4, -1000.0, -100.0, -88.0, -30.0, -10.0, -2.5, -1.0, -0.3, -1e-3, 1e-
 REAL += (88.0, 100.0, 1000.0, 1e4)
 POSITIVE = (1e-30, 1e-6, 1e-3, 0.3, 1.0, 2.5, 10.0, 100.0, 1e4, 1e30)
 UNIT = (1e-6, 1e-3, 0.1, 0.5, 0.9, 1 - 1e-3, 1 - 2**-20)
+UNIT_EXPONENTS = (0.0, 0.5, 1.0, 1.5, 3.0)
 SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
 
@@ -178,6 +179,45 @@ CASES = [
         {"x": (0.0, *REAL)},
         scalars={"p": {"default": 1.5}},
     ),
+    # A power with a tensor exponent: at base 0, d/db is 0 for b >= 0 (PyTorch's convention, not
+    # 1 * log(0) at b = 0), and (1 - x)**b * log(1 - x) is 0 at x = 1 (xlog1py), not 0 * -inf.
+    Case(
+        "tensor_exponent",
+        "(1 - x)**b",
+        lambda x, b: (1 - x) ** b,
+        {"x": (0.0, 0.5, 1 - 1e-3, 1.0), "b": UNIT_EXPONENTS},
+    ),
+    # Pieces that join smoothly: CELU written as Max + Min has derivative 1 at 0, not 0 + 0; leaky ReLU
+    # written the same way has PyTorch's slope at 0.
+    Case(
+        "celu_max_min",
+        "Max(0, x) + Min(0, alpha*(exp(x/alpha) - 1))",
+        lambda x: F.celu(x, alpha=1.5),
+        {"x": (0.0, *REAL)},
+        scalars={"alpha": {"default": 1.5}},
+    ),
+    Case("leaky_max_min", "Max(x, 0) + 0.01*Min(x, 0)", lambda x: F.leaky_relu(x, 0.01), {"x": (0.0, *REAL)}),
+    # A power of a quotient: sympy expands (sigma/r)**12 into sigma**12 * r**-12, inf * 0 in float32.
+    Case(
+        "power_of_quotient",
+        "(sigma/r)**12 - (sigma/r)**6",
+        lambda r, sigma: (sigma / r) ** 12 - (sigma / r) ** 6,
+        {"r": POSITIVE, "sigma": POSITIVE},
+    ),
+    # Zero times an overflowing exponential: Gaussian NLL with a log variance at y = mu, log_var = -100.
+    Case(
+        "gaussian_nll_log_var",
+        "0.5*(log_var + (y - mu)**2*exp(-log_var))",
+        lambda y, mu, log_var: 0.5 * (log_var + ((y - mu) * torch.exp(-log_var / 2)) ** 2),
+        {"y": (-100.0, 0.0, 1.0, 1e4), "mu": (-100.0, 0.0, 1.0), "log_var": REAL},
+    ),
+    # A discount factor times a normal probability: exp(a) * ndtr(b) as exp(a + log_ndtr(b)).
+    Case(
+        "discounted_ndtr",
+        "exp(-a)*(1 + erf(b/sqrt(2)))/2",
+        lambda a, b: torch.exp(-a + torch.special.log_ndtr(b)),
+        {"a": REAL, "b": (-100.0, -30.0, -1.0, 0.0, 1.0, 30.0)},
+    ),
 ]
 
 
@@ -249,6 +289,8 @@ SECOND_ORDER = [
     Case("elu", "Piecewise((x, x > 0), (exp(x) - 1, True))", F.elu, {"x": REAL}),
     Case("selu", f"{SELU_SCALE}*Piecewise((x, x > 0), ({SELU_ALPHA}*(exp(x) - 1), True))", F.selu, {"x": REAL}),
     Case("celu", "Max(x, 0) + Min(0, 2*(exp(x/2) - 1))", lambda x: F.celu(x, alpha=2.0), {"x": REAL}),
+    # x**-6, not 1 / x**6: the reciprocal's double backward squares 1e18 (inf in float32) at x = 1e-3.
+    Case("inverse_power", "1/x**6", lambda x: x**-6, {"x": POSITIVE}),
 ]  # fmt: skip
 
 
