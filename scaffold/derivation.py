@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import sympy
 from sympy.codegen import cfunctions
+from sympy.core.logic import fuzzy_and
 
 from .errors import DerivationError
 from .expression import ParsedExpression
@@ -113,6 +114,12 @@ class _Power(sympy.Function):
 
     nargs = 2
 
+    def _eval_is_extended_real(self) -> bool | None:
+        # Real where the op is defined (its domain keeps the base of a non-integer power >= 0), so that
+        # Abs(x**n - t) differentiates to sign(x**n - t) * ..., not to (x**n - t) * ... / Abs(x**n - t).
+        base, exponent = self.args
+        return fuzzy_and([base.is_extended_real, exponent.is_extended_real])
+
     def fdiff(self, argindex=1):
         base, exponent = self.args
         if argindex == 1:
@@ -129,8 +136,30 @@ class _Power(sympy.Function):
         return sympy.Piecewise((0, zero), (_Power(base, exponent) * sympy.log(base), True))
 
 
+class _Abs(sympy.Function):
+    """``Abs(x)`` while it is differentiated: d/dx Abs(u) = sign(u) * du/dx.
+
+    sympy differentiates Abs of an argument it cannot prove real (``(x - y)/c`` with a scalar ``c`` that
+    might be 0) through real and imaginary parts, then rewrites every Abs(v) inside as v/sign(v): 0/0 at
+    v = 0. The op is real where it is defined, so the real rule applies.
+    """
+
+    nargs = 1
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return self.args[0].is_extended_real
+
+    def _eval_is_nonnegative(self) -> bool | None:
+        return True if self.args[0].is_extended_real else None
+
+    def fdiff(self, argindex=1):
+        return sympy.sign(self.args[0])
+
+
 def _hold_powers(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` with its powers of non-integer or symbolic exponent replaced by :class:`_Power`."""
+    """``expr`` with its powers of non-integer or symbolic exponent replaced by :class:`_Power`, and its
+    absolute values by :class:`_Abs`."""
+    expr = expr.replace(lambda e: isinstance(e, sympy.Abs), lambda e: _Abs(*e.args))
     return expr.replace(
         lambda e: isinstance(e, sympy.Pow) and not e.exp.is_Integer and e.base is not sympy.E,
         lambda e: _Power(*e.args),
@@ -138,7 +167,8 @@ def _hold_powers(expr: sympy.Expr) -> sympy.Expr:
 
 
 def _release_powers(expr: sympy.Expr) -> sympy.Expr:
-    return expr.replace(lambda e: isinstance(e, _Power), lambda e: sympy.Pow(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, _Power), lambda e: sympy.Pow(*e.args))
+    return expr.replace(lambda e: isinstance(e, _Abs), lambda e: sympy.Abs(*e.args))
 
 
 def _merge_powers(expr: sympy.Expr) -> sympy.Expr:
@@ -171,7 +201,7 @@ def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     """
     if isinstance(expr, sympy.Add):
         return sympy.Add(*[_diff(term, symbol) for term in expr.args if symbol in term.free_symbols])
-    if expr.has(sympy.Pow):
+    if expr.has(sympy.Pow, sympy.Abs):
         return _release_powers(sympy.diff(_hold_powers(expr), symbol))
     return sympy.diff(expr, symbol)
 

@@ -82,7 +82,7 @@ RESTRICTED = (
 _BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot, stable.logaddexp)
 _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
-    sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.logic.boolalg.BooleanAtom,
+    sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
     sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero,
 )  # fmt: skip
@@ -384,6 +384,13 @@ class TorchPrinter(StrPrinter):
     def _print_Not(self, expr: sympy.Not) -> str:
         (arg,) = expr.args
         return f"~({self._print(arg)})" if self.is_tensor(arg) else f"not ({self._print(arg)})"
+
+    def _print_ITE(self, expr: sympy.ITE) -> str:
+        # if-then-else between conditions: sympy folds Abs(Piecewise(...) - t) <= delta into one
+        condition, then, otherwise = expr.args
+        if self.is_tensor(expr):
+            return f"torch.where({self._print(condition)}, {self._print(then)}, {self._print(otherwise)})"
+        return f"(({self._print(then)}) if ({self._print(condition)}) else ({self._print(otherwise)}))"
 
     def _boolean(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
         op = tensor_op if self.is_tensor(expr) else python_op

@@ -469,8 +469,9 @@ class _Rewriter:
     def _exp_term(self, term: sympy.Expr) -> sympy.Expr | None:
         """``u + log(k)`` for a term ``k * exp(u)`` with k > 0 and u involving a tensor, else None.
 
-        ``k * cosh(v)**e`` counts as ``exp(e * log(cosh(v)) + log(k))``: sympy folds exp(-log(cosh(v)))
-        into 1/cosh(v) as the forward is parsed, and 1/(1 + 1/cosh(v)) is sigmoid(log(cosh(v)))."""
+        ``k * v**e`` counts as ``exp(e * log(v) + log(k))`` where log(v) has a stable form (cosh(u),
+        1 + exp(u)): sympy folds exp(-log(cosh(u))) into 1/cosh(u) as the forward is parsed, and
+        1/(1 + 1/cosh(u)) is sigmoid(log(cosh(u)))."""
         coefficient, factors = term.as_coeff_mul()
         if len(factors) != 1 or not coefficient.is_positive:
             return None
@@ -478,14 +479,20 @@ class _Rewriter:
         if isinstance(f, sympy.exp) and self.is_tensor(f.args[0]):
             return f.args[0] + sympy.log(coefficient)
         base, exponent = f.as_base_exp()
-        if isinstance(base, sympy.cosh) and exponent.is_Number and self.is_tensor(base):
-            return exponent * self._log(sympy.log(base)) + sympy.log(coefficient)
+        if exponent.is_Number and self.is_tensor(base):
+            log_base = self._log(sympy.log(base))
+            if log_base is not None and not log_base.has(sympy.log, log1p):  # a stable form: softplus, ...
+                return exponent * log_base + sympy.log(coefficient)
         return None
 
     # powers ---------------------------------------------------------------------------------------
 
     def _pow(self, node: sympy.Pow) -> sympy.Expr | None:
         base, exponent = node.args
+        # cosh(u)**-k = exp(-k*log(cosh(u))): 1/cosh(u) is 0 at u = 100 in float32, but its derivative
+        # -sinh(u)/cosh(u)**2 is inf/inf (sympy folds exp(-log(cosh(u))) into 1/cosh(u) as it parses)
+        if isinstance(base, sympy.cosh) and exponent.is_Number and exponent.is_negative:
+            return sympy.exp(exponent * self._log(sympy.log(base)))
         if not base.is_Add:
             return None
         constant, terms = base.as_coeff_add()
@@ -561,6 +568,11 @@ class _Rewriter:
     def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
         coefficient, factors = node.as_coeff_mul()
         factors = list(factors)
+        # exp(a) * exp(b) = exp(a + b): one exponential, which the rules below and expm1 can then see
+        several = [f for f in factors if isinstance(f, sympy.exp)]
+        if len(several) > 1:
+            rest = [f for f in factors if not isinstance(f, sympy.exp)]
+            return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
         # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
         for f in factors:
             if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:

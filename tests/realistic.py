@@ -375,6 +375,79 @@ FOUND: list[dict[str, Any]] = [
         "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}},
         "scalars": {},
     },
+    # Found by test_random_compositions and wider searches on 2026-11-23: log cosh under a sigmoid (sympy folds
+    # exp(-log(cosh)) into 1/cosh), a Lennard-Jones wrap of large arguments, Huber of a Piecewise (an ITE
+    # condition) and Huber of an integer power (Abs of a held power differentiated through re/im).
+    {
+        "name": "found_7",
+        "forward": "-(t*log(1/(1 + exp(-((log(cosh((w*(x - y))))))))) + (1 - t)*log(1 - 1/(1 + "
+        "exp(-((log(cosh((w*(x - y))))))))))",
+        "tensors": {
+            "x": {"shape": [4, 5]},
+            "y": {"shape": [4, 5]},
+            "w": {"shape": [5], "learnable": True, "init": 1.0},
+            "t": {"shape": [4, 5], "domain": [0.0, 1.0]},
+        },
+        "scalars": {},
+    },
+    {
+        "name": "found_8",
+        "forward": "4*((1/(1 + (((x*y)*tanh(log(1 + exp((x*y))))))**2))**6 - (1/(1 + (((x*y)*tanh(log(1 + "
+        "exp((x*y))))))**2))**3)",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}},
+        "scalars": {},
+    },
+    {
+        "name": "found_9",
+        "forward": "Piecewise((0.5*((Piecewise(((x + b), (x + b) > 0), (alpha*(exp((x + b)) - 1), True))) - t)**2, "
+        "Abs((Piecewise(((x + b), (x + b) > 0), (alpha*(exp((x + b)) - 1), True))) - t) <= delta), "
+        "(delta*(Abs((Piecewise(((x + b), (x + b) > 0), (alpha*(exp((x + b)) - 1), True))) - t) - "
+        "0.5*delta), True))",
+        "tensors": {"x": {"shape": [4, 5]}, "b": {"shape": [], "learnable": True, "init": 0.0}, "t": {"shape": [4, 5]}},
+        "scalars": {"alpha": {"type": "float", "default": 1.0}, "delta": {"type": "float", "default": 1.0}},
+    },
+    {
+        "name": "found_10",
+        "forward": "Piecewise((0.5*(((x*y)**n) - t)**2, Abs(((x*y)**n) - t) <= delta), (delta*(Abs(((x*y)**n) - t) "
+        "- 0.5*delta), True))",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+        "scalars": {"n": {"type": "int", "default": 3}, "delta": {"type": "float", "default": 1.0}},
+    },
+    # Found by wider searches (other seeds, more examples) on 2026-11-23: 1/cosh under exp (inf/inf in its
+    # derivative), a sigmoid of softplus, Huber of a softsign of (x - y)/c (Abs through re/im: v/sign(v)),
+    # exp of a cube (gradcheck's finite differences at exp(27)).
+    {
+        "name": "found_11",
+        "forward": "(1 - exp(-((log(cosh((alpha*x)))) - t)))**2",
+        "tensors": {"x": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+        "scalars": {"alpha": {"type": "float", "default": 1.0}},
+    },
+    {
+        "name": "found_12",
+        "forward": "-(t*log(1/(1 + exp(-((log(1 + exp((w*(x - y))))))))) + (1 - t)*log(1 - 1/(1 + exp(-((log(1 + "
+        "exp((w*(x - y))))))))))",
+        "tensors": {
+            "x": {"shape": [4, 5]},
+            "y": {"shape": [4, 5]},
+            "w": {"shape": [5], "learnable": True, "init": 1.0},
+            "t": {"shape": [4, 5], "domain": [0.0, 1.0]},
+        },
+        "scalars": {},
+    },
+    {
+        "name": "found_13",
+        "forward": "Piecewise((0.5*((((x - y)/c)/(1 + Abs(((x - y)/c)))) - t)**2, Abs((((x - y)/c)/(1 + Abs(((x - "
+        "y)/c)))) - t) <= delta), (delta*(Abs((((x - y)/c)/(1 + Abs(((x - y)/c)))) - t) - 0.5*delta), "
+        "True))",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+        "scalars": {"c": {"type": "float", "default": 0.5}, "delta": {"type": "float", "default": 1.0}},
+    },
+    {
+        "name": "found_14",
+        "forward": "exp(((alpha*x)**n)) - t*((alpha*x)**n)",
+        "tensors": {"x": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+        "scalars": {"alpha": {"type": "float", "default": 1.0}, "n": {"type": "int", "default": 3}},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]

@@ -46,13 +46,38 @@ def _uniform(shape, low, high, avoid, generator):
     return x
 
 
-def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0, shapes=SHAPES):
+def make_inputs(device, dtype=torch.float64, requires_grad=True, seed=0, shapes=SHAPES, scale=1.0):
+    """Random inputs; ``scale`` < 1 draws each from that fraction of its interval, around its ordinary value."""
     generator = torch.Generator().manual_seed(seed)
-    tensors = [
-        _uniform(shapes[0], -3.0, 3.0, (), generator),
-        _uniform(shapes[1], -3.0, 3.0, (), generator),
+    intervals = [
+        (-3.0, 3.0, ()),
+        (-3.0, 3.0, ()),
     ]
+    tensors = []
+    for shape, name, (low, high, avoid) in zip(shapes, TENSORS, intervals):
+        center = min(max(TYPICAL[name], low), high)
+        low, high = center - (center - low) * scale, center + (high - center) * scale
+        tensors.append(_uniform(shape, low, high, avoid, generator))
     return [t.to(device=device, dtype=dtype).requires_grad_(requires_grad) for t in tensors]
+
+
+def finite_difference_inputs(device, shapes=SHAPES):
+    """Inputs for gradcheck: finite differences in float64 (step 1e-6) lose about 1e-10 of the largest
+    value or gradient involved, so where the op grows fast (exp(x**3) at x = 3, a pole) the draw is
+    narrowed around the ordinary values until values and gradients stay below 1e4 (the least large draw
+    if none does)."""
+    best = None
+    for scale in (1.0, 0.5, 0.25, 0.125):
+        inputs = make_inputs(device, shapes=shapes, scale=scale)
+        out = reference(*inputs, *SCALARS)
+        grads = torch.autograd.grad(out.sum(), inputs, allow_unused=True)
+        size = max(float(t.detach().abs().max()) for t in [out, *grads] if t is not None)
+        size = size if math.isfinite(size) else math.inf
+        if size <= 1e4:
+            return inputs
+        if best is None or size < best[0]:
+            best = (size, inputs)
+    return best[1]
 
 
 def nearest(values, target):
@@ -156,7 +181,7 @@ def reference(x, beta):
 
 
 def test_gradcheck(device):
-    assert gradcheck(SwishFunction.apply, (*make_inputs(device), *SCALARS))
+    assert gradcheck(SwishFunction.apply, (*finite_difference_inputs(device), *SCALARS))
 
 
 def test_gradgradcheck(device):
@@ -164,7 +189,7 @@ def test_gradgradcheck(device):
     # of a gradient summed over broadcast dimensions lose the small terms to the rounding of the large
     # ones (lennard-jones near its pole). test_gradcheck covers the sums.
     shapes = [torch.broadcast_shapes(*SHAPES)] * len(SHAPES)
-    assert gradgradcheck(SwishFunction.apply, (*make_inputs(device, shapes=shapes), *SCALARS))
+    assert gradgradcheck(SwishFunction.apply, (*finite_difference_inputs(device, shapes), *SCALARS))
 
 
 def test_matches_autograd_reference(device):
