@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import sympy
 from sympy.codegen import cfunctions
 
+from . import stable
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .spec import OpSpec
@@ -160,7 +161,6 @@ def infer_domains(
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
     numbers = {k: sympy.Number(v) for k, v in defaults.items()}
     literal = to_literal(parsed.expr)  # scalars still symbols: an int scalar exponent is an integer power
-    expr = literal.xreplace(numbers)
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     bounds = {s: _Bounds() for s in tensors}
 
@@ -292,7 +292,7 @@ def infer_domains(
             support_reason,
             tuple(float(v) for v in special),
         )
-    checked = [expr, *(to_literal(p).xreplace(numbers) for p in partials)]
+    checked = [stabilize(parsed.expr, tensors).xreplace(numbers), *(p.xreplace(numbers) for p in partials)]
     free = [t.name for t in spec.tensors if t.domain is None]
     repaired = _repair(domains, checked, parsed.symbols, free)
     if repaired is None:
@@ -349,13 +349,15 @@ def _evaluates(
 
     names = list(domains)
     arguments = [symbols[n] for n in names]
+    exprs = [_without_kernels(e) for e in exprs]
+    modules = [_mpmath_primitives(), "mpmath"]
     try:  # all at once: lambdify's cost grows with the number of arguments, per call
-        functions = [sympy.lambdify(arguments, list(exprs), modules="mpmath")]
+        functions = [sympy.lambdify(arguments, list(exprs), modules=modules)]
     except Exception:
         functions = []
         for expr in exprs:  # each on its own: one that lambdify cannot translate leaves the others checked
             try:
-                functions.append(sympy.lambdify(arguments, [expr], modules="mpmath"))
+                functions.append(sympy.lambdify(arguments, [expr], modules=modules))
             except Exception:  # no opinion on this one
                 continue
     if not functions:
@@ -392,6 +394,37 @@ def _evaluates(
             if not mpmath.isfinite(real) or abs(real) > FLOAT64_SAFE:  # mpmath never overflows; float64 does
                 return False
     return True
+
+
+def _without_kernels(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with its derivative kernels (tanh_grad, ...) written in the stable primitives."""
+    return expr.replace(lambda e: isinstance(e, stable.DerivativeKernel), lambda e: type(e).expanded(*e.args))
+
+
+def _mpmath_primitives() -> dict[str, object]:
+    """mpmath versions of the stable primitives, for lambdify: the checks evaluate what the op computes,
+    not the textbook formula, which cancels at mpmath's default 15 digits (log(1 - sigmoid(164)) is
+    log(0) there, though the op's logsigmoid(-164) is -164)."""
+    import mpmath
+
+    def zero_or(f):
+        return lambda x, y: 0 if x == 0 else f(x, y)
+
+    return {
+        "softplus": lambda x: mpmath.log1p(mpmath.exp(x)),
+        "sigmoid": lambda x: 1 / (1 + mpmath.exp(-x)),
+        "logsigmoid": lambda x: -mpmath.log1p(mpmath.exp(-x)),
+        "logaddexp": lambda a, b: max(a, b) + mpmath.log1p(mpmath.exp(-abs(a - b))),
+        "xlogy": zero_or(lambda x, y: x * mpmath.log(y)),
+        "xlog1py": zero_or(lambda x, y: x * mpmath.log1p(y)),
+        "xexpy": zero_or(lambda x, y: x * mpmath.exp(y)),
+        "erfcx": lambda x: mpmath.exp(x**2) * mpmath.erfc(x),
+        "ndtr": lambda x: mpmath.erfc(-x / mpmath.sqrt(2)) / 2,
+        "log_ndtr": lambda x: mpmath.log(mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
+        "logit": lambda p: mpmath.log(p / (1 - p)),
+        "silu": lambda x: x / (1 + mpmath.exp(-x)),
+        "gelu": lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2,
+    }
 
 
 def _sample_points(dimensions: int) -> list[tuple[float, ...]]:

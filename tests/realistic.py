@@ -448,6 +448,21 @@ FOUND: list[dict[str, Any]] = [
         "tensors": {"x": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
         "scalars": {"alpha": {"type": "float", "default": 1.0}, "n": {"type": "int", "default": 3}},
     },
+    # Binary cross-entropy of a cube and of a power of Abs: the domain check evaluated the textbook formula
+    # (cancelling at 15 digits) and moved y to [3, 6]; the reference as written overflows at ordinary inputs.
+    {
+        "name": "found_15",
+        "forward": "-(t*log(1/(1 + exp(-((((x - y)/c)**n))))) + (1 - t)*log(1 - 1/(1 + exp(-((((x - y)/c)**n))))))",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5], "domain": [0.0, 1.0]}},
+        "scalars": {"c": {"type": "float", "default": 0.5}, "n": {"type": "int", "default": 3}},
+    },
+    {
+        "name": "found_16",
+        "forward": "-(t*log(1/(1 + exp(-((Abs(((x - y)/c))**p))))) + (1 - t)*log(1 - 1/(1 + exp(-((Abs(((x - "
+        "y)/c))**p))))))",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5], "domain": [0.0, 1.0]}},
+        "scalars": {"c": {"type": "float", "default": 0.5}, "p": {"type": "float", "default": 1.5}},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]
