@@ -349,7 +349,7 @@ def _evaluates(
 
     names = list(domains)
     arguments = [symbols[n] for n in names]
-    exprs = [_without_kernels(e) for e in exprs]
+    exprs = [stable.expand_kernels(e) for e in exprs]
     modules = [_mpmath_primitives(), "mpmath"]
     try:  # all at once: lambdify's cost grows with the number of arguments, per call
         functions = [sympy.lambdify(arguments, list(exprs), modules=modules)]
@@ -394,11 +394,6 @@ def _evaluates(
             if not mpmath.isfinite(real) or abs(real) > FLOAT64_SAFE:  # mpmath never overflows; float64 does
                 return False
     return True
-
-
-def _without_kernels(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` with its derivative kernels (tanh_grad, ...) written in the stable primitives."""
-    return expr.replace(lambda e: isinstance(e, stable.DerivativeKernel), lambda e: type(e).expanded(*e.args))
 
 
 def _mpmath_primitives() -> dict[str, object]:

@@ -189,13 +189,11 @@ class TorchPrinter(StrPrinter):
             return f"1 / {self._qualified('math.sqrt')}({self._print(base)})"
         if exponent == -1:
             return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
+        # Other negative powers stay powers, x**-7 rather than 1 / x**7: the double backward of the
+        # reciprocal squares 1 / x**7 (inf in float32 at x = 1e-3); pow's own, -7 * x**-8, does not.
         prec = PRECEDENCE["Pow"]
         exponent_text = self._print(exponent)
-        if exponent.is_Integer:
-            # x**-7, not 1 / x**7: the double backward of the reciprocal squares 1 / x**7 (inf in
-            # float32 at x = 1e-3), where pow's own derivative, -7 * x**-8, stays representable.
-            pass
-        elif not exponent.is_Symbol:
+        if not exponent.is_Integer and not exponent.is_Symbol:
             exponent_text = f"({exponent_text})"
         return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
 

@@ -24,7 +24,7 @@ from .errors import DerivationError
 from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
-from .stable import DerivativeKernel, primitives_used
+from .stable import expand_kernels, primitives_used, xexpy
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
 
@@ -62,8 +62,9 @@ def _docstring_text(text: str) -> str:
 
 
 def _math(expr: sympy.Basic) -> str:
-    """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas."""
-    expr = expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).expanded(*e.args))
+    """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas, and
+    xexpy(x, y) as x*exp(y) (its zero guard is an implementation detail)."""
+    expr = expand_kernels(expr).replace(lambda e: isinstance(e, xexpy), lambda e: xexpy.literal(*e.args))
     return sympy.sstr(expr)
 
 

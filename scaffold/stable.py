@@ -365,6 +365,11 @@ def to_literal(expr: sympy.Basic) -> sympy.Basic:
     return expr.replace(lambda e: isinstance(e, StableFunction), lambda e: type(e).literal(*e.args))
 
 
+def expand_kernels(expr: sympy.Basic) -> sympy.Basic:
+    """``expr`` with its derivative kernels (tanh_grad, ...) written in the other stable primitives."""
+    return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).expanded(*e.args))
+
+
 def primitives_used(expr: sympy.Basic) -> list[str]:
     """Names of the stable primitives (and log1p, expm1, hypot) in ``expr``, sorted."""
     kinds = (*PRIMITIVES, log1p, expm1, hypot)
