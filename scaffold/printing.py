@@ -84,7 +84,7 @@ _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero,
+    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad,
 )  # fmt: skip
 # Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
 RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
@@ -296,10 +296,10 @@ class TorchPrinter(StrPrinter):
         args = ", ".join(self._print(a) for a in expr.args)
         if self.is_tensor(expr):
             if isinstance(expr, _BINARY_TENSOR_ONLY) and not all(self.is_tensor(a) for a in expr.args):
-                raise DerivationError(
-                    f"{sympy.sstr(expr)} mixes a tensor and a non-tensor argument, which {torch_name} does not accept",
-                    where="printing",
-                    hint="make both arguments tensors",
+                # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
+                anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
+                args = ", ".join(
+                    self._print(a) if self.is_tensor(a) else f"{anchor}.new_tensor({self._print(a)})" for a in expr.args
                 )
             return f"{self._qualified(torch_name)}({args})"
         if isinstance(expr, sympy.sign):
@@ -318,6 +318,9 @@ class TorchPrinter(StrPrinter):
         value, x = expr.args
         text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
+
+    def _print_log_ndtr_grad(self, expr: stable.log_ndtr_grad) -> str:
+        return self._print(stable.log_ndtr_grad.expanded(*expr.args))
 
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args

@@ -37,7 +37,7 @@ its literal formula (:func:`to_literal`), which the test reference and the domai
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import sympy
 from sympy.codegen.cfunctions import expm1, hypot, log1p
@@ -202,16 +202,38 @@ class log_ndtr(StableFunction):  # noqa: N801
         return sympy.log(sympy.erfc(-x / sympy.sqrt(2)) / 2)
 
     def fdiff(self, argindex=1):
-        # The normal density over its distribution function, pdf(x) / ndtr(x). Below 0 with the
-        # exp(-x**2 / 2) both share cancelled (exact where they underflow, x = -40); above 0 as written,
-        # where ndtr(x) >= 1/2 and erfcx(-x / sqrt(2)) would overflow (inf, and nan at second order).
-        x = self.args[0]
+        return log_ndtr_grad(self.args[0])
+
+    def _eval_is_negative(self):
+        return self.args[0].is_extended_real
+
+
+class log_ndtr_grad(StableFunction):  # noqa: N801
+    """d log_ndtr(x) / dx, the normal density over its distribution function, pdf(x) / ndtr(x): a
+    function of its own so that ``exp(a + log_ndtr(b)) * log_ndtr_grad(b)`` can become
+    ``exp(a - b**2 / 2) / sqrt(2*pi)`` (0 * inf at b = -inf otherwise: Black-Scholes at S = 0)."""
+
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.exp(-(x**2) / 2) / (sympy.sqrt(2 * sympy.pi) * ndtr.literal(x))
+
+    @classmethod
+    def expanded(cls, x):
+        # Below 0 with the exp(-x**2 / 2) both share cancelled (exact where they underflow, x = -40);
+        # above 0 as written, where ndtr(x) >= 1/2 and erfcx(-x / sqrt(2)) would overflow (inf, and nan
+        # at second order).
         return sympy.Piecewise(
             (sympy.sqrt(2 / sympy.pi) / erfcx(-x / sympy.sqrt(2)), x < 0),
             (sympy.exp(-(x**2) / 2) / (sympy.sqrt(2 * sympy.pi) * ndtr(x)), True),
         )
 
-    def _eval_is_negative(self):
+    def fdiff(self, argindex=1):
+        x = self.args[0]
+        return -self * (x + self)
+
+    def _eval_is_positive(self):
         return self.args[0].is_extended_real
 
 
@@ -334,7 +356,8 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
 
 
 PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, erfcx, ndtr, log_ndtr, logit, silu, gelu,
+    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, erfcx, ndtr, log_ndtr, log_ndtr_grad, logit,
+    silu, gelu,
 )  # fmt: skip
 KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
@@ -508,10 +531,14 @@ class _Rewriter:
             if u is not None:
                 shift = sympy.log(constant)
                 return (sigmoid(shift - u) / constant) ** (-exponent)
-        # (x**2 + y**2) ** (k/2) = hypot(x, y) ** k
-        if exponent.is_Number and (2 * exponent).is_odd and constant == 0 and len(terms) >= 2:
+        # (x**2 + y**2) ** (k/2) = hypot(x, y) ** k; also (x**2 + eps**2) and (x**2 + 1): x**2 overflows in
+        # float32 at |x| > 1.8e19 ((x*y)**3 at x = y = 1e4), the hypot not before the result does
+        if exponent.is_Number and (2 * exponent).is_odd and constant.is_nonnegative:
             roots = [self._square_root(t) for t in terms]
-            if all(r is not None for r in roots):
+            if constant.is_positive:
+                roots.append(sympy.sqrt(constant))
+            if len(roots) >= 2 and all(r is not None for r in roots) and any(self.is_tensor(r) for r in roots):
+                roots.sort(key=lambda r: not self.is_tensor(r))  # a tensor first: hypot(x, eps)
                 total = roots[0]
                 for r in roots[1:]:
                     total = hypot(total, r)
@@ -519,12 +546,10 @@ class _Rewriter:
         return None
 
     def _square_root(self, term: sympy.Expr) -> sympy.Expr | None:
-        """``sqrt(k) * t`` for a term ``k * t**2`` with k > 0 and t involving a tensor, else None."""
+        """``sqrt(k) * t`` for a term ``k * t**2`` with k > 0, else None."""
         coefficient, factors = term.as_coeff_mul()
         if len(factors) == 1 and factors[0].is_Pow and factors[0].exp == 2 and coefficient.is_positive:
-            t = factors[0].base
-            if self.is_tensor(t):
-                return sympy.sqrt(coefficient) * t
+            return sympy.sqrt(coefficient) * factors[0].base
         return None
 
     # sums -----------------------------------------------------------------------------------------
@@ -594,6 +619,19 @@ class _Rewriter:
                 factors.remove(f)
             exponent = exps[0].args[0] + sympy.Add(*[_log_of_bounded(f) for f in bounded])
             return coefficient * sympy.exp(exponent) * sympy.Mul(*factors)
+        # exp(a + k*log_ndtr(b)) * log_ndtr_grad(b)**m = exp(a + (k - m)*log_ndtr(b) - m*b**2/2) / (2*pi)**(m/2)
+        # for m <= k: the density without its 1/ndtr(b), which is inf where exp(...) is 0 (b = -inf)
+        if len(exps) == 1:
+            merged = _density_of_log_ndtr(exps[0].args[0], factors)
+            if merged is not None:
+                exponent, used = merged
+                rest = [f for f in factors if f is not exps[0] and f not in used]
+                return self(coefficient * sympy.exp(exponent) * sympy.Mul(*rest))
+            for f in factors:  # exp(...) * (c + d*log_ndtr_grad(b)): multiplied out, so that the rule sees it
+                if f.is_Add and any(_density_of_log_ndtr(exps[0].args[0], t.as_coeff_mul()[1]) for t in f.args):
+                    rest = list(factors)
+                    rest.remove(f)
+                    return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
         # exp(a) / (exp(a) + exp(b) + ...): sigmoid(a - b) for two terms, exp(a - logaddexp(a, b, ...)) for more
         for f in factors:
             for g in factors:
@@ -652,6 +690,21 @@ def _log_of_bounded(f: sympy.Expr) -> sympy.Expr | None:
     base, exponent = f.as_base_exp() if f.is_Pow else (f, sympy.S.One)
     if exponent.is_Number and isinstance(base, (sigmoid, ndtr)):
         return exponent * (logsigmoid if isinstance(base, sigmoid) else log_ndtr)(base.args[0])
+    return None
+
+
+def _density_of_log_ndtr(exponent: sympy.Expr, factors: Sequence[sympy.Expr]) -> tuple[sympy.Expr, list] | None:
+    """For ``exp(exponent)`` times ``factors``: the exponent with the first ``log_ndtr_grad(b)**m`` among
+    the factors merged into it (``exponent`` holding ``k*log_ndtr(b)``, k >= m > 0), and the factors
+    used; None if there is none."""
+    for f in factors:
+        base, m = f.as_base_exp()
+        if isinstance(base, log_ndtr_grad) and m.is_Integer and m > 0:
+            b = base.args[0]
+            k = exponent.coeff(log_ndtr(b))
+            if k.is_Number and k >= m:
+                density = -m * log_ndtr(b) - m * b**2 / 2 - m * sympy.log(2 * sympy.pi) / 2
+                return exponent + density, [f]
     return None
 
 

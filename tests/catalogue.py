@@ -244,6 +244,22 @@ OPS: list[CatalogueOp] = [
     _op("rsqrt", "1/sqrt(x)", {"x": {"domain": [0.5, 3.0]}}, torch.rsqrt),
     _op("atan2_op", "atan2(y, x)", {"y": {}, "x": {}}, torch.atan2),
     _op("hypot_op", "hypot(x, y)", {"x": {}, "y": {}}, torch.hypot),
+    # A number next to a tensor in a function torch takes tensors for: a 0-dim tensor of the input's dtype.
+    _op(
+        "atan2_scalar",
+        "atan2(y, alpha) + logaddexp(y, alpha)",
+        {"y": {}},
+        lambda y, alpha: torch.atan2(y, y.new_tensor(alpha)) + torch.logaddexp(y, y.new_tensor(alpha)),
+        {"alpha": {"type": "float", "default": 0.5}},
+    ),
+    # sqrt(x**2 + eps**2) as hypot(x, eps): x**2 overflows in float32 long before the result does.
+    _op(
+        "charbonnier",
+        "sqrt(x**2 + eps**2)",
+        X,
+        lambda x, eps: torch.hypot(x, x.new_tensor(eps)),
+        {"eps": {"type": "float", "default": 0.1}},
+    ),
     _op("sinh_op", "sinh(x)", X, torch.sinh),
     _op("cosh_op", "cosh(x)", X, torch.cosh),
     _op("asinh_op", "asinh(x)", X, torch.asinh),

@@ -110,11 +110,6 @@ CASES = [
         id="piecewise without otherwise",
     ),
     pytest.param(
-        ["op", "--forward", "atan2(x, alpha)", "--tensor", "x", "--scalar", "alpha=1.0"],
-        "scaffold: error: command-line flags: forward: atan2(x, alpha) mixes a tensor and a non-tensor argument, which torch.atan2 does not accept\n  hint: make both arguments tensors\n",
-        id="mixed atan2",
-    ),
-    pytest.param(
         ["op", "--forward", "x * erfinv(alpha)", "--tensor", "x", "--scalar", "alpha=0.5"],
         "scaffold: error: command-line flags: forward: erfinv(alpha) has only non-tensor arguments and Python's math module has no erfinv\n  hint: declare the argument as a tensor\n",
         id="scalar-only special function",
