@@ -14,10 +14,9 @@ Decides what the generated backward (and jvp) compute and what the forward must 
   bytes saved (relative to the example shapes of the spec) and in tensor operations in backward (plus the
   forward's work to build the masks); the spec's ``policy`` says which comes first: ``"memory"`` (the
   default) the bytes, ``"time"`` the operations;
-* exactly the tensors the formulas use are saved; scalars they use become ctx attributes.
-* powers of a quotient stay powers of a quotient: sympy distributes ``(sigma/r)**12`` into
-  ``sigma**12 * r**-12``, each of which overflows float32 where the quotient is 1, so products of a power
-  and an inverse power are computed as ``tmp = sigma / r; tmp**12`` (see :func:`_pair_powers`).
+* exactly the tensors the formulas use are saved; scalars they use become ctx attributes;
+* before CSE, each formula is lowered (:mod:`.lowering`): a branch's input kept inside its region,
+  powers of a quotient computed as such, ``x * exp(y)`` as 0 where x = 0.
 
 Intermediates of the forward other than its output are never saved: saving them would need them
 returned as extra outputs for double backward to stay correct, so backward recomputes them instead.
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import stable
+from . import lowering
 from .derivation import Derivation
 from .spec import OpSpec
 
@@ -123,9 +122,11 @@ def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
             yield sympy.Symbol(f"tmp{i}", real=True)
 
 
-def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> DerivativeCode:
+def _share(
+    exprs: list[sympy.Expr], names: list[str], taken: set[str], scalars: frozenset[sympy.Symbol]
+) -> DerivativeCode:
     """CSE across ``exprs``; place each temporary with the one term that uses it, or in a shared block."""
-    replacements, reduced = _eliminate(exprs, taken)
+    replacements, reduced = _eliminate(exprs, taken, scalars)
     users: dict[sympy.Symbol, set[int]] = {s: set() for s, _ in replacements}
     for i, expr in enumerate(reduced):
         for s in expr.free_symbols & users.keys():
@@ -149,78 +150,36 @@ def _share(exprs: list[sympy.Expr], names: list[str], taken: set[str]) -> Deriva
     return DerivativeCode(tuple(shared), terms)
 
 
-def straight_line(expr: sympy.Expr, taken: set[str], *, literal: bool = False) -> tuple[tuple[Step, ...], sympy.Expr]:
+def straight_line(
+    expr: sympy.Expr, taken: set[str], scalars: frozenset[sympy.Symbol] | None = None
+) -> tuple[tuple[Step, ...], sympy.Expr]:
     """``expr`` as assignments of its repeated subexpressions and a final expression over them.
 
-    ``literal``: the expression as written (a test's reference), without :func:`_pair_powers`."""
-    replacements, (reduced,) = _eliminate([expr], taken, pair=not literal)
+    ``scalars``: the symbols that are not tensors; None for the expression as written (a test's
+    reference), without the :mod:`.lowering` rewrites."""
+    replacements, (reduced,) = _eliminate([expr], taken, scalars)
     return tuple(Step(str(s), e) for s, e in replacements), reduced
 
 
 Replacements = list[tuple[sympy.Symbol, sympy.Expr]]
 
 
-def _eliminate(exprs: list[sympy.Expr], taken: set[str], *, pair: bool = True) -> tuple[Replacements, list[sympy.Expr]]:
-    """sympy's ``cse`` of ``exprs`` (after :func:`_pair_powers`), temporaries numbered in order of use."""
+def _eliminate(
+    exprs: list[sympy.Expr], taken: set[str], scalars: frozenset[sympy.Symbol] | None
+) -> tuple[Replacements, list[sympy.Expr]]:
+    """sympy's ``cse`` of ``exprs`` (lowered first unless ``scalars`` is None), temporaries numbered in
+    order of use."""
     names = _temp_names(taken)
     definitions: Replacements = []
-    if pair:
-        exprs = _pair_powers(exprs, names, definitions)
-    exprs = _products_with_exp(exprs, names, definitions)
+    if scalars is not None:
+        exprs = [lowering.guard_branches(e, scalars) for e in exprs]
+        exprs = lowering.pair_powers(exprs, names, definitions)
+    exprs = lowering.products_with_exp(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
     steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
     renamed = dict(zip((s for s, _ in steps), _temp_names(taken)))
     steps = [(renamed[s], e.xreplace(renamed)) for s, e in steps]
     return steps, [e.xreplace(renamed) for e in reduced[: len(exprs)]]
-
-
-def _pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotients: Replacements) -> list[sympy.Expr]:
-    """``exprs`` with each product ``a**n * b**-m`` (n, m >= 2) written ``q**k * a**(n-k) * b**(k-m)``,
-    k = min(n, m), ``q`` a new temporary for ``a / b`` (appended to ``quotients``): ``(sigma/r)**12`` is
-    1 at sigma = r = 1e4, while sigma**12 and r**-12 are inf and 0 in float32."""
-    known: dict[tuple[sympy.Expr, sympy.Expr], sympy.Symbol] = {}
-
-    def powers(factors: tuple[sympy.Expr, ...], sign: int) -> list[sympy.Pow]:
-        found = [f for f in factors if f.is_Pow and f.exp.is_Integer and sign * f.exp >= 2 and f.base.free_symbols]
-        return sorted(found, key=lambda f: (-sign * f.exp, sympy.default_sort_key(f)))
-
-    def visit(node: sympy.Expr) -> sympy.Expr:
-        if node.is_Atom:
-            return node
-        args = tuple(visit(a) for a in node.args)
-        node = node.func(*args) if args != node.args else node
-        if not node.is_Mul:
-            return node
-        factors = list(node.args)
-        for up, down in zip(powers(node.args, 1), powers(node.args, -1)):
-            k = min(up.exp, -down.exp)
-            key = (up.base, down.base)
-            if key not in known:
-                known[key] = next(names)
-                quotients.append((known[key], up.base / down.base))
-            factors.remove(up)
-            factors.remove(down)
-            factors += [known[key] ** k, up.base ** (up.exp - k), down.base ** (down.exp + k)]
-        return sympy.Mul(*factors)
-
-    return [visit(e) for e in exprs]
-
-
-def _products_with_exp(
-    exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements
-) -> list[sympy.Expr]:
-    """``exprs`` with each ``xexpy(x, y)`` written ``x * finite_at_zero(e, x)``, ``e`` a new temporary for
-    ``exp(y)`` (appended to ``definitions``), so that exp(y) is computed once."""
-    known: dict[sympy.Expr, sympy.Symbol] = {}
-
-    def expand(node: stable.xexpy) -> sympy.Expr:
-        x, y = node.args
-        if y not in known:
-            known[y] = next(names)
-            definitions.append((known[y], sympy.exp(y)))
-        return x * stable.finite_at_zero(known[y], x)
-
-    return [e.replace(lambda n: isinstance(n, stable.xexpy), expand) for e in exprs]
 
 
 def _in_order(steps: Replacements) -> Replacements:
@@ -247,7 +206,8 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     output = sympy.Symbol(OUTPUT, real=True)
 
     # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x).
-    forward_steps, forward_expr = straight_line(derivation.forward, taken)
+    scalars = frozenset(parsed.symbols[n] for n in parsed.scalar_names)
+    forward_steps, forward_expr = straight_line(derivation.forward, taken, scalars)
 
     # Backward: choose what it reads (see the module docstring), then share its subexpressions.
     forward = derivation.forward
@@ -260,9 +220,10 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     sizes = _Sizes(parsed.tensor_names, shapes)
     candidates = [_with_masks(v, subset, taken, sizes) for v in variants for subset in _mask_subsets(v, parsed)]
     exprs, masks, cost = min(candidates, key=lambda c: _rank(c[2], policy))
-    backward = _share(exprs, names, taken | {m.name for m in masks})
+    backward = _share(exprs, names, taken | {m.name for m in masks}, scalars)
     # jvp: partial * tangent per argument, from the inputs alone (the output has no tangent there).
-    jvp = _share([p.expr * sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials], names, taken)
+    tangents = [sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials]
+    jvp = _share([p.expr * t for p, t in zip(derivation.partials, tangents)], names, taken, scalars)
 
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
@@ -315,8 +276,10 @@ def _rank(cost: Cost, policy: str) -> tuple[float, float]:
 def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
     """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise and of steps
     (Heaviside, 0 or 1 at 0), except where the printer keeps a branch's or a step's other factors inside
-    the region using the condition itself (see printing.needs_guard)."""
-    from .printing import needs_guard  # the printer clamps such branches using the condition itself
+    the region using the condition itself (see lowering.needs_guard)."""
+
+    def needs_guard(value: sympy.Basic) -> bool:
+        return lowering.needs_guard(value, lambda e: bool(e.free_symbols & tensors))
 
     found: list[sympy.Basic] = []
     for expr in exprs:

@@ -27,6 +27,7 @@ from sympy.printing.str import StrPrinter
 
 from . import stable
 from .errors import DerivationError
+from .lowering import guard_value, is_indicator, step_relational, within
 
 # sympy function class -> (torch function, math function or None)
 FUNCTIONS: dict[type, tuple[str, str | None]] = {
@@ -73,18 +74,12 @@ FUNCTIONS: dict[type, tuple[str, str | None]] = {
 }
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
-# Functions whose inputs are restricted: inside a Piecewise branch their inputs are kept in the branch.
-RESTRICTED = (
-    sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
-    sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
-    stable.xlogy, stable.xlog1py, stable.logit,
-)  # fmt: skip
 _BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot, stable.logaddexp)
 _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad,
+    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, within,
 )  # fmt: skip
 # Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
 RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
@@ -128,7 +123,6 @@ class TorchPrinter(StrPrinter):
         super().__init__()
         self.tensors = frozenset(tensors)
         self.imports: set[str] = set()  # keys of IMPORTS
-        self._substitutions: list[dict[sympy.Symbol, str]] = []
         self._dtype_anchored = False
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -152,9 +146,6 @@ class TorchPrinter(StrPrinter):
     # -- atoms ------------------------------------------------------------------------------------
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
-        for substitution in reversed(self._substitutions):
-            if expr in substitution:
-                return substitution[expr]
         return expr.name
 
     def _print_Float(self, expr: sympy.Float) -> str:
@@ -206,13 +197,13 @@ class TorchPrinter(StrPrinter):
         masks = [f for f in factors if self._is_dtype_free(f)]
         if not any(self.is_tensor(f) for f in factors if f not in masks):
             masks = []
-        steps = [m for m in masks if isinstance(m, sympy.Heaviside) or _is_indicator(m)]
+        steps = [m for m in masks if isinstance(m, sympy.Heaviside) or is_indicator(m)]
         if steps:
             # A step selects rather than multiplies: where() keeps an overflowing factor it zeroes
             # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan, and the factor's input is kept
             # where the step is 1, so that its gradient is not 0 * inf = nan either (double backward).
             rest = sympy.Mul(*[f for f in expr.args if f not in steps])
-            conditions = [_step_relational(m) for m in steps]
+            conditions = [step_relational(m) for m in steps]
             if len(conditions) == 1:
                 return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
             condition = " & ".join(f"({self._print(c)})" for c in conditions)
@@ -430,74 +421,15 @@ class TorchPrinter(StrPrinter):
         return text
 
     def _print_branch(self, value: sympy.Expr, region: sympy.Basic) -> str:
-        """Print one Piecewise value; keep its input inside its region when its functions need that."""
-        guard = _region_bound(region, self.tensors)
-        if guard is None or not needs_guard(value):
-            return self._print(value)
-        symbol, inside = guard
-        condition = self._print(region)
-        self._substitutions.append({symbol: f"torch.where({condition}, {symbol.name}, {self._print(inside)})"})
-        try:
-            return self._print(value)
-        finally:
-            self._substitutions.pop()
+        """Print one Piecewise value; keep its input inside its region when its functions need that
+        (unless lowering did: the test's reference is printed as written)."""
+        if not value.has(within):
+            value = guard_value(value, region, self.is_tensor)
+        return self._print(value)
 
-
-def _step_relational(step: sympy.Heaviside | sympy.Piecewise) -> sympy.Basic:
-    """Where a step (a Heaviside with value 0 or 1 at 0, or an indicator) is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
-    if isinstance(step, sympy.Piecewise):  # an indicator: 1 where its condition holds
-        return step.args[0].cond
-    arg, at_zero = step.args
-    constant, terms = arg.as_coeff_add()
-    lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
-    if lhs.could_extract_minus_sign():
-        return (sympy.Le if at_zero == 1 else sympy.Lt)(-lhs, -rhs, evaluate=False)
-    return (sympy.Ge if at_zero == 1 else sympy.Gt)(lhs, rhs, evaluate=False)
-
-
-def _is_indicator(expr: sympy.Basic) -> bool:
-    """``Piecewise((1, condition), (0, True))``: a step on a condition, e.g. a saved mask."""
-    return (
-        isinstance(expr, sympy.Piecewise)
-        and len(expr.args) == 2
-        and expr.args[0].expr == 1
-        and expr.args[1].expr == 0
-        and expr.args[1].cond is sympy.true
-    )
-
-
-#: Functions that overflow for large inputs: in an untaken branch their derivative may be inf, and
-#: where() passes the branch a zero gradient, so double backward would compute 0 * inf = nan.
-_GROWING = (
-    sympy.exp, cfunctions.expm1, cfunctions.exp2, sympy.sinh, sympy.cosh, sympy.tan, sympy.sec, sympy.csc,
-    sympy.cot, stable.erfcx,
-)  # fmt: skip
-
-
-def needs_guard(value: sympy.Basic) -> bool:
-    """Whether a Piecewise branch must see its input kept inside its region: the branch's functions are
-    undefined (log, sqrt, ...), infinite (1/x) or overflow (exp, x**3) elsewhere, and the untaken branch
-    of a where() would put nan into the gradient (log) or into the gradient's gradient (exp)."""
-    return value.has(*RESTRICTED, *_GROWING) or any(
-        isinstance(p, sympy.Pow) and not (p.exp.is_Number and p.exp in (0, 1, 2))
-        for p in sympy.preorder_traversal(value)
-    )
-
-
-def _region_bound(region: sympy.Basic, tensors: frozenset[str]) -> tuple[sympy.Symbol, sympy.Expr] | None:
-    """For a region ``x > a`` (or <, >=, <=, their negations), the tensor ``x`` and a point inside it."""
-    region = sympy.simplify_logic(region) if isinstance(region, sympy.And) else region
-    if isinstance(region, sympy.Not) and isinstance(region.args[0], sympy.core.relational.Relational):
-        region = region.args[0].negated
-    if not isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.LessThan)):
-        return None
-    lhs, rhs = region.lhs, region.rhs
-    if not (lhs.is_Symbol and lhs.name in tensors):
-        lhs, rhs, region = rhs, lhs, region.reversed
-    if not (lhs.is_Symbol and lhs.name in tensors) or any(s.name in tensors for s in rhs.free_symbols):
-        return None
-    upward = isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan))
-    return lhs, rhs + 1 if upward else rhs - 1
+    def _print_within(self, expr: within) -> str:
+        value, condition, inside = expr.args
+        return f"torch.where({self._print(condition)}, {self._print(value)}, {self._print(inside)})"
 
 
 def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str) -> tuple[str, frozenset[str]]:

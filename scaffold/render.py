@@ -352,7 +352,7 @@ def _reference_lines(code: _CodePrinter, derivation: Derivation) -> list[str]:
     ``scaffold bench`` times autograd through it.
     """
     literal = derivation.parsed
-    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT}, literal=True)
+    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
     return code.steps(steps) + [f"return {code(expr)}"]
 
 

@@ -73,10 +73,6 @@ KNOWN_PROBLEMS: dict[str, str] = {
     "gaussian_nll": "d2/dlog_var2 nan at y = mu, log_var = -100 (float32) or -1e4: the double backward of exp "
     "multiplies its overflowed output by 0",
     "bs_call": "second derivatives nan at S = K = T = sigma = rate = 1e4 (float32)",
-    "found_1": "second derivatives nan at extreme inputs (Piecewise inside a logit)",
-    "found_9": "second derivatives nan at x = 1e4: ELU's exp branch, shared by CSE outside the where(), overflows "
-    "and its backward multiplies the zero gradient by inf",
-    "found_10": "d2/dxdy nan at x = y = t = 1e4 (float32): the untaken Huber branch overflows (1e24 * 3e16)",
 }
 # Of those, the ones whose own generated tests fail too (strict as well).
 KNOWN_GENERATED_FAILURES: dict[str, str] = {}

@@ -30,6 +30,7 @@ UNIT = (1e-6, 1e-3, 0.1, 0.5, 0.9, 1 - 1e-3, 1 - 2**-20)
 UNIT_EXPONENTS = (0.0, 0.5, 1.0, 1.5, 3.0)
 SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
+_ELU = "Piecewise((x, x > 0), (exp(x) - 1, True))"
 
 
 @dataclass(frozen=True)
@@ -291,6 +292,10 @@ SECOND_ORDER = [
     Case("celu", "Max(x, 0) + Min(0, 2*(exp(x/2) - 1))", lambda x: F.celu(x, alpha=2.0), {"x": REAL}),
     # x**-6, not 1 / x**6: the reciprocal's double backward squares 1e18 (inf in float32) at x = 1e-3.
     Case("inverse_power", "1/x**6", lambda x: x**-6, {"x": POSITIVE}),
+    # ELU inside a Huber loss: its exp(x) is needed in both branches of the loss, and shared, it must stay
+    # inside ELU's where() (exp(1e4) * 0 otherwise; found_10 in test_realistic is the loss's own branch).
+    Case("huber_of_elu", f"Piecewise((({_ELU} - 1)**2/2, Abs({_ELU} - 1) <= 1), (Abs({_ELU} - 1) - 1/2, True))",
+         lambda x: F.huber_loss(F.elu(x), torch.ones_like(x), reduction="none"), {"x": REAL}),
 ]  # fmt: skip
 
 

@@ -1,0 +1,205 @@
+"""Stage 4b: lowering, how each value is computed (not what), before common subexpressions are shared.
+
+The derivation's formulas are exact math; printed as they stand, some of them compute an inf or a nan
+that the math does not have. Each rewrite here keeps the value and changes the computation:
+
+* :func:`guard_branches`: the input of a ``Piecewise`` branch (or of what a step multiplies) is kept
+  inside the branch's region, ``exp(within(x, x <= 0, -1))``, so that the untaken side of a
+  ``torch.where`` is finite: its zero gradient times an inf (exp(100) in float32) is nan, at first order
+  for log and sqrt, at second for exp. Done before CSE, so that CSE cannot lift ``exp(x)`` out of the
+  ``where`` into a temporary computed everywhere (it did: ELU inside a Huber loss);
+* :func:`pair_powers`: ``sigma**12 * r**-12`` (sympy's expansion of ``(sigma/r)**12``) is computed as
+  ``tmp = sigma / r; tmp**12``, since each factor alone overflows float32 where the quotient is 1;
+* :func:`products_with_exp`: ``xexpy(x, y)`` becomes ``x * finite_at_zero(exp(y), x)``, 0 (not 0 * inf)
+  where x = 0, with exp(y) one temporary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import sympy
+from sympy.codegen import cfunctions
+
+from . import stable
+
+#: Functions whose inputs are restricted: inside a branch their input is kept in the branch's region.
+RESTRICTED = (
+    sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
+    sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
+    stable.xlogy, stable.xlog1py, stable.logit,
+)  # fmt: skip
+#: Functions that overflow for large inputs: in an untaken branch their derivative may be inf, and
+#: where() passes the branch a zero gradient, so double backward would compute 0 * inf = nan.
+GROWING = (
+    sympy.exp, cfunctions.expm1, cfunctions.exp2, sympy.sinh, sympy.cosh, sympy.tan, sympy.sec, sympy.csc,
+    sympy.cot, stable.erfcx,
+)  # fmt: skip
+
+Replacements = list[tuple[sympy.Symbol, sympy.Expr]]
+
+
+class within(sympy.Function):  # noqa: N801 - sympy's convention: functions print by class name
+    """``value`` where ``condition`` holds, else ``inside`` (a point where it holds): how a branch's
+    input is kept inside the branch's region. Printed as ``torch.where(condition, value, inside)``."""
+
+    nargs = 3
+
+
+def needs_guard(value: sympy.Basic, is_tensor: Callable[[sympy.Basic], bool]) -> bool:
+    """Whether a Piecewise branch must see its input kept inside its region: the branch's functions of
+    tensors are undefined (log, sqrt, ...), infinite (1/x) or overflow (exp, x**3) elsewhere, and the
+    untaken branch of a where() would put nan into the gradient (log) or into the gradient's gradient (exp)."""
+    return any(
+        (isinstance(p, (*RESTRICTED, *GROWING)) or (p.is_Pow and not (p.exp.is_Number and p.exp in (0, 1, 2))))
+        and is_tensor(p)
+        for p in sympy.preorder_traversal(value)
+    )
+
+
+def region_bound(region: sympy.Basic, is_tensor: Callable[[sympy.Basic], bool]) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """For a region ``u > a``, ``u <= a`` (...), ``|u| <= a`` or ``|u| > a`` with ``a`` free of tensors:
+    ``u`` and a point inside the region; else None."""
+    region = sympy.simplify_logic(region) if isinstance(region, sympy.And) else region
+    if isinstance(region, sympy.Not) and isinstance(region.args[0], sympy.core.relational.Relational):
+        region = region.args[0].negated
+    if not isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan, sympy.StrictLessThan, sympy.LessThan)):
+        return None
+    lhs, rhs = region.lhs, region.rhs
+    if not is_tensor(lhs):
+        lhs, rhs, region = rhs, lhs, region.reversed
+    if not is_tensor(lhs) or is_tensor(rhs):
+        return None
+    upward = isinstance(region, (sympy.StrictGreaterThan, sympy.GreaterThan))
+    if isinstance(lhs, sympy.Abs):  # |u| > a holds at u = |a| + 1, |u| <= a (if anywhere) at u = 0
+        return lhs.args[0], sympy.Abs(rhs) + 1 if upward else sympy.S.Zero
+    return lhs, rhs + 1 if upward else rhs - 1
+
+
+def guard_value(value: sympy.Expr, region: sympy.Basic, is_tensor: Callable[[sympy.Basic], bool]) -> sympy.Expr:
+    """``value`` with its input kept inside ``region`` where its functions need that (and it can be
+    done: the region bounds one expression that ``value`` contains)."""
+    if not needs_guard(value, is_tensor):
+        return value
+    bound = region_bound(region, is_tensor)
+    if bound is None:
+        return value
+    u, inside = bound
+    kept = within(u, region, inside)
+    placeholder = sympy.Dummy(real=True)
+    rest = value.xreplace({u: placeholder, -u: -placeholder})
+    if rest == value or not needs_guard(rest, lambda e: e.has(placeholder) or is_tensor(e)):
+        return value  # no u in value, or nothing grows with u: u alone is finite wherever it is computed
+    return value.xreplace({u: kept, -u: -kept})
+
+
+def guard_branches(expr: sympy.Expr, scalars: set[sympy.Symbol] | frozenset[sympy.Symbol]) -> sympy.Expr:
+    """``expr`` with each Piecewise branch, and each factor a step multiplies, kept inside its region.
+    Every symbol but ``scalars`` is a tensor."""
+
+    def is_tensor(e: sympy.Basic) -> bool:
+        return bool(e.free_symbols - scalars)
+
+    def piecewise(node: sympy.Piecewise) -> sympy.Piecewise:
+        pairs, previous = [], []
+        for value, cond in node.args:
+            region = sympy.And(cond, *[sympy.Not(c) for c in previous]) if previous else cond
+            previous.append(cond)
+            pairs.append((guard_value(value, region, is_tensor) if is_tensor(region) else value, cond))
+        return sympy.Piecewise(*pairs)
+
+    def step_product(node: sympy.Mul) -> sympy.Expr:
+        steps = [f for f in node.args if _is_step(f) and is_tensor(f)]
+        if len(steps) != 1:
+            return node
+        rest = sympy.Mul(*[f for f in node.args if f is not steps[0]])
+        return steps[0] * guard_value(rest, step_relational(steps[0]), is_tensor)
+
+    def visit(node: sympy.Basic) -> sympy.Basic:
+        if node.is_Atom or not node.args:
+            return node
+        args = tuple(visit(a) for a in node.args)
+        node = node.func(*args) if args != node.args else node
+        if isinstance(node, sympy.Piecewise):
+            return piecewise(node)
+        if isinstance(node, sympy.Mul):
+            return step_product(node)
+        return node
+
+    return visit(expr)
+
+
+def _is_step(expr: sympy.Basic) -> bool:
+    return (isinstance(expr, sympy.Heaviside) and expr.args[1] in (0, 1)) or is_indicator(expr)
+
+
+def is_indicator(expr: sympy.Basic) -> bool:
+    """``Piecewise((1, condition), (0, True))``: a step on a condition, e.g. a saved mask."""
+    return (
+        isinstance(expr, sympy.Piecewise)
+        and len(expr.args) == 2
+        and expr.args[0].expr == 1
+        and expr.args[1].expr == 0
+        and expr.args[1].cond is sympy.true
+    )
+
+
+def step_relational(step: sympy.Heaviside | sympy.Piecewise) -> sympy.Basic:
+    """Where a step (a Heaviside with value 0 or 1 at 0, or an indicator) is 1: ``x > 0``, ``x < 1``, ``x >= 0``."""
+    if isinstance(step, sympy.Piecewise):  # an indicator: 1 where its condition holds
+        return step.args[0].cond
+    arg, at_zero = step.args
+    constant, terms = arg.as_coeff_add()
+    lhs, rhs = sympy.Add(*terms), -constant  # x - 1 > 0 reads better as x > 1
+    if lhs.could_extract_minus_sign():
+        return (sympy.Le if at_zero == 1 else sympy.Lt)(-lhs, -rhs, evaluate=False)
+    return (sympy.Ge if at_zero == 1 else sympy.Gt)(lhs, rhs, evaluate=False)
+
+
+def pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotients: Replacements) -> list[sympy.Expr]:
+    """``exprs`` with each product ``a**n * b**-m`` (n, m >= 2) written ``q**k * a**(n-k) * b**(k-m)``,
+    k = min(n, m), ``q`` a new temporary for ``a / b`` (appended to ``quotients``): ``(sigma/r)**12`` is
+    1 at sigma = r = 1e4, while sigma**12 and r**-12 are inf and 0 in float32."""
+    known: dict[tuple[sympy.Expr, sympy.Expr], sympy.Symbol] = {}
+
+    def powers(factors: tuple[sympy.Expr, ...], sign: int) -> list[sympy.Pow]:
+        found = [f for f in factors if f.is_Pow and f.exp.is_Integer and sign * f.exp >= 2 and f.base.free_symbols]
+        return sorted(found, key=lambda f: (-sign * f.exp, sympy.default_sort_key(f)))
+
+    def visit(node: sympy.Expr) -> sympy.Expr:
+        if node.is_Atom:
+            return node
+        args = tuple(visit(a) for a in node.args)
+        node = node.func(*args) if args != node.args else node
+        if not node.is_Mul:
+            return node
+        factors = list(node.args)
+        for up, down in zip(powers(node.args, 1), powers(node.args, -1)):
+            k = min(up.exp, -down.exp)
+            key = (up.base, down.base)
+            if key not in known:
+                known[key] = next(names)
+                quotients.append((known[key], up.base / down.base))
+            factors.remove(up)
+            factors.remove(down)
+            factors += [known[key] ** k, up.base ** (up.exp - k), down.base ** (down.exp + k)]
+        return sympy.Mul(*factors)
+
+    return [visit(e) for e in exprs]
+
+
+def products_with_exp(
+    exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements
+) -> list[sympy.Expr]:
+    """``exprs`` with each ``xexpy(x, y)`` written ``x * finite_at_zero(e, x)``, ``e`` a new temporary for
+    ``exp(y)`` (appended to ``definitions``), so that exp(y) is computed once."""
+    known: dict[sympy.Expr, sympy.Symbol] = {}
+
+    def expand(node: stable.xexpy) -> sympy.Expr:
+        x, y = node.args
+        if y not in known:
+            known[y] = next(names)
+            definitions.append((known[y], sympy.exp(y)))
+        return x * stable.finite_at_zero(known[y], x)
+
+    return [e.replace(lambda n: isinstance(n, stable.xexpy), expand) for e in exprs]
