@@ -463,6 +463,32 @@ FOUND: list[dict[str, Any]] = [
         "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5], "domain": [0.0, 1.0]}},
         "scalars": {"c": {"type": "float", "default": 0.5}, "p": {"type": "float", "default": 1.5}},
     },
+    # Found on 2026-11-23 (second session): a square root of a sum of squares with a scalar (z**2 overflows
+    # at z = (x*y)**3 = 1e24; hypot does not); a Cauchy loss and a soft Lennard-Jones of cubes, whose float32
+    # intermediates leave float32's range at 1e4 (both still fail: see KNOWN_GENERATED_FAILURES).
+    {
+        "name": "found_17",
+        "forward": "sqrt(((x*y)**3 - t)**2 + eps**2)",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+        "scalars": {"eps": {"type": "float", "default": 1e-3}},
+    },
+    {
+        "name": "found_18",
+        "forward": "log(1 + (((w*x + b)**3 - t)/c)**2)",
+        "tensors": {
+            "x": {"shape": [4, 5]},
+            "w": {"shape": [5], "learnable": True, "init": 1.0},
+            "b": {"shape": [], "learnable": True, "init": 0.0},
+            "t": {"shape": [4, 5]},
+        },
+        "scalars": {"c": {"type": "float", "default": 0.5}},
+    },
+    {
+        "name": "found_19",
+        "forward": "4*((1/(1 + (((w*(x - y))**n))**2))**6 - (1/(1 + (((w*(x - y))**n))**2))**3)",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "w": {"shape": [5], "learnable": True, "init": 1.0}},
+        "scalars": {"n": {"type": "int", "default": 3}},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]
