@@ -416,6 +416,7 @@ def _mpmath_primitives() -> dict[str, object]:
         "erfcx": lambda x: mpmath.exp(x**2) * mpmath.erfc(x),
         "ndtr": lambda x: mpmath.erfc(-x / mpmath.sqrt(2)) / 2,
         "log_ndtr": lambda x: mpmath.log(mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
+        "kept": lambda w: w,
         "log_ndtr_grad": lambda x: mpmath.npdf(x) / mpmath.ncdf(x),
         "logit": lambda p: mpmath.log(p / (1 - p)),
         "silu": lambda x: x / (1 + mpmath.exp(-x)),

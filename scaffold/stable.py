@@ -164,6 +164,20 @@ class finite_at_zero(sympy.Function):  # noqa: N801
     nargs = 2
 
 
+class kept(StableFunction):  # noqa: N801
+    """``w`` itself, kept as one value: sympy distributes powers over a product as it builds them
+    ((x**3)**-2 is x**-6), so without it a branch guard (lowering.within) could not find ``w`` again."""
+
+    nargs = 1
+
+    @classmethod
+    def literal(cls, w):
+        return w
+
+    def fdiff(self, argindex=1):
+        return sympy.S.One
+
+
 class erfcx(StableFunction):  # noqa: N801
     nargs = 1
 
@@ -356,8 +370,8 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
 
 
 PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, erfcx, ndtr, log_ndtr, log_ndtr_grad, logit,
-    silu, gelu,
+    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, kept, erfcx, ndtr, log_ndtr, log_ndtr_grad,
+    logit, silu, gelu,
 )  # fmt: skip
 KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
@@ -450,7 +464,8 @@ class _Rewriter:
         if arg.is_Mul:
             return self._log_of_product(arg)
         if arg.is_Add:
-            return self._log_of_sum(arg)
+            square = self._log_of_one_plus_square(arg)
+            return square if square is not None else self._log_of_sum(arg)
         return None
 
     def _log1p(self, node: log1p) -> sympy.Expr | None:
@@ -474,6 +489,37 @@ class _Rewriter:
                 if other.is_Pow and other.exp == -1 and sympy.expand(other.base - (1 - u)) == 0:
                     return logit(u)
         return None
+
+    def _log_of_one_plus_square(self, arg: sympy.Add) -> sympy.Expr | None:
+        """``log(1 + s*w**2)`` (s > 0) where ``w`` can outgrow float32's square root (a cube, an exp):
+        ``log1p(s*w**2)`` for ``|w| <= 1/sqrt(s)``, ``log(s) + 2*log|w| + log1p(1/(s*w**2))`` beyond, so that
+        the Cauchy loss of ((w*x + b)**3 - t)/c is 112 at 1e4, not log(inf). Written log1p(...), it is
+        left alone (the first branch is one)."""
+        constant, terms = arg.as_coeff_add()
+        if constant != 1 or len(terms) != 1:
+            return None
+        coefficient, factors = terms[0].as_coeff_mul()
+        tensor_factors = [f for f in factors if self.is_tensor(f)]
+        # sympy writes (x**3/c)**2 as x**6/c**2: w is the product of the tensor factors' square roots
+        if not tensor_factors or not coefficient.is_positive:
+            return None
+        if not all(f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.exp > 0 for f in tensor_factors):
+            return None
+        w = sympy.Mul(*[f.base ** (f.exp / 2) for f in tensor_factors])
+        scale = terms[0] / sympy.Mul(*tensor_factors)
+        scale_factors = sympy.Mul.make_args(scale)
+        positive = all(
+            f.is_positive or (f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.base.is_extended_real)
+            for f in scale_factors
+        )
+        if not positive or self.is_tensor(scale) or not _can_overflow(w, self.tensors):
+            return None
+        bound = 1 / sympy.sqrt(scale)
+        w = kept(w)
+        return sympy.Piecewise(
+            (log1p(scale * w**2), sympy.Abs(w) <= bound),
+            (sympy.log(scale) + 2 * sympy.log(sympy.Abs(w)) + log1p(w**-2 / scale), True),
+        )
 
     def _log_of_sum(self, arg: sympy.Add) -> sympy.Expr | None:
         constant, terms = arg.as_coeff_add()
@@ -683,6 +729,17 @@ class _Rewriter:
         for u in exponents[1:]:
             total_log = logaddexp(total_log, u)
         return sympy.exp(a - total_log)
+
+
+def _can_overflow(w: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> bool:
+    """Whether ``w`` can pass 1e19 (its square, float32's largest number) at inputs of 1e4: it has a power
+    of 3 or more (or a symbolic one), or an exponential, of a tensor."""
+    growing = (sympy.exp, sympy.sinh, sympy.cosh, expm1)
+    return any(
+        (isinstance(p, growing) or (p.is_Pow and not (p.exp.is_Number and abs(p.exp) < 3)))
+        and bool(p.free_symbols & tensors)
+        for p in sympy.preorder_traversal(w)
+    )
 
 
 def _log_of_bounded(f: sympy.Expr) -> sympy.Expr | None:

@@ -465,7 +465,8 @@ FOUND: list[dict[str, Any]] = [
     },
     # Found on 2026-11-23 (second session): a square root of a sum of squares with a scalar (z**2 overflows
     # at z = (x*y)**3 = 1e24; hypot does not); a Cauchy loss and a soft Lennard-Jones of cubes, whose float32
-    # intermediates leave float32's range at 1e4 (both still fail: see KNOWN_GENERATED_FAILURES).
+    # intermediates leave float32's range at 1e4 (the Cauchy loss passes now: log(1 + u**2) switches to
+    # 2*log|u| + log1p(u**-2) beyond |u| = 1; the soft Lennard-Jones still fails: KNOWN_GENERATED_FAILURES).
     {
         "name": "found_17",
         "forward": "sqrt(((x*y)**3 - t)**2 + eps**2)",
@@ -486,7 +487,11 @@ FOUND: list[dict[str, Any]] = [
     {
         "name": "found_19",
         "forward": "4*((1/(1 + (((w*(x - y))**n))**2))**6 - (1/(1 + (((w*(x - y))**n))**2))**3)",
-        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "w": {"shape": [5], "learnable": True, "init": 1.0}},
+        "tensors": {
+            "x": {"shape": [4, 5]},
+            "y": {"shape": [4, 5]},
+            "w": {"shape": [5], "learnable": True, "init": 1.0},
+        },
         "scalars": {"n": {"type": "int", "default": 3}},
     },
 ]

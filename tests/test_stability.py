@@ -312,3 +312,26 @@ def test_untaken_branches_are_safe_at_second_order(case, tmp_path):
     (exact_grad,) = torch.autograd.grad(case.native(exact).sum(), exact, create_graph=True)
     (exact_second,) = torch.autograd.grad(exact_grad.sum(), exact)
     _check("second derivative", second, exact_second.float(), exact_second, [x.detach()], rtol=1e-4, atol=1e-6)
+
+
+def test_log_of_one_plus_a_square_that_overflows(tmp_path):
+    """A Cauchy loss of a cube: u**2 is inf in float32 at u = x**3/c = 2e21, log(1 + u**2) is 98.5; the
+    op switches to 2*log|u| + log1p(u**-2) beyond |u| = 1 (and stays log1p(u**2) inside, accurate at 0)."""
+    case = Case("cauchy_cube", "log(1 + (x**3/c)**2)", None, {"x": ()}, scalars={"c": {"default": 0.5}})
+    op = _load(case, tmp_path)
+    x32 = torch.tensor([-1e7, -30.0, -1.0, -1e-3, 0.0, 1e-3, 0.5, 1.0, 30.0, 1e7], requires_grad=True)
+    x64 = x32.detach().double().requires_grad_()
+    for x in (x32, x64):
+        x.grad = None
+        op(x, 0.5).sum().backward()
+    exact = torch.log1p((x64.detach() ** 3 / 0.5) ** 2)  # float64 holds u**2 = 4e42
+    exact_grad = 6 * x64.detach() ** 5 / 0.25 / (1 + (x64.detach() ** 3 / 0.5) ** 2)
+    torch.testing.assert_close(op(x32, 0.5).detach().double(), exact, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(x32.grad.double(), exact_grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(x64.grad, exact_grad, rtol=1e-12, atol=1e-15)
+    # The far branch's 1/x**6 is inf at x = 0, where the near branch is taken: kept out of the second
+    # derivative (2 * 3 * 2 * x**4 / c**2 ... is 0 there).
+    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(op(x, 0.5).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    assert torch.equal(second, torch.zeros(3, dtype=torch.float64)), second
