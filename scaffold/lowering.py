@@ -129,11 +129,6 @@ def guard_branches(expr: sympy.Expr, scalars: set[sympy.Symbol] | frozenset[symp
     return visit(expr)
 
 
-def unkeep(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` without its :class:`~.stable.kept` wrappers, which only marked a value for the guards."""
-    return expr.replace(lambda e: isinstance(e, stable.kept), lambda e: e.args[0])
-
-
 def _is_step(expr: sympy.Basic) -> bool:
     return (isinstance(expr, sympy.Heaviside) and expr.args[1] in (0, 1)) or is_indicator(expr)
 

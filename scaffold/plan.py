@@ -172,7 +172,7 @@ def _eliminate(
     names = _temp_names(taken)
     definitions: Replacements = []
     if scalars is not None:
-        exprs = [lowering.unkeep(lowering.guard_branches(e, scalars)) for e in exprs]
+        exprs = [lowering.guard_branches(e, scalars) for e in exprs]
         exprs = lowering.pair_powers(exprs, names, definitions)
     exprs = lowering.products_with_exp(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")

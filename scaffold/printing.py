@@ -79,7 +79,7 @@ _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, within,
+    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, stable.kept, within,
 )  # fmt: skip
 # Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
 RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
@@ -309,6 +309,15 @@ class TorchPrinter(StrPrinter):
         value, x = expr.args
         text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
+
+    def _print_kept(self, expr: stable.kept) -> str:
+        return self._print(expr.args[0])
+
+    def parenthesize(self, item: sympy.Basic, level: int, strict: bool = False) -> str:
+        # kept(w) prints as w, parenthesized also at equal precedence: (a**n)**2, not a**n**2 = a**(n**2)
+        if isinstance(item, stable.kept):
+            return super().parenthesize(item.args[0], level, strict=False)
+        return super().parenthesize(item, level, strict)
 
     def _print_log_ndtr_grad(self, expr: stable.log_ndtr_grad) -> str:
         return self._print(stable.log_ndtr_grad.expanded(*expr.args))

@@ -18,13 +18,17 @@ stay plain Python):
 * ``exp(u) / (exp(u) + exp(v))`` -> ``sigmoid(u - v)``; with more terms ``exp(u - logaddexp(...))``
 * ``x * log(y)`` -> ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy); ``x * log1p(y)`` -> ``xlog1py(x, y)``
 * ``x * exp(v)`` -> ``xexpy(x, v)`` (0 where x = 0), for x that can be 0 while v is large
-* ``sqrt(x**2 + y**2)`` -> ``hypot(x, y)``
+* ``sqrt(x**2 + y**2)`` -> ``hypot(x, y)``; also ``sqrt(x**2 + eps**2)``, ``sqrt(x**2 + 1)``
+* ``log(1 + s*w**2)`` for ``w`` that can pass 1e19 (a cube, an exp) -> ``log1p(s*w**2)`` for ``|w| <= 1/sqrt(s)``,
+  ``log(s) + 2*log|w| + log1p(1/(s*w**2))`` beyond; ``(1 + s*w**2)**-k`` keeps such a ``w`` whole
+  (:class:`kept`), so that sympy does not merge it with its derivative into one overflowing power
 * ``exp(u**2) * erfc(u)`` -> ``erfcx(u)``
 * ``(1 + erf(u / sqrt(2))) / 2`` -> ``ndtr(u)``; its log is ``log_ndtr(u)``
 * ``log(erfc(u))`` -> ``log(2) + log_ndtr(-sqrt(2) * u)``
 * ``log(u / (1 - u))`` -> ``logit(u)``
 * ``log(cosh(u))`` -> ``u + softplus(-2*u) - log(2)``
 * ``exp(a) * sigmoid(b)**k``, ``exp(a) * ndtr(b)**k`` -> ``exp(a + k*logsigmoid(b))``, ``exp(a + k*log_ndtr(b))``
+* ``exp(a + log_ndtr(b)) * log_ndtr'(b)`` -> ``exp(a - b**2/2) / sqrt(2*pi)`` (0 * inf where ndtr(b) is 0)
 * ``1 / (c + k*cosh(u)**e)`` -> a sigmoid of ``e*log(cosh(u))`` (sympy folds exp(-log(cosh(u))) into 1/cosh(u))
 
 Derivatives are written in forms that keep their relative accuracy in float32 tails (``sigmoid'(u)`` as
@@ -495,6 +499,20 @@ class _Rewriter:
         ``log1p(s*w**2)`` for ``|w| <= 1/sqrt(s)``, ``log(s) + 2*log|w| + log1p(1/(s*w**2))`` beyond, so that
         the Cauchy loss of ((w*x + b)**3 - t)/c is 112 at 1e4, not log(inf). Written log1p(...), it is
         left alone (the first branch is one)."""
+        square = self._one_plus_square(arg)
+        if square is None:
+            return None
+        scale, w = square
+        return sympy.Piecewise(
+            (log1p(scale * w**2), sympy.Abs(w) <= 1 / sympy.sqrt(scale)),
+            (sympy.log(scale) + 2 * sympy.log(sympy.Abs(w)) + log1p(w**-2 / scale), True),
+        )
+
+    def _one_plus_square(self, arg: sympy.Add) -> tuple[sympy.Expr, kept] | None:
+        """``(s, kept(w))`` for ``arg`` = ``1 + s*w**2`` with s > 0 free of tensors and ``w`` a value that can
+        pass 1e19 at inputs of 1e4 (its square overflows float32), else None. ``w`` is kept as one value:
+        sympy would merge w = a**3 with the a**2 of its derivative into a**5, which overflows where
+        w * (1 + w**2)**-4 does not (a soft Lennard-Jones of a cube)."""
         constant, terms = arg.as_coeff_add()
         if constant != 1 or len(terms) != 1:
             return None
@@ -503,23 +521,17 @@ class _Rewriter:
         # sympy writes (x**3/c)**2 as x**6/c**2: w is the product of the tensor factors' square roots
         if not tensor_factors or not coefficient.is_positive:
             return None
-        if not all(f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.exp > 0 for f in tensor_factors):
+        if not all(f.is_Pow and (f.exp / 2).as_coeff_Mul()[0].is_Integer for f in tensor_factors):
             return None
         w = sympy.Mul(*[f.base ** (f.exp / 2) for f in tensor_factors])
         scale = terms[0] / sympy.Mul(*tensor_factors)
-        scale_factors = sympy.Mul.make_args(scale)
         positive = all(
             f.is_positive or (f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.base.is_extended_real)
-            for f in scale_factors
+            for f in sympy.Mul.make_args(scale)
         )
         if not positive or self.is_tensor(scale) or not _can_overflow(w, self.tensors):
             return None
-        bound = 1 / sympy.sqrt(scale)
-        w = kept(w)
-        return sympy.Piecewise(
-            (log1p(scale * w**2), sympy.Abs(w) <= bound),
-            (sympy.log(scale) + 2 * sympy.log(sympy.Abs(w)) + log1p(w**-2 / scale), True),
-        )
+        return scale, kept(w)
 
     def _log_of_sum(self, arg: sympy.Add) -> sympy.Expr | None:
         constant, terms = arg.as_coeff_add()
@@ -563,6 +575,12 @@ class _Rewriter:
 
     def _pow(self, node: sympy.Pow) -> sympy.Expr | None:
         base, exponent = node.args
+        # (1 + s*w**2)**-k with w kept as one value, w a cube or an exp (see _one_plus_square)
+        if base.is_Add and (exponent.is_negative or exponent.could_extract_minus_sign()):
+            square = self._one_plus_square(base)
+            if square is not None:
+                scale, w = square
+                return (1 + scale * w**2) ** exponent
         # cosh(u)**-k = exp(-k*log(cosh(u))): 1/cosh(u) is 0 at u = 100 in float32, but its derivative
         # -sinh(u)/cosh(u)**2 is inf/inf (sympy folds exp(-log(cosh(u))) into 1/cosh(u) as it parses)
         if isinstance(base, sympy.cosh) and exponent.is_Number and exponent.is_negative:

@@ -465,8 +465,8 @@ FOUND: list[dict[str, Any]] = [
     },
     # Found on 2026-11-23 (second session): a square root of a sum of squares with a scalar (z**2 overflows
     # at z = (x*y)**3 = 1e24; hypot does not); a Cauchy loss and a soft Lennard-Jones of cubes, whose float32
-    # intermediates leave float32's range at 1e4 (the Cauchy loss passes now: log(1 + u**2) switches to
-    # 2*log|u| + log1p(u**-2) beyond |u| = 1; the soft Lennard-Jones still fails: KNOWN_GENERATED_FAILURES).
+    # intermediates left float32's range at 1e4: log(1 + u**2) switches to 2*log|u| + log1p(u**-2) beyond
+    # |u| = 1, and u = (w*(x - y))**3 is kept whole (sympy merged u * du/dx into 6*(w*(x - y))**5, inf at 2e8).
     {
         "name": "found_17",
         "forward": "sqrt(((x*y)**3 - t)**2 + eps**2)",

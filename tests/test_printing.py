@@ -12,6 +12,7 @@ from sympy.codegen.cfunctions import expm1, hypot, log1p
 
 from scaffold.errors import DerivationError
 from scaffold.printing import print_torch
+from scaffold.stable import kept, to_literal
 
 x, y = sympy.symbols("x y", real=True)
 alpha = sympy.Symbol("alpha", real=True)
@@ -26,7 +27,7 @@ def evaluate(expr: sympy.Expr, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tens
 
 
 def reference(expr: sympy.Expr, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    f = sympy.lambdify((x, y), expr.subs(alpha, ALPHA), modules="mpmath")
+    f = sympy.lambdify((x, y), to_literal(expr).subs(alpha, ALPHA), modules="mpmath")
     values = [float(sympy.re(sympy.N(f(a, b), 20))) for a, b in zip(xs.tolist(), ys.tolist())]
     return torch.tensor(values, dtype=torch.float64)
 
@@ -58,6 +59,8 @@ CASES = [
     (sympy.loggamma(x) * sympy.exp(alpha), POSITIVE, POSITIVE),
     (x ** Rational(1, 3) + 1 / sqrt(x) + x ** Rational(-3, 2), POSITIVE, POSITIVE),
     (x**y, POSITIVE, GRID),
+    # a value kept whole prints in parentheses where Python would regroup it: (x**y)**2, not x**y**2
+    (kept(x**y) ** 2 + x * kept(x * y) ** 3 - 1 / kept(x + y) + 2 ** kept(x**y), POSITIVE, POSITIVE),
     (2**x + sympy.E**x + sympy.pi * x, GRID, GRID),
     (log1p(x) + expm1(x), POSITIVE, POSITIVE),
     (hypot(x, y) + sympy.atan2(y, x), GRID, GRID.flip(0)),
