@@ -431,6 +431,7 @@ class _Rewriter:
             sympy.Pow: self._pow,
             sympy.Add: self._add,
             sympy.Mul: self._mul,
+            xexpy: self._xexpy,
         }
 
     def is_tensor(self, expr: sympy.Basic) -> bool:
@@ -659,9 +660,23 @@ class _Rewriter:
 
     # products -------------------------------------------------------------------------------------
 
+    def _xexpy(self, node: xexpy) -> sympy.Expr | None:
+        # xexpy(xexpy(x, a), b) = xexpy(x, a + b): one exponential (a Gompertz curve's derivative)
+        x, y = node.args
+        return xexpy(x.args[0], x.args[1] + y) if isinstance(x, xexpy) else None
+
     def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
         coefficient, factors = node.as_coeff_mul()
         factors = list(factors)
+        # x*exp(a) * exp(b) and x*exp(a) * y*exp(b): xexpy(x*y, a + b), one exponential, so that exp(v) *
+        # exp(-b*exp(v)) is exp(v - b*exp(v)), 0 and not inf * 0 where exp(v) overflows
+        products = [f for f in factors if isinstance(f, xexpy)]
+        if products and len(products) + sum(isinstance(f, sympy.exp) and self.is_tensor(f) for f in factors) > 1:
+            merged = [f for f in factors if f in products or (isinstance(f, sympy.exp) and self.is_tensor(f))]
+            rest = [f for f in factors if f not in merged]
+            x = sympy.Mul(*[f.args[0] for f in products])
+            y = sympy.Add(*[f.args[1] if isinstance(f, xexpy) else f.args[0] for f in merged])
+            return self(coefficient * sympy.Mul(*rest) * xexpy(x, y))
         # exp(a) * exp(b) = exp(a + b): one exponential, which the rules below and expm1 can then see
         several = [f for f in factors if isinstance(f, sympy.exp)]
         if len(several) > 1:
