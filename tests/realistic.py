@@ -494,6 +494,40 @@ FOUND: list[dict[str, Any]] = [
         },
         "scalars": {"n": {"type": "int", "default": 3}},
     },
+    # Found on 2026-11-23 by a set of 30 formulas from science written outside this file: Planck's law (0/0 at
+    # x = 0, inf/inf at 100), a Hill curve (x**2.5 of negative x: domain not restricted), a soft clip (log of a
+    # quotient of softplus arguments), the hand-written stable softplus (sign(0) against Heaviside(0)), and
+    # a Gompertz curve (passes at first order since xexpy products merge; second order at t = -1e4 not).
+    {"name": "found_20", "forward": "x**3/(exp(x) - 1)", "tensors": {"x": {"shape": [4, 5]}}, "scalars": {}},
+    {
+        "name": "found_21",
+        "forward": "x**h/(K**h + x**h)",
+        "tensors": {"x": {"shape": [4, 5]}, "K": {"shape": [5], "learnable": True, "init": 1.0}},
+        "scalars": {"h": {"type": "float", "default": 2.5}},
+    },
+    {
+        "name": "found_22",
+        "forward": "log((1 + exp(a*x))/(1 + exp(a*(x - 1))))/a",
+        "tensors": {"x": {"shape": [4, 5]}},
+        "scalars": {"a": {"type": "float", "default": 5.0}},
+    },
+    {
+        "name": "found_23",
+        "forward": "log(1 + exp(-Abs(x))) + Max(x, 0)",
+        "tensors": {"x": {"shape": [4, 5]}},
+        "scalars": {},
+    },
+    {
+        "name": "found_24",
+        "forward": "a*exp(-b*exp(-c*t))",
+        "tensors": {
+            "t": {"shape": [4, 5]},
+            "a": {"shape": [5], "learnable": True, "init": 1.0},
+            "b": {"shape": [5], "learnable": True, "init": 1.0},
+            "c": {"shape": [5], "learnable": True, "init": 1.0},
+        },
+        "scalars": {},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]
