@@ -460,6 +460,11 @@ class _Rewriter:
             return sympy.log(2) + log_ndtr(-sympy.sqrt(2) * arg.args[0])
         if isinstance(arg, sympy.exp):
             return arg.args[0]
+        if isinstance(arg, expm1):
+            # log(expm1(u)) = u + log(-expm1(-u)) (real where u > 0): the inverse softplus, inf at u = 100 in
+            # float32 otherwise
+            u = arg.args[0]
+            return u + sympy.log(-expm1(-u))
         if isinstance(arg, sympy.cosh):
             u = arg.args[0]
             return u + softplus(-2 * u) - sympy.log(2)
@@ -480,20 +485,39 @@ class _Rewriter:
 
     def _log_of_product(self, arg: sympy.Mul) -> sympy.Expr | None:
         # log(k * exp(u) * rest) = log(k) + u + log(rest); the log is real only where rest > 0.
+        # Likewise each factor (1 + exp(u))**k whose log has a stable form: log((1 + exp(a*x)) / (1 + exp(b*x)))
+        # = softplus(a*x) - softplus(b*x), not inf/inf at x = 30 in float32.
         coefficient, factors = arg.as_coeff_mul()
-        exps = [f for f in factors if isinstance(f, sympy.exp)]
-        rest = sympy.Mul(*[f for f in factors if not isinstance(f, sympy.exp)])
-        if coefficient.is_positive and (coefficient != 1 or exps) and rest != 1:
+        logs, others = [], []
+        for f in factors:
+            log_f = self._stable_log_of_factor(f)
+            (others if log_f is None else logs).append(log_f if log_f is not None else f)
+        rest = sympy.Mul(*others)
+        if coefficient.is_positive and (coefficient != 1 or logs) and rest != 1:
             inner = self._log(sympy.log(rest)) if self.is_tensor(rest) else None
-            if inner is not None or exps:
-                outer = sympy.log(coefficient) + sum(e.args[0] for e in exps)
-                return outer + (sympy.log(rest) if inner is None else inner)
+            if inner is not None or logs:
+                return sympy.log(coefficient) + sum(logs) + (sympy.log(rest) if inner is None else inner)
+        if coefficient.is_positive and logs and rest == 1:
+            return sympy.log(coefficient) + sum(logs)
         # log(u / (1 - u)) = logit(u)
         if len(factors) == 2 and coefficient == 1:
             for u, other in (factors, factors[::-1]):
                 if other.is_Pow and other.exp == -1 and sympy.expand(other.base - (1 - u)) == 0:
                     return logit(u)
         return None
+
+    def _stable_log_of_factor(self, f: sympy.Expr) -> sympy.Expr | None:
+        """``log(f)`` for a factor that is positive by its form: ``exp(u)``, or ``v**k`` (k a number) whose
+        ``log(v)`` rewrites to stable primitives without a log left (softplus, logaddexp, logsigmoid)."""
+        if isinstance(f, sympy.exp):
+            return f.args[0]
+        base, exponent = f.as_base_exp()
+        if not (exponent.is_Number and base.is_Add and self.is_tensor(base)):
+            return None
+        log_base = self._log_of_sum(base)
+        if log_base is None or log_base.has(sympy.log, log1p, sympy.Piecewise):
+            return None
+        return exponent * log_base
 
     def _log_of_one_plus_square(self, arg: sympy.Add) -> sympy.Expr | None:
         """``log(1 + s*w**2)`` (s > 0) where ``w`` can outgrow float32's square root (a cube, an exp):
@@ -621,6 +645,9 @@ class _Rewriter:
 
     def _add(self, node: sympy.Add) -> sympy.Expr | None:
         constant, terms = node.as_coeff_add()
+        softplus_by_hand = _softplus_by_hand(terms)
+        if softplus_by_hand is not None:
+            return softplus_by_hand
         if constant == 0:
             return None
         rest = list(terms)
@@ -682,6 +709,16 @@ class _Rewriter:
         if len(several) > 1:
             rest = [f for f in factors if not isinstance(f, sympy.exp)]
             return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
+        # exp(m*u) / expm1(u)**k = 1 / ((-expm1(-u))**m * expm1(u)**(k - m)) for integers 0 < m <= k:
+        # exp(x) / expm1(x)**2, the derivative of 1/expm1(x) (Planck's law), is inf/inf at x = 100 in float32
+        for f in several:
+            for g in factors:
+                base, k = g.as_base_exp()
+                if isinstance(base, expm1) and k.is_Integer and k < 0:
+                    m = sympy.simplify(f.args[0] / base.args[0])
+                    if m.is_Integer and 0 < m <= -k:
+                        rest = [h for h in factors if h is not f and h is not g]
+                        return self(coefficient * sympy.Mul(*rest) * (-expm1(-base.args[0])) ** -m * base ** (k + m))
         # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
         for f in factors:
             if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:
@@ -773,6 +810,21 @@ def _can_overflow(w: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> bool:
         and bool(p.free_symbols & tensors)
         for p in sympy.preorder_traversal(w)
     )
+
+
+def _softplus_by_hand(terms: Sequence[sympy.Expr]) -> sympy.Expr | None:
+    """The sum with ``Max(u, 0) + softplus(-|u|)`` (a softplus written the stable way by hand, as in
+    TensorFlow's sigmoid cross-entropy) made ``softplus(u)``; None if there is none. Apart, the two kinks at
+    u = 0 give the smooth sum the derivative 0 there (sign(0) = 0, relu'(0) = 0); the truth is 1/2."""
+    for i, term in enumerate(terms):
+        if not (isinstance(term, sympy.Max) and len(term.args) == 2 and 0 in term.args):
+            continue
+        u = term.args[1] if term.args[0] == 0 else term.args[0]
+        for j, other in enumerate(terms):
+            if isinstance(other, softplus) and other.args[0] == -sympy.Abs(u):
+                rest = [t for k, t in enumerate(terms) if k not in (i, j)]
+                return sympy.Add(*rest, softplus(u))
+    return None
 
 
 def _log_of_bounded(f: sympy.Expr) -> sympy.Expr | None:

@@ -528,6 +528,8 @@ FOUND: list[dict[str, Any]] = [
         },
         "scalars": {},
     },
+    # The inverse softplus: its generated test was red (log(expm1(x)) is inf at x = 100 in float32).
+    {"name": "found_25", "forward": "log(exp(x) - 1)", "tensors": {"x": {"shape": [4, 5]}}, "scalars": {}},
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]

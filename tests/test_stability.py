@@ -212,6 +212,39 @@ CASES = [
         lambda y, mu, log_var: 0.5 * (log_var + ((y - mu) * torch.exp(-log_var / 2)) ** 2),
         {"y": (-100.0, 0.0, 1.0, 1e4), "mu": (-100.0, 0.0, 1.0), "log_var": REAL},
     ),
+    # softplus written the stable way by hand: two kinks at 0 that cancel; apart, each takes PyTorch's
+    # convention (sign(0) = 0, relu'(0) = 0) and the gradient at 0 is 0, not 1/2.
+    Case("softplus_by_hand", "log(1 + exp(-Abs(x))) + Max(x, 0)", F.softplus, {"x": (0.0, *REAL)}),
+    Case(
+        "bce_with_logits_by_hand",
+        "Max(x, 0) - x*y + log(1 + exp(-Abs(x)))",
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction="none"),
+        # not y = 1: there the value is x - x + softplus(-x), and sympy's order of terms (-x*y + softplus(x))
+        # cancels in float32 (4.58e-5 at x = 10, truth 4.54e-5) where the native op does not
+        {"x": (0.0, *REAL), "y": (0.0, 0.3)},
+    ),
+    # The log of a quotient of two (1 + exp(...)): split into two softplus, not inf/inf at x = 30.
+    Case(
+        "soft_clip",
+        "log((1 + exp(a*x))/(1 + exp(a*(x - 1))))/a",
+        lambda x: (F.softplus(5.0 * x) - F.softplus(5.0 * (x - 1))) / 5.0,
+        {"x": REAL},
+        scalars={"a": {"default": 5.0}},
+    ),
+    # Planck's law: the derivative's exp(x)/expm1(x)**2 is inf/inf at x = 100 in float32, 1/(expm1(x) *
+    # -expm1(-x)) is 0. (At x = 0 the forward is 0/0, as the native formula's: not compared.)
+    Case(
+        "planck",
+        "x**3/(exp(x) - 1)",
+        lambda x: torch.where(
+            x > 0,
+            x.clamp(min=1e-30) ** 3 * torch.exp(-x.clamp(min=1e-30)) / -torch.expm1(-x.clamp(min=1e-30)),
+            x.clamp(max=-1e-30) ** 3 / torch.expm1(x.clamp(max=-1e-30)),
+        ),
+        {"x": REAL},
+    ),
+    # The inverse softplus: log(expm1(x)) is inf at x = 100 in float32, x + log(-expm1(-x)) is not.
+    Case("softplus_inverse", "log(exp(x) - 1)", lambda x: x + torch.log(-torch.expm1(-x)), {"x": POSITIVE}),
     # A discount factor times a normal probability: exp(a) * ndtr(b) as exp(a + log_ndtr(b)).
     Case(
         "discounted_ndtr",
