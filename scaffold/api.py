@@ -35,7 +35,7 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     """Run the pipeline up to (not including) rendering."""
     parsed = parse_forward(spec)
     derivation = derive(parsed, where=f"{spec.source}: forward")
-    domains = infer_domains(spec, parsed, tuple(p.expr for p in derivation.partials))
+    domains = infer_domains(spec, parsed, tuple(p.expr for p in derivation.partials), derivation.removable)
     return CompiledOp(spec, parsed, derivation, make_plan(derivation, spec), domains)
 
 

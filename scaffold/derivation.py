@@ -23,7 +23,7 @@ from sympy.core.logic import fuzzy_and
 
 from .errors import DerivationError
 from .expression import ParsedExpression
-from .stable import accurate_kernels, stabilize
+from .stable import accurate_kernels, remove_singularities, stabilize
 
 #: Nodes a derivative must not contain: sympy could not evaluate it.
 _UNEVALUATED = (sympy.Derivative, sympy.Subs, sympy.Integral)
@@ -53,6 +53,7 @@ class Derivation:
     forward: sympy.Expr  # the same function, in stable primitives
     partials: tuple[Partial, ...]
     warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
+    removable: tuple[str, ...] = ()  # tensors at whose 0 the forward as written is 0/0 (x/expm1(x))
 
 
 #: Increasing functions with f(0) = 0: f(u) has the sign of u, so a step of f(u) is a step of u.
@@ -209,7 +210,7 @@ def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
 def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     """Differentiate the forward with respect to each tensor argument."""
     tensors = {parsed.symbols[name] for name in parsed.tensor_names}
-    forward = stabilize(parsed.expr, tensors)
+    forward, removable = remove_singularities(stabilize(parsed.expr, tensors), tensors)
     partials = []
     for name in parsed.tensor_names:
         symbol = parsed.symbols[name]
@@ -230,7 +231,13 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
                 )
         partials.append(Partial(name=name, expr=derivative))
     flat = [p.name for p in partials if p.expr == 0 and parsed.symbols[p.name] in forward.free_symbols]
-    return Derivation(parsed=parsed, forward=forward, partials=tuple(partials), warnings=_flat_warnings(parsed, flat))
+    return Derivation(
+        parsed=parsed,
+        forward=forward,
+        partials=tuple(partials),
+        warnings=_flat_warnings(parsed, flat),
+        removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
+    )
 
 
 #: Functions whose derivative is zero wherever it exists.

@@ -11,7 +11,8 @@ For each tensor argument:
   exponent) is defined everywhere but at a pole of a negative exponent.
 * its **special points**: the closed ends of the support and the zeros of the base of a power with a
   non-integer or symbolic exponent (0 for ``x**n`` or ``Abs(x)**p``, 1 for ``(x - 1)**1.5``), where
-  derivatives written as ``n*x**n/x`` turn into 0/0.
+  derivatives written as ``n*x**n/x`` turn into 0/0, and 0 where the forward as written is 0/0
+  (``x/expm1(x)``: a removable singularity, which the op computes from a Taylor polynomial).
 * an **interval** the random test inputs are drawn from (inside the support, away from its ends) and
   **points to avoid** (declared, or inferred from the kinks of Abs, sign, Heaviside, Max, Min and
   Piecewise conditions and the poles of divisions), where finite differences are meaningless.
@@ -156,13 +157,15 @@ def _holds(arg: sympy.Expr, low: float | None, high: float | None, closed: bool,
 
 
 def infer_domains(
-    spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = ()
+    spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = (), removable: tuple[str, ...] = ()
 ) -> tuple[InputDomain, ...]:
     defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
     numbers = {k: sympy.Number(v) for k, v in defaults.items()}
     literal = to_literal(parsed.expr)  # scalars still symbols: an int scalar exponent is an integer power
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     bounds = {s: _Bounds() for s in tensors}
+    for name in removable:  # 0/0 as written at 0 (x/expm1(x)): the op computes the limit there
+        bounds[parsed.symbols[name]].special.add(0.0)
 
     def constrain(
         arg: sympy.Expr,

@@ -878,3 +878,80 @@ def _as_ndtr(f: sympy.Expr) -> tuple[sympy.Expr, ...]:
 def stabilize(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
     """``expr`` with its unstable textbook patterns replaced by stable primitives (see the module doc)."""
     return _Rewriter(frozenset(tensors))(expr)
+
+
+# --- removable singularities -----------------------------------------------------------------------------------
+
+#: Below this |x|, a part of the forward that is 0/0 at x = 0 is computed from its Taylor polynomial.
+SERIES_RADIUS = sympy.Rational(1, 20)
+#: The polynomial's order: the first term left out is below 1e-16 of the value at |x| = SERIES_RADIUS
+#: wherever the series converges on |x| < 1 (each term is checked at the radius before it is used).
+SERIES_ORDER = 12
+_SERIES_SIZE = 40  # larger parts are not expanded (sympy's series grows fast with the expression)
+
+
+def remove_singularities(
+    expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]
+) -> tuple[sympy.Expr, set[sympy.Symbol]]:
+    """``expr`` with each part that is 0/0 (or inf - inf) at x = 0 but has a finite limit there (x/expm1(x),
+    1/tanh(x) - 1/x, sin(x)/x) computed from its Taylor polynomial for |x| < SERIES_RADIUS, and the tensors
+    x patched. A part is a subexpression, or several terms or factors of a sum or product, in one tensor
+    and no scalar. Near 0 the formula as written is nan (Planck's x**3/expm1(x) at x = 0) or cancels (the
+    Langevin function keeps no correct digit in float32 at x = 1e-3); its derivatives likewise."""
+    singularities = _Singularities(frozenset(tensors))
+    return singularities.visit(expr), singularities.patched
+
+
+def _elementary(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with sympy's codegen functions written out (their series are not all right: sympy expands
+    x/expm1(x) with a term x**11/12! that x/(exp(x) - 1) does not have)."""
+    return expr.replace(expm1, lambda u: sympy.exp(u) - 1).replace(log1p, lambda u: sympy.log(1 + u)).replace(
+        hypot, lambda a, b: sympy.sqrt(a**2 + b**2)
+    )
+
+
+class _Singularities:
+    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
+        self.tensors = tensors
+        self.patched: set[sympy.Symbol] = set()
+
+    def visit(self, node: sympy.Basic) -> sympy.Basic:
+        if node.is_Atom or not node.args or not node.free_symbols & self.tensors:
+            return node
+        x = self._variable(node)
+        if x is not None:
+            patched = self._patch(node, x)
+            return node if patched is None else patched
+        args = list(node.args)
+        if isinstance(node, (sympy.Add, sympy.Mul)):  # x*y/expm1(x): the part x/expm1(x)
+            for x in {self._variable(a) for a in args} - {None}:
+                part = [a for a in args if self._variable(a) == x]
+                patched = self._patch(node.func(*part), x) if len(part) > 1 else None
+                if patched is not None:
+                    args = [a for a in args if a not in part] + [patched]
+        visited = [self.visit(a) for a in args]
+        return node.func(*visited) if visited != list(node.args) else node
+
+    def _variable(self, node: sympy.Basic) -> sympy.Symbol | None:
+        """The tensor ``node`` depends on, if it depends on exactly one and on nothing else."""
+        free = node.free_symbols
+        return next(iter(free)) if len(free) == 1 and free <= self.tensors else None
+
+    def _patch(self, part: sympy.Expr, x: sympy.Symbol) -> sympy.Expr | None:
+        """Piecewise((Taylor polynomial, |x| < SERIES_RADIUS), (part, True)) where ``part`` is 0/0 at x = 0
+        with a finite limit and its polynomial is accurate at the radius; else None."""
+        try:
+            if part.subs(x, 0) is not sympy.nan or sympy.count_ops(part) > _SERIES_SIZE:
+                return None
+            literal = _elementary(to_literal(part))
+            polynomial = literal.series(x, 0, SERIES_ORDER).removeO()
+            if not polynomial.is_polynomial(x) or polynomial.has(sympy.nan, sympy.zoo, sympy.oo):
+                return None
+            for edge in (-SERIES_RADIUS, SERIES_RADIUS):  # where the series converges slowly, it is not used
+                exact = literal.subs(x, edge).evalf(40)
+                if not exact.is_finite or abs(polynomial.subs(x, edge) - exact) > 1e-17 * (1 + abs(exact)):
+                    return None
+        except Exception:  # sympy could not expand it: the part stays as written
+            return None
+        self.patched.add(x)
+        return sympy.Piecewise((polynomial, sympy.Abs(x) < SERIES_RADIUS), (part, True))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from scaffold import compile_op, generate_op, write_files
+from scaffold import compile_op, derivation, generate_op, write_files
 from scaffold.domain import InputDomain, Support
 from scaffold.render import _extremes, small_shapes
 
@@ -308,3 +308,23 @@ def test_module_parameters_keep_their_example_shapes():
     text = generate_op(make_spec("op", "x * w", tensors))["test_op.py"]
     assert "SHAPES = [(2, 2, 3, 4), (2, 1, 1)]" in text
     assert "MODULE_SHAPES = [(2, 64, 3, 4), (64, 1, 1)]" in text
+
+
+def test_a_removable_singularity_is_a_special_point_where_the_limit_is_tested(tmp_path, monkeypatch):
+    """Planck's x**3/expm1(x) is 0/0 at x = 0 as written (so is the reference): the op computes its Taylor
+    polynomial near 0, and the generated test compares it with the reference's limit there. Without the
+    polynomial, the same test fails."""
+    spec = make_spec("planck", "x**3/(exp(x) - 1)", {"x": {}})
+    files = generate_op(spec)
+    assert 'SPECIAL = {"x": (0.0,)}' in files["test_planck.py"]
+    assert "torch.where(tmp1, -1/1209600 * tmp2**10" in files["planck.py"]  # the polynomial, up to x**10
+    write_files(files, tmp_path / "generated")
+    result = run_pytest(tmp_path / "generated")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+    monkeypatch.setattr(derivation, "remove_singularities", lambda expr, tensors: (expr, set()))
+    write_files({**files, "planck.py": generate_op(spec, time_limit=None)["planck.py"]}, tmp_path / "buggy")
+    result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
+    failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
+    assert failed == ["FAILED test_planck.py::test_special_points[cpu]"], result.stdout[-4000:]
+    assert "value at special points is nan where the reference's is 1.00000000" in result.stdout  # x**2 at 1e-4
