@@ -33,7 +33,7 @@ RESTRICTED = (
 #: where() passes the branch a zero gradient, so double backward would compute 0 * inf = nan.
 GROWING = (
     sympy.exp, cfunctions.expm1, cfunctions.exp2, sympy.sinh, sympy.cosh, sympy.tan, sympy.sec, sympy.csc,
-    sympy.cot, stable.erfcx,
+    sympy.cot, stable.erfcx, stable.xexpy,
 )  # fmt: skip
 
 Replacements = list[tuple[sympy.Symbol, sympy.Expr]]

@@ -532,6 +532,14 @@ FOUND: list[dict[str, Any]] = [
     {"name": "found_25", "forward": "log(exp(x) - 1)", "tensors": {"x": {"shape": [4, 5]}}, "scalars": {}},
     # The Langevin function: 0/0 - inf at x = 0, no correct digit in float32 at x = 1e-3 (0.375 for 0.333).
     {"name": "found_26", "forward": "1/tanh(x) - 1/x", "tensors": {"x": {"shape": [4, 5]}}, "scalars": {}},
+    # ELU with a learnable alpha: a*exp(x) became xexpy(a, x), which the branch guard did not know grows,
+    # so exp(1e4) stayed outside the where() and the second derivative was 0 * inf.
+    {
+        "name": "found_27",
+        "forward": "Piecewise((x, x > 0), (a*(exp(x) - 1), True))",
+        "tensors": {"x": {"shape": [4, 5]}, "a": {"shape": [5], "learnable": True, "init": 1.0}},
+        "scalars": {},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]
