@@ -177,6 +177,16 @@ def _eliminate(
     exprs = lowering.products_with_exp(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
     steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
+    # A lowering definition that CSE reduced to a temporary it already had (exp(y) of an xexpy, when exp(y)
+    # is also used bare) is an alias, `tmp2 = tmp1`: the later uses read the original instead.
+    aliases: dict[sympy.Symbol, sympy.Expr] = {}
+    temporaries = {t for t, _ in steps}
+    for s, e in steps:
+        if e in temporaries:
+            aliases[s] = aliases.get(e, e)
+    if aliases:
+        steps = [(s, e.xreplace(aliases)) for s, e in steps if s not in aliases]
+        reduced = [e.xreplace(aliases) for e in reduced]
     renamed = dict(zip((s for s, _ in steps), _temp_names(taken)))
     steps = [(renamed[s], e.xreplace(renamed)) for s, e in steps]
     return steps, [e.xreplace(renamed) for e in reduced[: len(exprs)]]
