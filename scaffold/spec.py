@@ -59,8 +59,9 @@ RESERVED_OP_NAMES = frozenset(
     {
         "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
         "reference", "make_inputs", "gradcheck", "gradgradcheck", "device", "TENSORS", "SCALARS",
-        "AVOID_MARGIN", "SHAPES", "MODULE_SHAPES", "EXTREMES", "TYPICAL", "SPECIAL", "nearest",
-        "extreme_partners", "one_at_a_time", "assert_matches_reference",
+        "AVOID_MARGIN", "SHAPES", "MODULE_SHAPES", "CLOSE", "EXTREMES", "TYPICAL", "SPECIAL", "nearest",
+        "extreme_partners", "one_at_a_time", "reference_values", "reference_is_accurate",
+        "assert_matches_reference", "assert_gradients_match_differences", "float32_rounding",
     }
 )  # fmt: skip
 

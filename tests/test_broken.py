@@ -71,6 +71,22 @@ MUTATIONS = {
             "tmp0 = grad_output * torch.exp(-input * target) / (1 + torch.exp(-input * target))",
         ),
     ),
+    # Wrong only where |x - y| > w, which no ordinary input reaches: caught at the extreme inputs in float64,
+    # the gradient by differences of the op's own value, the value by the reference where it is accurate.
+    "wrong_gradient_in_far_branch": (
+        "wing_loss",
+        _sub(r"torch\.where\(tmp2, -tmp4, -tmp5\)", "torch.where(tmp2, -tmp4, 0 * tmp5)"),
+    ),
+    "wrong_value_in_far_branch": (
+        "wing_loss",
+        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\)", "math.log(tmp0 * w + 1) - 2 * w)"),
+    ),
+}
+# Cases that only one generated test can catch.
+CAUGHT_BY = {
+    "unstable_forward": "test_extreme_inputs",
+    "wrong_gradient_in_far_branch": "test_extreme_inputs_float64",
+    "wrong_value_in_far_branch": "test_extreme_inputs_float64",
 }
 
 
@@ -83,11 +99,12 @@ def test_generated_tests_catch_broken_code(tmp_path):
         write_files(files, tmp_path)
     result = run_pytest(tmp_path, "-rf")
     failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
-    failed_tests = set(re.findall(r"^FAILED test_\w+?\.py::(\w+)", result.stdout, flags=re.MULTILINE))
-    assert "test_extreme_inputs" in failed_tests, result.stdout[-3000:]
     for case, (spec_name, _) in MUTATIONS.items():
         name = f"{spec_name}_{case}"
         if case == "control":
             assert name not in failed, result.stdout[-3000:]
         else:
             assert name in failed, f"the generated tests did not catch {case!r}\n{result.stdout[-3000:]}"
+        if case in CAUGHT_BY:
+            test = f"FAILED test_{name}.py::{CAUGHT_BY[case]}["
+            assert test in result.stdout, f"{CAUGHT_BY[case]} did not catch {case!r}\n{result.stdout[-3000:]}"

@@ -9,7 +9,7 @@ import pytest
 
 from scaffold import compile_op, generate_op, load_spec, spec_from_flags
 from scaffold.errors import SpecError
-from scaffold.spec import RESERVED_ARGUMENT_NAMES, ScalarArg, TensorArg, camel_case, spec_to_toml
+from scaffold.spec import RESERVED_ARGUMENT_NAMES, RESERVED_OP_NAMES, ScalarArg, TensorArg, camel_case, spec_to_toml
 
 from .conftest import SPECS
 
@@ -130,6 +130,16 @@ def test_names_the_generated_code_uses_are_refused(tensors, scalars, bad):
 def test_op_names_that_would_shadow_what_the_generated_code_uses(name):
     with pytest.raises(SpecError, match=f"op name '{name}' would shadow"):
         spec_from_flags(name, "x", ["x"])
+
+
+def test_every_name_the_generated_test_file_defines_is_a_reserved_op_name():
+    # The test file imports the op's function by the op's name: a helper of the same name replaces it.
+    spec = spec_from_flags("op", "sqrt(x) + x**n", ["x"], ["n=2.5"])
+    tree = ast.parse(generate_op(spec)["test_op.py"])
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets}
+    public = {n for n in defined if not n.startswith(("_", "test_"))}
+    assert public and public <= RESERVED_OP_NAMES, public - RESERVED_OP_NAMES
 
 
 def test_every_builtin_the_generated_code_calls_is_a_reserved_name():
