@@ -421,6 +421,7 @@ def _mpmath_primitives() -> dict[str, object]:
         "log_ndtr": lambda x: mpmath.log(mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
         "kept": lambda w: w,
         "log_ndtr_grad": lambda x: mpmath.npdf(x) / mpmath.ncdf(x),
+        "log_softplus": lambda x: mpmath.log(mpmath.log1p(mpmath.exp(x))),
         "logit": lambda p: mpmath.log(p / (1 - p)),
         "silu": lambda x: x / (1 + mpmath.exp(-x)),
         "gelu": lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2,

@@ -79,7 +79,8 @@ _ALLOWED = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
     sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, stable.kept, within,
+    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, stable.log_softplus, stable.kept,
+    within,
 )  # fmt: skip
 # Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
 RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
@@ -321,6 +322,9 @@ class TorchPrinter(StrPrinter):
 
     def _print_log_ndtr_grad(self, expr: stable.log_ndtr_grad) -> str:
         return self._print(stable.log_ndtr_grad.expanded(*expr.args))
+
+    def _print_log_softplus(self, expr: stable.log_softplus) -> str:
+        return self._print(stable.log_softplus.expanded(*expr.args))
 
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args

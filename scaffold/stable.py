@@ -30,6 +30,9 @@ stay plain Python):
 * ``exp(a) * sigmoid(b)**k``, ``exp(a) * ndtr(b)**k`` -> ``exp(a + k*logsigmoid(b))``, ``exp(a + k*log_ndtr(b))``
 * ``exp(a + log_ndtr(b)) * log_ndtr'(b)`` -> ``exp(a - b**2/2) / sqrt(2*pi)`` (0 * inf where ndtr(b) is 0)
 * ``1 / (c + k*cosh(u)**e)`` -> a sigmoid of ``e*log(cosh(u))`` (sympy folds exp(-log(cosh(u))) into 1/cosh(u))
+* ``log(softplus(u))`` -> ``log_softplus(u)`` (``u - exp(u)/2`` below -20); ``softplus(u)**-k`` ->
+  ``exp(-k*log_softplus(u))``, merged with the exponentials beside it (sigmoid(u)/sqrt(softplus(u)) is 0/0
+  where both underflow)
 
 Derivatives are written in forms that keep their relative accuracy in float32 tails (``sigmoid'(u)`` as
 ``sigmoid(u)*sigmoid(-u)``, ``tanh'(u)`` as ``4*sigmoid(2*u)*sigmoid(-2*u)``) wherever they multiply another
@@ -255,6 +258,29 @@ class log_ndtr_grad(StableFunction):  # noqa: N801
         return self.args[0].is_extended_real
 
 
+class log_softplus(StableFunction):  # noqa: N801
+    """log(softplus(x)), which is about x below 0: softplus(x) underflows to 0 at x = -104 in float32 (-745
+    in float64), where log(softplus(x)) is -inf and sigmoid(x) / softplus(x), its derivative, 0/0. Below
+    -20 it is x - exp(x)/2 (the next term, 5*exp(2x)/24, is below 1e-18 of it)."""
+
+    nargs = 1
+    LOW = -20
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.log(softplus.literal(x))
+
+    @classmethod
+    def expanded(cls, x):
+        # The printer keeps each branch's input inside its region (the branch not taken stays finite).
+        return sympy.Piecewise((sympy.log(softplus(x)), x > cls.LOW), (x - sympy.exp(x) / 2, True))
+
+    def fdiff(self, argindex=1):
+        # sigmoid(x) / softplus(x) as one exponential: 1, not 0/0, where both underflow
+        x = self.args[0]
+        return sympy.exp(logsigmoid(x) - self)
+
+
 class logit(StableFunction):  # noqa: N801
     nargs = 1
 
@@ -375,7 +401,7 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
 
 PRIMITIVES: tuple[type[StableFunction], ...] = (
     softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, kept, erfcx, ndtr, log_ndtr, log_ndtr_grad,
-    logit, silu, gelu,
+    log_softplus, logit, silu, gelu,
 )  # fmt: skip
 KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
@@ -460,6 +486,8 @@ class _Rewriter:
             return sympy.log(2) + log_ndtr(-sympy.sqrt(2) * arg.args[0])
         if isinstance(arg, sympy.exp):
             return arg.args[0]
+        if isinstance(arg, softplus):
+            return log_softplus(arg.args[0])
         if isinstance(arg, expm1):
             # log(expm1(u)) = u + log(-expm1(-u)) (real where u > 0): the inverse softplus, inf at u = 100 in
             # float32 otherwise
@@ -610,6 +638,10 @@ class _Rewriter:
         # -sinh(u)/cosh(u)**2 is inf/inf (sympy folds exp(-log(cosh(u))) into 1/cosh(u) as it parses)
         if isinstance(base, sympy.cosh) and exponent.is_Number and exponent.is_negative:
             return sympy.exp(exponent * self._log(sympy.log(base)))
+        # softplus(u)**-k = exp(-k*log_softplus(u)) (k > 0 or symbolic): inf at u = -1e4 where softplus(u)
+        # underflows, times the sigmoid(u) = 0 beside it in the derivative of softplus(u)**p (p < 1)
+        if isinstance(base, softplus) and not exponent.is_nonnegative:
+            return sympy.exp(exponent * log_softplus(base.args[0]))
         if not base.is_Add:
             return None
         constant, terms = base.as_coeff_add()
@@ -704,6 +736,14 @@ class _Rewriter:
             x = sympy.Mul(*[f.args[0] for f in products])
             y = sympy.Add(*[f.args[1] if isinstance(f, xexpy) else f.args[0] for f in merged])
             return self(coefficient * sympy.Mul(*rest) * xexpy(x, y))
+        # softplus(x) * exp(-log_softplus(y)) = exp(log_softplus(x) - log_softplus(y)): both underflow at
+        # x = y = -100 in float32, and the ratio is 1
+        if any(isinstance(f, sympy.exp) and f.has(log_softplus) for f in factors):
+            powers = [f for f in factors if isinstance(f.as_base_exp()[0], softplus)]
+            if powers:
+                rest = [f for f in factors if f not in powers]
+                logs = [e * log_softplus(b.args[0]) for b, e in (f.as_base_exp() for f in powers)]
+                return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*logs)))
         # exp(a) * exp(b) = exp(a + b): one exponential, which the rules below and expm1 can then see
         several = [f for f in factors if isinstance(f, sympy.exp)]
         if len(several) > 1:

@@ -540,6 +540,14 @@ FOUND: list[dict[str, Any]] = [
         "tensors": {"x": {"shape": [4, 5]}, "a": {"shape": [5], "learnable": True, "init": 1.0}},
         "scalars": {},
     },
+    # The derivative of sqrt(softplus(x)) is sigmoid(x)/(2*sqrt(softplus(x))): 0/0 at x = -1e4 (float64),
+    # where both underflow; found by the float64 extreme-input test's differences once it had them.
+    {
+        "name": "found_28",
+        "forward": "sqrt(log(1 + exp(x)))",
+        "tensors": {"x": {"shape": [4, 5]}},
+        "scalars": {},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]

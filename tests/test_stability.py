@@ -49,6 +49,12 @@ def _log_cosh(x):
     return x + F.softplus(-2 * x) - math.log(2)
 
 
+def _log_softplus(x):
+    # log(softplus(x)) = x + log(1 - exp(x)/2 + ...) below -30, where softplus(x) is exp(x) to 1e-13
+    low = x.clamp(max=-30)
+    return torch.where(x < -30, low + torch.log1p(-torch.exp(low) / 2), torch.log(F.softplus(x.clamp(min=-30))))
+
+
 CASES = [
     Case("softplus", "log(1 + exp(x))", F.softplus, {"x": REAL}),
     Case("softplus_log1p", "log1p(exp(x))", F.softplus, {"x": REAL}),
@@ -245,6 +251,16 @@ CASES = [
     ),
     # The inverse softplus: log(expm1(x)) is inf at x = 100 in float32, x + log(-expm1(-x)) is not.
     Case("softplus_inverse", "log(exp(x) - 1)", lambda x: x + torch.log(-torch.expm1(-x)), {"x": POSITIVE}),
+    # softplus underflows to 0 at x = -104 in float32 (-745 in float64): the derivative of sqrt(softplus(x)),
+    # sigmoid(x)/(2*sqrt(softplus(x))), and of log(softplus(x)) was 0/0 there, log(softplus(x)) itself -inf.
+    Case("sqrt_softplus", "sqrt(log(1 + exp(x)))", lambda x: torch.exp(_log_softplus(x) / 2), {"x": REAL}),
+    Case("log_softplus", "log(log(1 + exp(x)))", _log_softplus, {"x": REAL}),
+    Case(
+        "softplus_ratio",
+        "log(1 + exp(x))/log(1 + exp(y))",
+        lambda x, y: torch.exp(_log_softplus(x) - _log_softplus(y)),
+        {"x": REAL, "y": REAL},
+    ),
     # A discount factor times a normal probability: exp(a) * ndtr(b) as exp(a + log_ndtr(b)).
     Case(
         "discounted_ndtr",
