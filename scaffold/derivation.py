@@ -157,10 +157,25 @@ class _Abs(sympy.Function):
         return sympy.sign(self.args[0])
 
 
+class _Sign(sympy.Function):
+    """``sign(x)`` while it is differentiated: 0, the kink convention's derivative of a step, also where
+    sympy cannot prove the argument real (it leaves ``Derivative(sign((x - y)/c), x)`` unevaluated), as in
+    the second derivative of ``Abs((x - y)/c)``."""
+
+    nargs = 1
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return True
+
+    def fdiff(self, argindex=1):
+        return sympy.S.Zero
+
+
 def _hold_powers(expr: sympy.Expr) -> sympy.Expr:
-    """``expr`` with its powers of non-integer or symbolic exponent replaced by :class:`_Power`, and its
-    absolute values by :class:`_Abs`."""
+    """``expr`` with its powers of non-integer or symbolic exponent replaced by :class:`_Power`, its
+    absolute values by :class:`_Abs` and its signs by :class:`_Sign`."""
     expr = expr.replace(lambda e: isinstance(e, sympy.Abs), lambda e: _Abs(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, sympy.sign), lambda e: _Sign(*e.args))
     return expr.replace(
         lambda e: isinstance(e, sympy.Pow) and not e.exp.is_Integer and e.base is not sympy.E,
         lambda e: _Power(*e.args),
@@ -168,6 +183,7 @@ def _hold_powers(expr: sympy.Expr) -> sympy.Expr:
 
 
 def _release_powers(expr: sympy.Expr) -> sympy.Expr:
+    expr = expr.replace(lambda e: isinstance(e, _Sign), lambda e: sympy.sign(*e.args))
     expr = expr.replace(lambda e: isinstance(e, _Power), lambda e: sympy.Pow(*e.args))
     return expr.replace(lambda e: isinstance(e, _Abs), lambda e: sympy.Abs(*e.args))
 
@@ -202,42 +218,50 @@ def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     """
     if isinstance(expr, sympy.Add):
         return sympy.Add(*[_diff(term, symbol) for term in expr.args if symbol in term.free_symbols])
-    if expr.has(sympy.Pow, sympy.Abs):
+    if expr.has(sympy.Pow, sympy.Abs, sympy.sign):
         return _release_powers(sympy.diff(_hold_powers(expr), symbol))
     return sympy.diff(expr, symbol)
 
 
 def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
     """Differentiate the forward with respect to each tensor argument."""
-    tensors = {parsed.symbols[name] for name in parsed.tensor_names}
+    tensors = frozenset(parsed.symbols[name] for name in parsed.tensor_names)
     forward, removable = remove_singularities(stabilize(parsed.expr, tensors), tensors)
-    partials = []
-    for name in parsed.tensor_names:
-        symbol = parsed.symbols[name]
-        derivative = apply_kink_convention(_diff(forward, symbol), frozenset(tensors))
-        if sympy.count_ops(derivative) <= TIDY_LIMIT:
-            # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
-            # unlike simplify().
-            derivative = sympy.factor_terms(derivative)
-        derivative = stabilize(accurate_kernels(stabilize(derivative, tensors), tensors), tensors)
-        derivative = _merge_powers(derivative)
-        for node in sympy.preorder_traversal(derivative):
-            if isinstance(node, _UNEVALUATED):
-                raise DerivationError(
-                    f"sympy cannot differentiate the forward with respect to {name!r}: "
-                    f"it leaves {sympy.sstr(node)} unevaluated",
-                    where=where,
-                    hint="rewrite that part with functions sympy can differentiate",
-                )
-        partials.append(Partial(name=name, expr=derivative))
+    partials = tuple(
+        Partial(name, differentiate(forward, parsed.symbols[name], tensors, what="the forward", where=where))
+        for name in parsed.tensor_names
+    )
     flat = [p.name for p in partials if p.expr == 0 and parsed.symbols[p.name] in forward.free_symbols]
     return Derivation(
         parsed=parsed,
         forward=forward,
-        partials=tuple(partials),
+        partials=partials,
         warnings=_flat_warnings(parsed, flat),
         removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
     )
+
+
+def differentiate(
+    expr: sympy.Expr, symbol: sympy.Symbol, tensors: frozenset[sympy.Symbol], *, what: str, where: str
+) -> sympy.Expr:
+    """d expr / d symbol, with the kink convention applied, in stable primitives (``tensors``: the
+    symbols that are tensors; the rewrites leave expressions of the others alone)."""
+    derivative = apply_kink_convention(_diff(expr, symbol), tensors)
+    if sympy.count_ops(derivative) <= TIDY_LIMIT:
+        # Pull out common factors ((2*a - 2*b)/(2*c) -> (a - b)/c); linear in the expression's size,
+        # unlike simplify().
+        derivative = sympy.factor_terms(derivative)
+    derivative = stabilize(accurate_kernels(stabilize(derivative, tensors), tensors), tensors)
+    derivative = _merge_powers(derivative)
+    for node in sympy.preorder_traversal(derivative):
+        if isinstance(node, _UNEVALUATED):
+            raise DerivationError(
+                f"sympy cannot differentiate {what} with respect to {str(symbol)!r}: "
+                f"it leaves {sympy.sstr(node)} unevaluated",
+                where=where,
+                hint="rewrite that part with functions sympy can differentiate",
+            )
+    return derivative
 
 
 #: Functions whose derivative is zero wherever it exists.

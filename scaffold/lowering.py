@@ -159,7 +159,8 @@ def step_relational(step: sympy.Heaviside | sympy.Piecewise) -> sympy.Basic:
 def pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotients: Replacements) -> list[sympy.Expr]:
     """``exprs`` with each product ``a**n * b**-m`` (n, m >= 2) written ``q**k * a**(n-k) * b**(k-m)``,
     k = min(n, m), ``q`` a new temporary for ``a / b`` (appended to ``quotients``): ``(sigma/r)**12`` is
-    1 at sigma = r = 1e4, while sigma**12 and r**-12 are inf and 0 in float32."""
+    1 at sigma = r = 1e4, while sigma**12 and r**-12 are inf and 0 in float32. Each ``b`` is paired with
+    the largest ``a`` it contains, else with the highest power."""
     known: dict[tuple[sympy.Expr, sympy.Expr], sympy.Symbol] = {}
 
     def powers(factors: tuple[sympy.Expr, ...], sign: int) -> list[sympy.Pow]:
@@ -174,7 +175,14 @@ def pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotient
         if not node.is_Mul:
             return node
         factors = list(node.args)
-        for up, down in zip(powers(node.args, 1), powers(node.args, -1)):
+        ups = powers(node.args, 1)
+        for down in powers(node.args, -1):
+            if not ups:
+                break
+            # The base that the denominator is made of, the largest first: x**2*w**2/hypot(w, eps)**2 as
+            # x**2*(w/hypot(w, eps))**2, 1 where w = (x*y)**3 is 1e24 and w**2 overflows float32.
+            up = min(ups, key=lambda u: (not down.base.has(u.base), -sympy.count_ops(u.base)))
+            ups.remove(up)
             k = min(up.exp, -down.exp)
             key = (up.base, down.base)
             if key not in known:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import sympy
 
 from . import lowering
-from .derivation import Derivation
+from .derivation import Derivation, differentiate
 from .spec import OpSpec
 
 GRAD_OUTPUT = "grad_output"
@@ -100,6 +100,23 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class DoubleBackward:
+    """Backward's own backward, for a second derivative (double backward).
+
+    Backward computes ``grad_i = B_i(grad_output, saved)`` for each tensor argument i. Differentiated
+    again, each of its inputs v (grad_output, then each saved tensor that is not a bool mask) gets
+    ``sum_i grad_grad_i * dB_i/dv``, where ``grad_grad_i`` is the gradient arriving at ``grad_i`` (None
+    where nothing differentiates grad_i: its terms are skipped). Autograd chains the part through a saved
+    output itself. The partials dB_i/dv are derived and rewritten like the first ones, so that they stay
+    finite where a factor of B_i overflows (autograd of B_i's code multiplies that inf by 0).
+    """
+
+    inputs: tuple[str, ...]  # grad_output, then the saved tensors with a gradient, in backward's order
+    pairs: tuple[tuple[int, int], ...]  # (index into inputs, index of the tensor argument) of each term
+    code: DerivativeCode  # a term per pair: dB_i/dv, to be multiplied by grad_grad_i
+
+
+@dataclass(frozen=True)
 class BackwardPlan:
     forward_steps: tuple[Step, ...]
     forward_expr: sympy.Expr
@@ -114,6 +131,7 @@ class BackwardPlan:
     policy: str
     cost: Cost
     baseline: Cost  # saving the inputs the formulas use, as written, without masks or the output
+    double_backward: DoubleBackward | None  # None: autograd differentiates backward's code (too many terms)
 
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
@@ -208,6 +226,7 @@ def _in_order(steps: Replacements) -> Replacements:
 
 def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPlan:
     parsed = derivation.parsed
+    where = f"{spec.source}: forward" if spec is not None else "forward"
     policy = spec.policy if spec is not None else "memory"
     shapes = {t.name: t.shape for t in spec.tensors} if spec is not None else {}
     names = [p.name for p in derivation.partials]
@@ -238,6 +257,12 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
     used_masks = tuple(m for m in masks if m.name in backward_names)
+    differentiable = [grad_output, *(parsed.symbols[n] for n in saved)]
+    differentiable += [output] if OUTPUT in backward_names else []
+    tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | {grad_output, output}
+    double_backward = _double_backward(
+        exprs, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
+    )
     return BackwardPlan(
         forward_steps=forward_steps,
         forward_expr=forward_expr,
@@ -252,7 +277,43 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         policy=policy,
         cost=cost,
         baseline=candidates[0][2],
+        double_backward=double_backward,
     )
+
+
+#: Second partials derived for a double backward, at most: beyond, autograd differentiates backward's code
+#: (a sum of 64 tanh terms in 193 tensors would need about a thousand).
+MAX_SECOND_PARTIALS = 64
+GRAD_GRAD_PREFIX = "grad_grad_"
+
+
+def _double_backward(
+    exprs: list[sympy.Expr],
+    names: list[str],
+    differentiable: list[sympy.Symbol],
+    tensors: frozenset[sympy.Symbol],
+    taken: set[str],
+    scalars: frozenset[sympy.Symbol],
+    where: str,
+) -> DoubleBackward | None:
+    """The :class:`DoubleBackward` of backward's formulas ``exprs`` (one per tensor argument in ``names``)."""
+    pairs = [(a, i) for a, v in enumerate(differentiable) for i, e in enumerate(exprs) if v in e.free_symbols]
+    if not pairs or len(pairs) > MAX_SECOND_PARTIALS:
+        return None
+    terms, kept = [], []
+    for a, i in pairs:
+        what = f"the gradient of {names[i]}"
+        second = differentiate(exprs[i], differentiable[a], tensors, what=what, where=where)
+        if second != 0:
+            terms.append(second)
+            kept.append((a, i))
+    if not terms:
+        return None
+    # The terms are the partials dB_i/dv; each is multiplied by its grad_grad_i where it is printed, so
+    # that no shared temporary reads a grad_grad_i that may be None.
+    taken = taken | {GRAD_GRAD_PREFIX + n for n in names}
+    code = _share(terms, [f"{differentiable[a]}/{names[i]}" for a, i in kept], taken, scalars)
+    return DoubleBackward(tuple(str(v) for v in differentiable), tuple(kept), code)
 
 
 # -- the cost model ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain, learnable_init
 from .errors import DerivationError
-from .plan import GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
+from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
 from .stable import expand_kernels, primitives_used, xexpy
@@ -117,8 +117,9 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
     saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
-    # Fused, backward's math is a module-level function of plain arguments (torch.compile'd), not of ctx.
-    ctx = "" if spec.fuse else "ctx."
+    # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
+    # forward of the double backward's Function too), not of ctx.
+    ctx = ""
     code.scope()
     code.tensors |= {m.name for m in plan.masks}
     backward = _blocks(code, plan.backward.shared, lambda i: f"{ctx}needs_input_grad[{i}]", len(tensor_names))
@@ -156,14 +157,16 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         for t in spec.tensors
         if t.learnable
     ]
+    saved_params = ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+    saved_params += [f"{n}_shape" for n in tensor_names]
+    double = _double_backward_context(code, plan, tensor_names, saved_params) if plan.double_backward else None
     return {
         "fuse": spec.fuse,
         "ctx": ctx,
+        "double": double,
+        "backward_function": "_fused_backward" if spec.fuse else "_backward",
         "forward_lines": forward_lines,
-        "saved_params": ", ".join(
-            ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
-            + [f"{n}_shape" for n in tensor_names]
-        ),
+        "saved_params": ", ".join(saved_params),
         "saved_call": ", ".join(
             ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
             + [f"ctx.{n}_shape" for n in tensor_names]
@@ -206,6 +209,54 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
             [f"self.{t.name}" if t.learnable else t.name for t in spec.tensors] + [f"self.{n}" for n in scalar_names]
         ),
         "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+    }
+
+
+def _double_backward_context(
+    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str]
+) -> dict:
+    """The template's view of the double backward: backward's inputs (``params``) and, for each that has a
+    gradient, its terms, one per gradient of the op that depends on it."""
+    double = plan.double_backward
+    grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
+    position = {name: params.index(name) for name in double.inputs}
+    result = {name: f"grad_{name}" for name in double.inputs}
+
+    code.scope()
+    code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
+    # Backward's backward runs only for a second derivative: temporaries shared by several terms are
+    # computed unguarded (none reads a grad_grad_*, which may be None).
+    blocks = [{"guard": None, "lines": code.steps(b.steps)} for b in double.code.shared]
+    targets = []
+    for a, name in enumerate(double.inputs):
+        terms = []
+        for term, (b, i) in zip(double.code.terms, double.pairs):
+            if b == a:
+                lines = code.steps(term.steps)
+                # printed as one product, so that a case distinction between numbers takes its dtype
+                # from grad_grad_* (not from a bool mask)
+                value = code(sympy.Symbol(grad_grads[i], real=True) * term.expr)
+                terms.append({"grad_grad": grad_grads[i], "lines": lines, "value": value})
+        if not terms:
+            continue
+        # grad_output has the output's shape, which every term broadcasts to without being larger.
+        if name == GRAD_OUTPUT:
+            value = f"torch.broadcast_to(sum(terms), {name}.shape)"
+        else:
+            value = f"sum(terms).sum_to_size({name}.shape)"
+        targets.append({"index": position[name], "name": result[name], "terms": terms, "value": value})
+    saved = [GRAD_OUTPUT, *plan.saved]
+    names = {t["name"] for t in targets}
+    return {
+        "unpack": _unpack([p if p in saved or p in plan.backward_scalars else "_" for p in params]),
+        "saved": ", ".join(saved),
+        "saved_unpack": _unpack(saved),
+        "scalars": list(plan.backward_scalars),
+        "grad_grads": ", ".join(grad_grads),
+        "init": " = ".join(t["name"] for t in targets) + " = None",
+        "blocks": blocks,
+        "targets": targets,
+        "returns": ", ".join(result[p] if p in result and result[p] in names else "None" for p in params),
     }
 
 

@@ -39,7 +39,7 @@ RESERVED_ARGUMENT_NAMES = frozenset(
         "torch", "nn", "math", "pytest", "ctx", "self", "inputs", "output", "grad_output",
         "gradcheck", "gradgradcheck", "super", "float", "int", "bool", "abs", "max", "min",
         "len", "range", "tuple", "zip", "isinstance", "device", "dtype", "generator",
-        "sum", "all", "any", "vars", "enumerate", "str", "repr", "staticmethod", "terms", "out",
+        "sum", "all", "any", "vars", "enumerate", "str", "repr", "staticmethod", "terms", "out", "getattr",
     }
     # Attributes of the autograd ctx: scalar arguments are stored on it by name.
     | {

@@ -818,6 +818,14 @@ class _Rewriter:
             scalars = [f for f in factors if f not in logs and f not in tensor_factors]
             kind = xlogy if isinstance(logs[0], sympy.log) else xlog1py
             return coefficient * sympy.Mul(*scalars) * kind(sympy.Mul(*tensor_factors), logs[0].args[0])
+        # exp(a) * (c + k*exp(b) + ...) multiplied out, so that exp(a) * exp(b) becomes exp(a + b): finite
+        # where exp(b) overflows and exp(a) is 0 (the second derivative of x*tanh(exp(x)) at x = 100 in float32)
+        growing = [f for f in factors if isinstance(f, (sympy.exp, xexpy)) and self.is_tensor(f)]
+        for f in factors if growing else ():
+            if f.is_Add and len(f.args) <= _MAX_MULTIPLIED_OUT and _has_growing_exp(f, self.tensors):
+                rest = list(factors)
+                rest.remove(f)
+                return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
         # x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
         # independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)
         if len(exps) == 1 and not exps[0].args[0].is_nonpositive:
@@ -849,6 +857,20 @@ def _can_overflow(w: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> bool:
         (isinstance(p, growing) or (p.is_Pow and not (p.exp.is_Number and abs(p.exp) < 3)))
         and bool(p.free_symbols & tensors)
         for p in sympy.preorder_traversal(w)
+    )
+
+
+#: Terms of a sum that a product with an exponential is multiplied out over, at most.
+_MAX_MULTIPLIED_OUT = 8
+
+
+def _has_growing_exp(total: sympy.Add, tensors: frozenset[sympy.Symbol]) -> bool:
+    """Whether a term of ``total`` has an exponential of a tensor that can overflow."""
+    return any(
+        _can_overflow(sympy.exp(n.args[-1]), tensors)
+        for term in total.args
+        for n in sympy.preorder_traversal(term)
+        if isinstance(n, (sympy.exp, xexpy))
     )
 
 

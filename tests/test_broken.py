@@ -43,17 +43,22 @@ MUTATIONS = {
     ),
     "no_broadcast_reduction": (
         "quadratic",
-        _sub(r"grad_a = \(grad_output \* x\*\*2\)\.sum_to_size\(ctx\.a_shape\)", "grad_a = grad_output * x**2"),
+        _sub(r"grad_a = \(grad_output \* x\*\*2\)\.sum_to_size\(a_shape\)", "grad_a = grad_output * x**2"),
     ),
-    "ignores_needs_input_grad": ("quadratic", _sub(r"if ctx\.needs_input_grad\[2\]:", "if True:")),
+    "ignores_needs_input_grad": ("quadratic", _sub(r"if needs_input_grad\[2\]:", "if True:")),
     "missing_none_return": (
         "smooth_l1",
         _sub(r"return grad_input, grad_target, None", "return grad_input, grad_target"),
     ),
     "tensor_on_ctx": ("swish", _sub(r"ctx\.x_shape = x\.shape", "ctx.x_shape = x.shape\n        ctx.x = x")),
-    "not_differentiable_twice": (
+    # The double backward is derived too: a wrong second partial is caught by gradgradcheck.
+    "wrong_second_derivative": (
         "swish",
-        _sub(r"tmp2 = torch\.sigmoid\(tmp0\)", "tmp2 = torch.sigmoid(tmp0).detach()"),
+        _sub(r"terms\.append\(grad_grad_x \* tmp8 \* x\)", "terms.append(grad_grad_x * tmp8 * x * 1.01)"),
+    ),
+    "double_backward_drops_a_term": (
+        "quadratic",
+        _sub(r"terms\.append\(grad_grad_a \* tmp1\)", "pass"),
     ),
     "wrong_kink_side": (
         "smooth_l1",

@@ -31,7 +31,7 @@ def _load(folder, name):
 def test_fused_module_is_the_eager_math_behind_torch_compile():
     eager = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH), time_limit=None)["swish.py"]
     fused = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH, fuse=True), time_limit=None)["swish.py"]
-    assert "torch.compile" not in eager and "_Fused" not in eager
+    assert "torch.compile(" not in eager and "_Fused" not in eager
     assert "def _forward(x, beta):" in fused and "def _backward(needs_input_grad, grad_output, x, beta" in fused
     assert "return _fused_forward(x, beta)" in fused
     assert "_fused_backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)" in fused

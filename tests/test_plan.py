@@ -116,3 +116,27 @@ def test_no_temporary_is_an_alias_of_another():
     assert "torch.where(A == 0, tmp1.nan_to_num(), tmp1)" in source
     aliases = re.findall(r"^\s*(tmp\d+) = (tmp\d+)$", source, flags=re.MULTILINE)
     assert not aliases, aliases
+
+
+def test_double_backward_differentiates_each_gradient_in_each_saved_tensor(tmp_path):
+    # tanh's backward reads its output: the double backward differentiates in grad_output and the output,
+    # and autograd chains the output's part through tanh itself.
+    plan = compile_op(make_spec("tanh_op", "tanh(x)", {"x": {}})).plan
+    assert plan.saved == (OUTPUT,)
+    assert plan.double_backward.inputs == ("grad_output", OUTPUT)
+    module = _load(tmp_path, make_spec("tanh_exp", "x*tanh(exp(x))", {"x": {}}))
+    x = torch.tensor([-3.0, 0.5, 100.0], requires_grad=True)
+    (grad,) = torch.autograd.grad(module.tanh_exp(x).sum(), x, create_graph=True)
+    assert grad.grad_fn.name().startswith("_TanhExpBackward")  # the derived double backward is used
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    exact = x.detach().double().requires_grad_()
+    (exact_grad,) = torch.autograd.grad((exact * torch.tanh(torch.exp(exact))).sum(), exact, create_graph=True)
+    (exact_second,) = torch.autograd.grad(exact_grad.sum(), exact)
+    # float32 at x = 100: autograd of the gradient's code gave exp(100) * 0 = nan
+    torch.testing.assert_close(second.double(), exact_second, rtol=1e-5, atol=1e-6)
+
+
+def test_too_many_second_partials_leave_the_double_backward_to_autograd():
+    forward = " + ".join(f"a{i}*tanh(w{i}*x + b{i})" for i in range(8))
+    tensors = {"x": {}, **{f"{p}{i}": {} for i in range(8) for p in "awb"}}
+    assert compile_op(make_spec("tanh_sum", forward, tensors)).plan.double_backward is None

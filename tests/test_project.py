@@ -93,7 +93,7 @@ def test_generate_edit_change_update_loop(project, scaffold):
     # The user edits the generated module (a line inside backward, a helper at the end) and the test.
     module = project / "src/demo_ops/ops/swish.py"
     text = module.read_text()
-    anchor = "        x, beta = ctx.saved_tensors\n        # Each gradient"
+    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
     assert anchor in text
     module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1), 1) + HELPER)
     test_file = project / "tests/test_swish.py"

@@ -69,13 +69,8 @@ EXPECTED_REFUSALS: dict[str, str] = {}
 # Open problems, each failing its accuracy check today (strict: an op that passes again must be taken off
 # this list). Recorded on the numerics issue's closing note.
 KNOWN_PROBLEMS: dict[str, str] = {
-    "tanh_exp": "second derivative nan at x = 100 (float32) and 1e4: exp(x) * 0 in the double backward",
-    "gaussian_nll": "d2/dlog_var2 nan at y = mu, log_var = -100 (float32) or -1e4: the double backward of exp "
-    "multiplies its overflowed output by 0",
-    "bs_call": "second derivatives nan at S = K = T = sigma = rate = 1e4 (float32)",
-    "found_20": "second derivative nan at |x| = 100 (float32), 1e4: autograd of 1/expm1(x) is 0 * exp(x)",
-    "found_24": "second derivatives nan at t = -1e4: exp(7000) meets a zero gradient in the double backward",
-    "found_25": "second derivative nan at x = 100 (float32), 1e4: autograd of 1/expm1(x) is 0 * exp(x)",
+    "found_5": "second derivatives nan at x = 1e4 (float32): the derived double backward multiplies "
+    "n**2*x**4 * x**6 (inf) by (1 + x**6)**-4 (0); autograd of the gradient's code grouped them the other way",
 }
 # Of those, the ones whose own generated tests fail too (strict as well).
 KNOWN_GENERATED_FAILURES: dict[str, str] = {}

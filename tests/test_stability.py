@@ -345,6 +345,10 @@ SECOND_ORDER = [
     # inside ELU's where() (exp(1e4) * 0 otherwise; found_10 in test_realistic is the loss's own branch).
     Case("huber_of_elu", f"Piecewise((({_ELU} - 1)**2/2, Abs({_ELU} - 1) <= 1), (Abs({_ELU} - 1) - 1/2, True))",
          lambda x: F.huber_loss(F.elu(x), torch.ones_like(x), reduction="none"), {"x": REAL}),
+    # The double backward is derived, not autograd of backward's code: that multiplies exp(x) = inf by the
+    # 0 the rest of the gradient makes of it (tanh'(exp(x)) = 0 at x = 100 in float32; 1/expm1(x)**2).
+    Case("tanh_exp", "x*tanh(exp(x))", lambda x: x * torch.tanh(torch.exp(x)), {"x": REAL}),
+    Case("inverse_expm1", "1/(exp(x) - 1)", lambda x: 1 / torch.expm1(x), {"x": POSITIVE}),
 ]  # fmt: skip
 
 

@@ -12,6 +12,33 @@ from torch import nn
 __all__ = ["Quadratic", "QuadraticFunction", "quadratic"]
 
 
+def _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape):
+    """The gradients' math: QuadraticFunction's backward (and _QuadraticBackward's forward)."""
+    # Each gradient is grad_output times a partial derivative, summed over the dimensions
+    # broadcasting added so that it has its input's shape.
+    grad_x = grad_a = grad_b = grad_c = None
+    if needs_input_grad[0]:
+        grad_x = (grad_output * (2 * a * x + b)).sum_to_size(x_shape)
+    if needs_input_grad[1]:
+        grad_a = (grad_output * x**2).sum_to_size(a_shape)
+    if needs_input_grad[2]:
+        grad_b = (grad_output * x).sum_to_size(b_shape)
+    if needs_input_grad[3]:
+        grad_c = grad_output.sum_to_size(c_shape)
+    return grad_x, grad_a, grad_b, grad_c
+
+
+def _transforms_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
+def _differentiating_backward() -> bool:
+    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
+    transforms and torch.compile, which differentiate backward's code themselves."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
+
+
 class QuadraticFunction(torch.autograd.Function):
     """out = a*x**2 + b*x + c
 
@@ -46,17 +73,11 @@ class QuadraticFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, a, b = ctx.saved_tensors
-        # Each gradient is grad_output times a partial derivative, summed over the dimensions
-        # broadcasting added so that it has its input's shape.
-        grad_x = grad_a = grad_b = grad_c = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_output * (2 * a * x + b)).sum_to_size(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            grad_a = (grad_output * x**2).sum_to_size(ctx.a_shape)
-        if ctx.needs_input_grad[2]:
-            grad_b = (grad_output * x).sum_to_size(ctx.b_shape)
-        if ctx.needs_input_grad[3]:
-            grad_c = grad_output.sum_to_size(ctx.c_shape)
+        if _differentiating_backward():
+            # The gradients are differentiated again: through _QuadraticBackward, whose backward is derived.
+            grad_x, grad_a, grad_b, grad_c = _QuadraticBackward.apply(ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape)
+        else:
+            grad_x, grad_a, grad_b, grad_c = _backward(ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape)
         return grad_x, grad_a, grad_b, grad_c
 
     @staticmethod
@@ -73,6 +94,69 @@ class QuadraticFunction(torch.autograd.Function):
         if c_tangent is not None:
             terms.append(c_tangent)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
+
+
+class _QuadraticBackward(torch.autograd.Function):
+    """QuadraticFunction's gradients as an op of their own, for a second derivative (double backward).
+
+    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
+    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
+    the formula makes of it, and 0 * inf is nan.
+    """
+
+    @staticmethod
+    def forward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape):
+        grads = _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape)
+        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
+        # may not return as-is an input it saves.
+        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, grad_output, x, a, b, _, _, _, _ = inputs
+        ctx.save_for_backward(grad_output, x, a, b)
+        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_grad_x, grad_grad_a, grad_grad_b, grad_grad_c):
+        grad_output, x, a, b = ctx.saved_tensors
+        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
+        # arriving at each) times that gradient's partial derivative in the input.
+        grad_grad_output = grad_x = grad_a = grad_b = None
+        tmp0 = 2 * a
+        tmp1 = 2 * grad_output * x
+        if ctx.needs_input_grad[1]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * (b + tmp0 * x))
+            if grad_grad_a is not None:
+                terms.append(grad_grad_a * x**2)
+            if grad_grad_b is not None:
+                terms.append(grad_grad_b * x)
+            if grad_grad_c is not None:
+                terms.append(grad_grad_c)
+            grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
+        if ctx.needs_input_grad[2]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * grad_output * tmp0)
+            if grad_grad_a is not None:
+                terms.append(grad_grad_a * tmp1)
+            if grad_grad_b is not None:
+                terms.append(grad_grad_b * grad_output)
+            grad_x = sum(terms).sum_to_size(x.shape) if terms else None
+        if ctx.needs_input_grad[3]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * tmp1)
+            grad_a = sum(terms).sum_to_size(a.shape) if terms else None
+        if ctx.needs_input_grad[4]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * grad_output)
+            grad_b = sum(terms).sum_to_size(b.shape) if terms else None
+        return None, grad_grad_output, grad_x, grad_a, grad_b, None, None, None, None
 
 
 def quadratic(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,33 @@ from torch import nn
 __all__ = ["SmoothL1", "SmoothL1Function", "smooth_l1"]
 
 
+def _backward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape):
+    """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward)."""
+    # Each gradient is grad_output times a partial derivative, summed over the dimensions
+    # broadcasting added so that it has its input's shape.
+    grad_input = grad_target = None
+    tmp0 = 1 / beta
+    tmp1 = input - target
+    tmp2 = beta > torch.abs(tmp1)
+    tmp3 = torch.sign(tmp1)
+    if needs_input_grad[0]:
+        grad_input = (grad_output * torch.where(tmp2, tmp0 * tmp1, tmp3)).sum_to_size(input_shape)
+    if needs_input_grad[1]:
+        grad_target = (grad_output * torch.where(tmp2, -tmp0 * tmp1, -tmp3)).sum_to_size(target_shape)
+    return grad_input, grad_target
+
+
+def _transforms_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
+def _differentiating_backward() -> bool:
+    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
+    transforms and torch.compile, which differentiate backward's code themselves."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
+
+
 class SmoothL1Function(torch.autograd.Function):
     """out = Piecewise(((input - target)**2/(2*beta), beta > Abs(input - target)), (-beta/2 + Abs(input - target), True))
 
@@ -51,17 +78,11 @@ class SmoothL1Function(torch.autograd.Function):
     def backward(ctx, grad_output):
         input, target = ctx.saved_tensors
         beta = ctx.beta
-        # Each gradient is grad_output times a partial derivative, summed over the dimensions
-        # broadcasting added so that it has its input's shape.
-        grad_input = grad_target = None
-        tmp0 = 1 / beta
-        tmp1 = input - target
-        tmp2 = beta > torch.abs(tmp1)
-        tmp3 = torch.sign(tmp1)
-        if ctx.needs_input_grad[0]:
-            grad_input = (grad_output * torch.where(tmp2, tmp0 * tmp1, tmp3)).sum_to_size(ctx.input_shape)
-        if ctx.needs_input_grad[1]:
-            grad_target = (grad_output * torch.where(tmp2, -tmp0 * tmp1, -tmp3)).sum_to_size(ctx.target_shape)
+        if _differentiating_backward():
+            # The gradients are differentiated again: through _SmoothL1Backward, whose backward is derived.
+            grad_input, grad_target = _SmoothL1Backward.apply(ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape)
+        else:
+            grad_input, grad_target = _backward(ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape)
         return grad_input, grad_target, None
 
     @staticmethod
@@ -79,6 +100,66 @@ class SmoothL1Function(torch.autograd.Function):
         if target_tangent is not None:
             terms.append(target_tangent * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
         return torch.broadcast_to(sum(terms), ctx.output_shape)
+
+
+class _SmoothL1Backward(torch.autograd.Function):
+    """SmoothL1Function's gradients as an op of their own, for a second derivative (double backward).
+
+    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
+    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
+    the formula makes of it, and 0 * inf is nan.
+    """
+
+    @staticmethod
+    def forward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape):
+        grads = _backward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape)
+        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
+        # may not return as-is an input it saves.
+        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, grad_output, input, target, beta, _, _ = inputs
+        ctx.save_for_backward(grad_output, input, target)
+        ctx.beta = beta
+        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_grad_input, grad_grad_target):
+        grad_output, input, target = ctx.saved_tensors
+        beta = ctx.beta
+        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
+        # arriving at each) times that gradient's partial derivative in the input.
+        grad_grad_output = grad_input = grad_target = None
+        tmp0 = 1 / beta
+        tmp1 = input - target
+        tmp2 = beta > torch.abs(tmp1)
+        tmp3 = torch.sign(tmp1)
+        tmp4 = torch.where(tmp2, tmp0 * grad_output, 0)
+        tmp5 = torch.where(tmp2, -tmp0 * grad_output, 0)
+        if ctx.needs_input_grad[1]:
+            terms = []
+            if grad_grad_input is not None:
+                terms.append(grad_grad_input * torch.where(tmp2, tmp0 * tmp1, tmp3))
+            if grad_grad_target is not None:
+                terms.append(grad_grad_target * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
+            grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
+        if ctx.needs_input_grad[2]:
+            terms = []
+            if grad_grad_input is not None:
+                terms.append(grad_grad_input * tmp4)
+            if grad_grad_target is not None:
+                terms.append(grad_grad_target * tmp5)
+            grad_input = sum(terms).sum_to_size(input.shape) if terms else None
+        if ctx.needs_input_grad[3]:
+            terms = []
+            if grad_grad_input is not None:
+                terms.append(grad_grad_input * tmp5)
+            if grad_grad_target is not None:
+                terms.append(grad_grad_target * tmp4)
+            grad_target = sum(terms).sum_to_size(target.shape) if terms else None
+        return None, grad_grad_output, grad_input, grad_target, None, None, None
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

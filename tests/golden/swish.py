@@ -14,6 +14,32 @@ from torch import nn
 __all__ = ["Swish", "SwishFunction", "swish"]
 
 
+def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
+    """The gradients' math: SwishFunction's backward (and _SwishBackward's forward)."""
+    # Each gradient is grad_output times a partial derivative, summed over the dimensions
+    # broadcasting added so that it has its input's shape.
+    grad_x = grad_beta = None
+    tmp0 = beta * x
+    tmp1 = torch.sigmoid(-tmp0)
+    tmp2 = torch.sigmoid(tmp0)
+    if needs_input_grad[0]:
+        grad_x = (grad_output * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2)).sum_to_size(x_shape)
+    if needs_input_grad[1]:
+        grad_beta = (grad_output * tmp1 * tmp2 * x**2).sum_to_size(beta_shape)
+    return grad_x, grad_beta
+
+
+def _transforms_active() -> bool:
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active and active())
+
+
+def _differentiating_backward() -> bool:
+    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
+    transforms and torch.compile, which differentiate backward's code themselves."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
+
+
 class SwishFunction(torch.autograd.Function):
     """out = x*sigmoid(beta*x)
 
@@ -47,16 +73,11 @@ class SwishFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, beta = ctx.saved_tensors
-        # Each gradient is grad_output times a partial derivative, summed over the dimensions
-        # broadcasting added so that it has its input's shape.
-        grad_x = grad_beta = None
-        tmp0 = beta * x
-        tmp1 = torch.sigmoid(-tmp0)
-        tmp2 = torch.sigmoid(tmp0)
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad_output * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2)).sum_to_size(ctx.x_shape)
-        if ctx.needs_input_grad[1]:
-            grad_beta = (grad_output * tmp1 * tmp2 * x**2).sum_to_size(ctx.beta_shape)
+        if _differentiating_backward():
+            # The gradients are differentiated again: through _SwishBackward, whose backward is derived.
+            grad_x, grad_beta = _SwishBackward.apply(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
+        else:
+            grad_x, grad_beta = _backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
         return grad_x, grad_beta
 
     @staticmethod
@@ -72,6 +93,67 @@ class SwishFunction(torch.autograd.Function):
         if beta_tangent is not None:
             terms.append(beta_tangent * tmp1 * tmp2 * x**2)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
+
+
+class _SwishBackward(torch.autograd.Function):
+    """SwishFunction's gradients as an op of their own, for a second derivative (double backward).
+
+    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
+    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
+    the formula makes of it, and 0 * inf is nan.
+    """
+
+    @staticmethod
+    def forward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
+        grads = _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape)
+        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
+        # may not return as-is an input it saves.
+        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, grad_output, x, beta, _, _ = inputs
+        ctx.save_for_backward(grad_output, x, beta)
+        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_grad_x, grad_grad_beta):
+        grad_output, x, beta = ctx.saved_tensors
+        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
+        # arriving at each) times that gradient's partial derivative in the input.
+        grad_grad_output = grad_x = grad_beta = None
+        tmp0 = beta * x
+        tmp1 = -tmp0
+        tmp2 = torch.sigmoid(tmp1)
+        tmp3 = tmp2 * torch.nn.functional.silu(tmp0)
+        tmp4 = torch.sigmoid(tmp0)
+        tmp5 = tmp2 * tmp4
+        tmp6 = torch.nn.functional.silu(tmp1)
+        tmp7 = tmp3 * tmp4
+        tmp8 = grad_output * (tmp5 * (1 - tmp6) + tmp5 - tmp7)
+        if ctx.needs_input_grad[1]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * (tmp3 + tmp4))
+            if grad_grad_beta is not None:
+                terms.append(grad_grad_beta * tmp5 * x**2)
+            grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
+        if ctx.needs_input_grad[2]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(beta * grad_grad_x * tmp8)
+            if grad_grad_beta is not None:
+                terms.append(grad_grad_beta * grad_output * x * (2 * tmp2 * tmp4 - tmp5 * tmp6 - tmp7))
+            grad_x = sum(terms).sum_to_size(x.shape) if terms else None
+        if ctx.needs_input_grad[3]:
+            terms = []
+            if grad_grad_x is not None:
+                terms.append(grad_grad_x * tmp8 * x)
+            if grad_grad_beta is not None:
+                terms.append(grad_grad_beta * grad_output * x**3 * (tmp4 * tmp2**2 - tmp2 * tmp4**2))
+            grad_beta = sum(terms).sum_to_size(beta.shape) if terms else None
+        return None, grad_grad_output, grad_x, grad_beta, None, None
 
 
 def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
