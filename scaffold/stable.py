@@ -178,6 +178,12 @@ class kept(StableFunction):  # noqa: N801
     nargs = 1
 
     @classmethod
+    def eval(cls, w):
+        # Kept once is kept: the rewrites run again on derivatives (a second derivative's kept(kept(w)) and
+        # kept(w) would be two values, and their product no power of one).
+        return w if isinstance(w, kept) else None
+
+    @classmethod
     def literal(cls, w):
         return w
 

@@ -140,3 +140,18 @@ def test_too_many_second_partials_leave_the_double_backward_to_autograd():
     forward = " + ".join(f"a{i}*tanh(w{i}*x + b{i})" for i in range(8))
     tensors = {"x": {}, **{f"{p}{i}": {} for i in range(8) for p in "awb"}}
     assert compile_op(make_spec("tanh_sum", forward, tensors)).plan.double_backward is None
+
+
+def test_a_power_of_a_quotient_takes_in_its_factors(tmp_path):
+    # d/dl (x/l)**k by the chain rule is k*(x/l)**(k - 1) * (-x/l**2): 0 * inf at x = 0 for k < 1. Written
+    # -k*(x/l)**k/l it is 0 there, and so is its own derivative in l.
+    spec = make_spec("weibull", "1 - exp(-(x/lam)**k)", {"x": {}, "lam": {}}, {"k": {"type": "float", "default": 0.5}})
+    module = _load(tmp_path, spec)
+    x = torch.tensor([0.0, 0.5, 2.0], dtype=torch.float64)
+    lam = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(module.weibull(x, lam, 0.5).sum(), lam, create_graph=True)
+    (second,) = torch.autograd.grad(grad, lam)
+    t = x[1:] / 0.7
+    expected = (-0.5 * t**0.5 * torch.exp(-(t**0.5)) / 0.7).sum()
+    torch.testing.assert_close(grad.detach(), expected)
+    assert torch.isfinite(second)

@@ -68,10 +68,7 @@ from .realistic import DEFAULT_TYPICAL, FORMULAS, FOUND, TYPICAL
 EXPECTED_REFUSALS: dict[str, str] = {}
 # Open problems, each failing its accuracy check today (strict: an op that passes again must be taken off
 # this list). Recorded on the numerics issue's closing note.
-KNOWN_PROBLEMS: dict[str, str] = {
-    "found_5": "second derivatives nan at x = 1e4 (float32): the derived double backward multiplies "
-    "n**2*x**4 * x**6 (inf) by (1 + x**6)**-4 (0); autograd of the gradient's code grouped them the other way",
-}
+KNOWN_PROBLEMS: dict[str, str] = {}
 # Of those, the ones whose own generated tests fail too (strict as well).
 KNOWN_GENERATED_FAILURES: dict[str, str] = {}
 
