@@ -196,6 +196,18 @@ def _merge_powers(expr: sympy.Expr) -> sympy.Expr:
     """
 
     def merge(product: sympy.Mul) -> sympy.Expr:
+        cases = [f for f in product.args if isinstance(f, sympy.Piecewise)]
+        if len(cases) == 1 and cases[0].has(sympy.Pow):
+            # x * Piecewise((0, k == 0), (k*(x/l)**(k - 1), True)): the factors go into the branches where
+            # a power there can take them in (only then: the order of a product's factors is the order its
+            # printed code multiplies in, and a tiny factor between two huge ones keeps it finite)
+            rest = sympy.Mul(*[f for f in product.args if f is not cases[0]])
+            branches = [(rest * e, c) for e, c in cases[0].args]
+            if any(_absorb_quotient(e) != e for e, _ in branches if e.is_Mul):
+                return sympy.Piecewise(*[(_merge_powers(e), c) for e, c in branches])
+        product = _absorb_quotient(product)
+        if not product.is_Mul:
+            return product
         exponents: dict[sympy.Expr, list[sympy.Expr]] = {}
         for factor in product.args:
             if factor.is_Number or isinstance(factor, sympy.exp):
@@ -208,6 +220,29 @@ def _merge_powers(expr: sympy.Expr) -> sympy.Expr:
         return sympy.Mul(*[sympy.Pow(base, sympy.Add(*e)) for base, e in exponents.items()])
 
     return expr.replace(lambda e: e.is_Mul, merge)
+
+
+def _absorb_quotient(product: sympy.Mul) -> sympy.Expr:
+    """``(x/l)**e * x * l**-2`` -> ``(x/l)**(e + 1) / l``: a power of a product or quotient ``q`` with a
+    non-integer exponent takes in the factors of ``q`` that the product has beside it. The chain rule
+    writes d/dl (x/l)**e as ``e*(x/l)**(e - 1) * (-x/l**2)``, which is 0 * inf at x = 0 for e < 1 (the
+    Weibull CDF's derivative in its scale), while ``-e*(x/l)**e/l`` is 0."""
+    factors = list(product.args)
+    for f in factors:
+        base, exponent = f.as_base_exp()
+        if not base.is_Mul or exponent.is_Integer:
+            continue
+        have = {}
+        for g in factors:
+            if g is not f:
+                b, e = g.as_base_exp()
+                have[b] = have.get(b, 0) + e
+        need = base.as_powers_dict()
+        if all(e.is_Integer and have.get(b, 0) != 0 and (have[b] / e).is_Integer and have[b] / e >= 1
+               for b, e in need.items()):  # fmt: skip
+            rest = sympy.Mul(*[g for g in factors if g is not f]) / base
+            return sympy.Pow(base, exponent + 1) * rest
+    return product
 
 
 def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
@@ -236,7 +271,7 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
         parsed=parsed,
         forward=forward,
         partials=partials,
-        warnings=_flat_warnings(parsed, flat),
+        warnings=_unused_scalar_warnings(parsed) + _flat_warnings(parsed, flat),
         removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
     )
 
@@ -266,6 +301,17 @@ def differentiate(
 
 #: Functions whose derivative is zero wherever it exists.
 _STEPS = (sympy.sign, sympy.Heaviside)
+
+
+def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
+    """A warning for each scalar argument the forward does not use: it stays an argument of the op."""
+    used = parsed.expr.free_symbols
+    return tuple(
+        f"the scalar argument {name!r} is not used in the forward; the op still takes it\n"
+        f"  hint: remove it from the spec (or the --scalar flag), or use it in the expression"
+        for name in parsed.scalar_names
+        if parsed.symbols[name] not in used
+    )
 
 
 def _flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]:
