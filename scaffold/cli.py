@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     op.add_argument("name", nargs="?", help="op name, a Python identifier (e.g. leaky_relu)")
     op.add_argument("--spec", metavar="FILE", help="read the op from a TOML spec file instead of flags")
-    op.add_argument("--forward", metavar="EXPR", help='the forward as sympy math, e.g. "x * tanh(softplus)"')
+    op.add_argument("--forward", metavar="EXPR", help='the forward as sympy math, e.g. "x * tanh(log(1 + exp(x)))"')
     _argument_flags(
         op,
         tensor="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[])",

@@ -479,9 +479,10 @@ def spec_with_flags(
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
-    ``forward`` and ``doc`` replace the spec's; an argument given by a flag is added, or replaces the
-    argument of that name (its shape, domain and default) whether it was a tensor or a scalar; the other
-    arguments are kept.
+    ``forward`` and ``doc`` replace the spec's; an argument given by a flag is added, or changes only what
+    the flag names of the argument of that name (``--tensor beta=3`` its shape: a learnable beta stays
+    learnable, with its init and domain); one that changes kind (a tensor given as ``--scalar``) is replaced;
+    the other arguments are kept.
     """
     data = spec_to_mapping(spec)
     if forward is not None:
@@ -496,8 +497,9 @@ def spec_with_flags(
     for given, other in ((tensor_args, "scalars"), (scalar_args, "tensors")):
         for arg in given:
             data[other].pop(arg, None)
-    data["tensors"].update(tensor_args)
-    data["scalars"].update(scalar_args)
+    for kind, given in (("tensors", tensor_args), ("scalars", scalar_args)):
+        for arg, table in given.items():
+            data[kind][arg] = {**data[kind].get(arg, {}), **table}
     return spec_from_mapping(data, source=spec.source)
 
 
@@ -510,6 +512,7 @@ def _argument_tables(
         arg, _, shape = item.partition("=")
         where = f"--tensor {item}"
         check_identifier(arg.strip(), what="argument name", where=where)
+        _once(arg.strip(), tensor_args, "--tensor", where)
         tensor_args[arg.strip()] = {"shape": list(_parse_shape(shape, where))} if "=" in item else {}
     for item in learnable:
         arg, _, init = item.partition("=")
@@ -530,8 +533,16 @@ def _argument_tables(
         if type_ is not None and type_ not in SCALAR_TYPES:
             raise SpecError(f"unknown scalar type {type_!r}", where=where, hint="use float, int or bool")
         inferred, default = _parse_scalar_value(value, type_, where)
+        _once(arg.strip(), scalar_args, "--scalar", where)
         scalar_args[arg.strip()] = {"type": inferred, "default": default}
     return tensor_args, scalar_args
+
+
+def _once(name: str, given: dict[str, Any], flag: str, where: str) -> None:
+    if name in given:
+        raise SpecError(
+            f"{flag} {name} is given twice", where=where, hint=f"give each argument once, e.g. {flag} {name}=..."
+        )
 
 
 def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:

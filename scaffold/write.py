@@ -4,6 +4,7 @@ in a project, write the changes :mod:`scaffold.changes` computed (merged with th
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = 
         raise WriteError(
             f"refusing to overwrite {listed}: {'they exist' if len(conflicts) > 1 else 'it exists'} "
             "and may hold your edits; nothing was written",
-            hint="pass --force to overwrite, or choose another --output-dir",
+            hint="pass --force (force=True from Python) to overwrite, or choose another --output-dir",
         )
     _replace_all(root, [(path, text) for path, text, status in plan if status != "unchanged"])
     return [Written(path, status) for path, _, status in plan]
@@ -80,9 +81,10 @@ def _replace_all(root: Path, files: list[tuple[Path, str]]) -> None:
             for path, text in files:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                staged.append((tmp, path))
                 with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
                     handle.write(text)
-                staged.append((tmp, path))
+                os.chmod(tmp, _mode(path))
             for tmp, path in staged:
                 os.replace(tmp, path)
         finally:
@@ -91,3 +93,14 @@ def _replace_all(root: Path, files: list[tuple[Path, str]]) -> None:
                     os.unlink(tmp)
     except OSError as exc:
         raise WriteError(f"cannot write to {root}: {exc.strerror or exc}") from None
+
+
+def _mode(path: Path) -> int:
+    """The permissions ``path`` keeps (an existing file's own), or gets as a new file under the umask
+    (0644 under umask 022), as open() would give it: mkstemp's temporary file is 0600."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

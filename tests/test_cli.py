@@ -101,3 +101,14 @@ def test_library_reports_a_zero_gradient_as_a_scaffold_warning():
     messages = [str(w.message) for w in caught if issubclass(w.category, ScaffoldWarning)]
     assert len(messages) == 1, messages
     assert messages[0].startswith("steps.toml: forward: the gradient with respect to 'x' is zero everywhere")
+
+
+def test_an_unused_scalar_is_a_warning_not_an_error(tmp_path, capsys):
+    code = main(["new", "op", "scaled", "--forward", "2 * x", "--tensor", "x", "--scalar", "alpha=0.5",
+                 "--output-dir", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err.count("scaffold: warning:") == 1, err
+    assert "the scalar argument 'alpha' is not used in the forward; the op still takes it" in err
+    assert "hint: remove it from the spec (or the --scalar flag), or use it in the expression" in err
+    assert "def scaled(x: torch.Tensor, alpha: float = 0.5)" in (tmp_path / "scaled.py").read_text()

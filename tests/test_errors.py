@@ -75,6 +75,16 @@ CASES = [
         id="no tensor in expression",
     ),
     pytest.param(
+        ["op", "--forward", "x", "--tensor", "x", "--tensor", "x=3"],
+        "scaffold: error: --tensor x=3: --tensor x is given twice\n  hint: give each argument once, e.g. --tensor x=...\n",
+        id="tensor given twice",
+    ),
+    pytest.param(
+        ["op", "--forward", "a * x", "--tensor", "x", "--scalar", "a=1.0", "--scalar", "a=2.0"],
+        "scaffold: error: --scalar a=2.0: --scalar a is given twice\n  hint: give each argument once, e.g. --scalar a=...\n",
+        id="scalar given twice",
+    ),
+    pytest.param(
         ["op", "--forward", "x", "--tensor", "x", "--tensor", "y"],
         "scaffold: error: command-line flags: forward: tensor argument 'y' is declared but not used in the forward\n  hint: remove the declaration or use it in the expression\n",
         id="unused tensor",

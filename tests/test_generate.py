@@ -90,3 +90,31 @@ def test_plan_saves_exactly_what_backward_reads():
     assert saved("x * y", "x", "y") == ("x", "y")
     assert saved("a * x**2 + b * x + c", "x", "a", "b", "c") == ("x", "a", "b")
     assert saved("Max(x, 0) * y", "x", "y") == ("x", "y")
+
+
+def test_written_files_follow_the_umask_and_keep_their_own_mode(tmp_path):
+    # mkstemp's temporary files are 0600: moved into place as they are, generated files (and a user's
+    # file that an update rewrites) would become unreadable to group and others.
+    old = os.umask(0o022)
+    try:
+        write_files({"a.py": "x = 1\n", "b.py": "y = 1\n"}, tmp_path)
+        assert (tmp_path / "a.py").stat().st_mode & 0o777 == 0o644
+        (tmp_path / "b.py").chmod(0o640)
+        write_files({"b.py": "y = 2\n"}, tmp_path, force=True)
+        assert (tmp_path / "b.py").stat().st_mode & 0o777 == 0o640
+        assert (tmp_path / "b.py").read_text() == "y = 2\n"
+        os.umask(0o077)
+        write_files({"c.py": "z = 1\n"}, tmp_path)
+        assert (tmp_path / "c.py").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_refusing_to_overwrite_names_the_cli_flag_and_the_keyword(tmp_path):
+    from scaffold.errors import WriteError
+
+    write_files({"a.py": "x = 1\n"}, tmp_path)
+    with pytest.raises(WriteError) as caught:
+        write_files({"a.py": "x = 2\n"}, tmp_path)
+    assert "--force" in caught.value.hint and "force=True" in caught.value.hint

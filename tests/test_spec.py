@@ -184,3 +184,15 @@ def test_spec_with_flags_adds_and_replaces_arguments_by_name():
     assert [t.name for t in as_scalar.tensors] == ["x"]
     assert [(s.name, s.default) for s in as_scalar.scalars] == [("beta", 0.5)]
     assert spec_with_flags(spec) == spec
+
+
+def test_spec_with_flags_changes_only_what_the_flag_names():
+    from scaffold.spec import spec_from_flags, spec_with_flags
+
+    spec = spec_from_flags("swish", "x * sigmoid(beta * x)", ["x=3"], learnable=["beta=0.5"])
+    spec = spec_with_flags(spec, tensors=["x=4,3"])
+    spec = spec_with_flags(spec, tensors=["beta=3"])  # a new shape; still learnable, with its init
+    assert [(t.name, t.shape, t.learnable, t.init) for t in spec.tensors] == [
+        ("x", (4, 3), False, None),
+        ("beta", (3,), True, 0.5),
+    ]
