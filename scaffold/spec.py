@@ -60,8 +60,19 @@ RESERVED_OP_NAMES = frozenset(
         "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
         "reference", "make_inputs", "gradcheck", "gradgradcheck", "device", "TENSORS", "SCALARS",
         "AVOID_MARGIN", "SHAPES", "MODULE_SHAPES", "CLOSE", "EXTREMES", "TYPICAL", "SPECIAL", "nearest",
-        "extreme_partners", "one_at_a_time", "reference_values", "reference_is_accurate",
+        "extreme_partners", "one_at_a_time", "reference_values", "reference_grads", "reference_is_accurate",
         "assert_matches_reference", "assert_gradients_match_differences", "float32_rounding",
+    }
+    # Local names of the generated functions (and comprehensions) that call the op by name: there the op's
+    # name would be that local.
+    | {
+        "above", "accurate", "allowance", "allowed", "args", "at", "below", "broken", "central", "coarse",
+        "columns", "compare", "compared", "expected", "expected32", "expected_grad", "expected_grads",
+        "expected_value", "finite", "finite_too", "generator", "grad", "grad_output", "grads", "grads32",
+        "grads64", "index", "inputs", "inputs32", "inputs64", "left", "limits", "magnitudes", "name", "out",
+        "out32", "out64", "plain", "plain32", "plain_error", "plain_grads32", "reliable", "removable",
+        "representable", "results", "right", "rounding", "row", "step", "tensor", "tie", "value", "value32",
+        "value64", "value_representable", "what", "where", "wrong", "xs",
     }
 )  # fmt: skip
 
@@ -215,7 +226,9 @@ class OpSpec:
                 where=where,
                 hint="declare at least one, e.g. [tensors.x] in a spec file or --tensor x on the command line",
             )
-        taken = {self.name, camel_case(self.name), camel_case(self.name) + "Function"}
+        # The op's function may share an argument's name (F.threshold(x, threshold, value)): the argument
+        # shadows it only inside functions that take it, and those never call the op by name.
+        taken = {camel_case(self.name), camel_case(self.name) + "Function"}
         seen: set[str] = set()
         for kind, arg in [("tensors", t) for t in self.tensors] + [("scalars", s) for s in self.scalars]:
             arg_where = f"{where}: {kind}.{arg.name}"
@@ -232,7 +245,7 @@ class OpSpec:
                 )
             if arg.name in taken:
                 raise SpecError(
-                    f"argument name {arg.name!r} would shadow the op's own function or class",
+                    f"argument name {arg.name!r} would shadow the op's own class",
                     where=arg_where,
                     hint=f"rename the argument, e.g. {arg.name + '_in'!r}",
                 )

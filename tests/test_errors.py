@@ -65,8 +65,8 @@ CASES = [
         id="reserved op name",
     ),
     pytest.param(
-        ["scale", "--forward", "x * scale", "--tensor", "x", "--scalar", "scale=2.0"],
-        "scaffold: error: command-line flags: scalars.scale: argument name 'scale' would shadow the op's own function or class\n  hint: rename the argument, e.g. 'scale_in'\n",
+        ["scale", "--forward", "x * Scale", "--tensor", "x", "--scalar", "Scale=2.0"],
+        "scaffold: error: command-line flags: scalars.Scale: argument name 'Scale' would shadow the op's own class\n  hint: rename the argument, e.g. 'Scale_in'\n",
         id="argument shadows op",
     ),
     pytest.param(

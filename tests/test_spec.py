@@ -7,11 +7,11 @@ import builtins
 
 import pytest
 
-from scaffold import compile_op, generate_op, load_spec, spec_from_flags
-from scaffold.errors import SpecError
+from scaffold import compile_op, generate_op, load_spec, spec_from_flags, write_files
+from scaffold.errors import ScaffoldWarning, SpecError
 from scaffold.spec import RESERVED_ARGUMENT_NAMES, RESERVED_OP_NAMES, ScalarArg, TensorArg, camel_case, spec_to_toml
 
-from .conftest import SPECS
+from .conftest import SPECS, make_spec, run_pytest
 
 
 def test_camel_case():
@@ -140,6 +140,53 @@ def test_every_name_the_generated_test_file_defines_is_a_reserved_op_name():
     defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets}
     public = {n for n in defined if not n.startswith(("_", "test_"))}
     assert public and public <= RESERVED_OP_NAMES, public - RESERVED_OP_NAMES
+
+
+_SCOPES = (ast.FunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of ``scope`` outside the scopes nested in it (a comprehension's first iterable is outside)."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+        elif not isinstance(node, (ast.FunctionDef, ast.Lambda)):
+            stack.append(node.generators[0].iter)
+
+
+def test_no_scope_that_calls_the_op_has_a_local_of_an_allowed_op_name():
+    # Inside a function or comprehension with a local (or parameter) named like the op, the op's name is
+    # that local: an op named `out` made assert_matches_reference fail with UnboundLocalError.
+    names = set()
+    for fuse in (False, True):
+        tensors = {"x": {"shape": [3]}, "w": {"learnable": True, "init": 1.0}}
+        spec = make_spec("op", "sqrt(x) + x**n*w", tensors, {"n": {"type": "float", "default": 2.5}}, fuse=fuse)
+        for text in generate_op(spec, time_limit=None).values():
+            for scope in ast.walk(ast.parse(text)):
+                if not isinstance(scope, _SCOPES):
+                    continue
+                nodes = list(_own_nodes(scope))
+                if any(isinstance(n, ast.Name) and n.id == "op" and isinstance(n.ctx, ast.Load) for n in nodes):
+                    names |= {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+                    if isinstance(scope, (ast.FunctionDef, ast.Lambda)):
+                        names |= {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+    public = {n for n in names if n[:1].isalpha()}
+    assert public and public <= RESERVED_OP_NAMES, public - RESERVED_OP_NAMES
+
+
+def test_the_op_may_share_an_arguments_name(tmp_path):
+    # As PyTorch's own F.threshold(x, threshold, value): the argument shadows the op only where it is taken.
+    # The tensor threshold enters only through a comparison: autograd of the reference has no gradient for
+    # it (the generated tests take it as 0, as the op's is, with a warning at generation).
+    spec = make_spec("threshold", "Piecewise((x, x > threshold), (value, True))", {"x": {}, "threshold": {}},
+                     {"value": {"type": "float", "default": 0.0}})  # fmt: skip
+    with pytest.warns(ScaffoldWarning, match="'threshold' is zero everywhere"):
+        write_files(generate_op(spec, time_limit=None), tmp_path)
+    result = run_pytest(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
 
 
 def test_every_builtin_the_generated_code_calls_is_a_reserved_name():

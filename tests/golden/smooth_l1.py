@@ -175,7 +175,7 @@ class SmoothL1(nn.Module):
         self.beta = beta
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return smooth_l1(input, target, self.beta)
+        return SmoothL1Function.apply(input, target, self.beta)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta!r}"

@@ -169,4 +169,4 @@ class Swish(nn.Module):
         self.beta = nn.Parameter(torch.full((), 1.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swish(x, self.beta)
+        return SwishFunction.apply(x, self.beta)
