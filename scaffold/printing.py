@@ -120,9 +120,10 @@ class TorchPrinter(StrPrinter):
     other symbol is a Python number, and expressions over those alone are printed as plain Python.
     """
 
-    def __init__(self, tensors: frozenset[str] | set[str]) -> None:
+    def __init__(self, tensors: frozenset[str] | set[str], bools: frozenset[str] | set[str] = frozenset()) -> None:
         super().__init__()
         self.tensors = frozenset(tensors)
+        self.bools = frozenset(bools)  # those of the tensors that are bool (saved masks)
         self.imports: set[str] = set()  # keys of IMPORTS
         self._dtype_anchored = False
 
@@ -423,8 +424,17 @@ class TorchPrinter(StrPrinter):
             branches.append((self._print_branch(value, region), cond))
         text = branches[-1][0]
         if not any_tensor_value and not self._dtype_anchored:
-            # Both values are numbers: anchor the dtype on a tensor of the condition.
-            anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
+            # Both values are numbers: anchor the dtype on a float tensor of the condition, else on
+            # grad_output (a bool mask's new_tensor(0) is bool, and where(mask, 1, False) int64: times a
+            # float scalar, float32 inside a float64 gradient).
+            floats = sorted(s.name for s in expr.free_symbols if s.name in self.tensors - self.bools)
+            anchor = floats[0] if floats else "grad_output" if "grad_output" in self.tensors else None
+            if anchor is None:
+                raise DerivationError(
+                    f"{sympy.sstr(expr)} has no float tensor to take its dtype from",
+                    where="printing",
+                    hint="this is a bug in scaffold: please report the forward",
+                )
             text = f"{anchor}.new_tensor({text})"
         for value_text, cond in reversed(branches[:-1]):
             if self.is_tensor(cond):
@@ -445,10 +455,13 @@ class TorchPrinter(StrPrinter):
         return f"torch.where({self._print(condition)}, {self._print(value)}, {self._print(inside)})"
 
 
-def print_torch(expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str) -> tuple[str, frozenset[str]]:
-    """Print ``expr`` as torch code; return the code and the module aliases it uses (keys of IMPORTS)."""
+def print_torch(
+    expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str, bools: frozenset[str] | set[str] = frozenset()
+) -> tuple[str, frozenset[str]]:
+    """Print ``expr`` as torch code; return the code and the module aliases it uses (keys of IMPORTS).
+    ``bools``: those of ``tensors`` that are bool masks."""
     check_printable(expr, where=where)
-    printer = TorchPrinter(tensors)
+    printer = TorchPrinter(tensors, bools)
     try:
         text = printer.doprint(expr)
     except DerivationError as exc:

@@ -80,6 +80,7 @@ class _CodePrinter:
         names = {t.name for t in spec.tensors}
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT})
         self.tensors = set(self.base)
+        self.bools: set[str] = set()  # the tensors that are bool masks
         self.where = f"{spec.source}: forward"
         self.imports: set[str] = set()
 
@@ -87,7 +88,7 @@ class _CodePrinter:
         self.tensors = set(self.base)
 
     def __call__(self, expr: sympy.Basic) -> str:
-        text, imports = print_torch(expr, self.tensors, where=self.where)
+        text, imports = print_torch(expr, self.tensors, where=self.where, bools=self.bools)
         self.imports |= imports
         return text
 
@@ -122,6 +123,7 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
     ctx = ""
     code.scope()
     code.tensors |= {m.name for m in plan.masks}
+    code.bools = {m.name for m in plan.masks}
     backward = _blocks(code, plan.backward.shared, lambda i: f"{ctx}needs_input_grad[{i}]", len(tensor_names))
     gradients = []
     for g in plan.backward.terms:
@@ -224,6 +226,7 @@ def _double_backward_context(
 
     code.scope()
     code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
+    code.bools = {m.name for m in plan.masks}
     # Backward's backward runs only for a second derivative: temporaries shared by several terms are
     # computed unguarded (none reads a grad_grad_*, which may be None).
     blocks = [{"guard": None, "lines": code.steps(b.steps)} for b in double.code.shared]

@@ -155,3 +155,17 @@ def test_a_power_of_a_quotient_takes_in_its_factors(tmp_path):
     expected = (-0.5 * t**0.5 * torch.exp(-(t**0.5)) / 0.7).sum()
     torch.testing.assert_close(grad.detach(), expected)
     assert torch.isfinite(second)
+
+
+def test_a_case_distinction_between_numbers_takes_a_float_dtype_not_a_masks(tmp_path):
+    # where(mask, 1, mask.new_tensor(0)) is int64 (the mask's new_tensor is bool), and times the scalar q a
+    # float32 term inside a float64 gradient: 2.4e-8 off.
+    q_default = {"q": {"type": "float", "default": 0.9}}
+    spec = make_spec("pinball", "Max(q*(y - x), (q - 1)*(y - x))", {"x": {}, "y": {}}, q_default)
+    module = _load(tmp_path, spec)
+    assert not re.search(r"mask\d*\.new_tensor", (tmp_path / "pinball.py").read_text())
+    x = torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.3, -0.7, 2.5], dtype=torch.float64)
+    (grad,) = torch.autograd.grad(module.pinball(x, y, 0.9).sum(), x)
+    q = torch.tensor(0.9, dtype=torch.float64)
+    torch.testing.assert_close(grad, torch.where(y - x >= 0, -q, 1 - q), rtol=0, atol=1e-15)
