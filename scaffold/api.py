@@ -16,7 +16,7 @@ from .errors import ScaffoldWarning
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
-from .render import render_op
+from .render import TESTING_MODULE, render_op
 from .spec import OpSpec
 
 
@@ -44,16 +44,18 @@ def generate_op(
     *,
     module_import: str | None = None,
     shared_device_fixture: bool = False,
+    testing_module: str = TESTING_MODULE,
     time_limit: float | None = TIME_LIMIT,
 ) -> dict[str, str]:
     """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ...}``; nothing is written.
 
     ``module_import`` is the module the generated test imports the op from (default: the op's name,
     for a test file next to the module); with ``shared_device_fixture`` the test takes its ``device``
-    fixture from a conftest.py (as in a project) instead of defining its own. The symbolic work runs in
+    fixture from a conftest.py (as in a project) instead of defining its own; ``testing_module`` is the
+    test library it imports (scaffold.testing, or a project's copy of it). The symbolic work runs in
     a worker process that is stopped after ``time_limit`` seconds (None: in this process, no limit).
     """
-    args = (spec, module_import, shared_device_fixture)
+    args = (spec, module_import, shared_device_fixture, testing_module)
     where = f"{spec.source}: forward"
     if time_limit is None:
         files, notes = _generate(*args)
@@ -65,7 +67,7 @@ def generate_op(
 
 
 def _generate(
-    spec: OpSpec, module_import: str | None, shared_device_fixture: bool
+    spec: OpSpec, module_import: str | None, shared_device_fixture: bool, testing_module: str
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
     files = render_op(
@@ -75,5 +77,6 @@ def _generate(
         op.domains,
         module_import=module_import,
         shared_device_fixture=shared_device_fixture,
+        testing_module=testing_module,
     )
     return files, op.derivation.warnings

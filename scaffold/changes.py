@@ -20,12 +20,16 @@ from .errors import SpecError, WriteError
 from .limits import TIME_LIMIT
 from .merge import merge3
 from .project import (
+    TESTING_BASE,
+    TESTING_MODULE,
+    TESTING_PATH,
     Project,
     Record,
     exports_block,
     new_record,
     read_record,
     record_files,
+    testing_library,
     with_exports,
 )
 from .spec import OpSpec, camel_case, check_identifier, spec_to_toml, spec_with_flags
@@ -179,6 +183,7 @@ def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[
         spec,
         module_import=project.module_import(spec.name),
         shared_device_fixture=project.has_device_fixture(),
+        testing_module=TESTING_MODULE,
         time_limit=time_limit,
     )
     places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
@@ -222,12 +227,17 @@ def _refuse_unresolved(path: PurePosixPath, text: str) -> None:
 
 
 def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PurePosixPath, str]]]) -> list[FileChange]:
-    """The records of ``generated`` ops, the package's export block and the ops package itself."""
+    """The records of ``generated`` ops, the test library they import, the package's export block and the
+    ops package itself."""
     changes = []
     records: dict[PurePosixPath, str] = {}
     for name, (spec, files) in generated.items():
         record: Record = new_record(name, spec_to_toml(spec), files)
         records.update(record_files(project, record))
+    # The project's copy of scaffold's test library, merged like an op's files (the user may edit it).
+    library = testing_library()
+    changes.append(_merge(project, TESTING_PATH, project.read(TESTING_BASE), library, f"scaffold {__version__}"))
+    records[TESTING_BASE] = library
     changes += [_replace(project, path, text, record=True) for path, text in records.items()]
     if project.read(project.ops_init_path) is None:
         changes.append(FileChange(project.ops_init_path, None, OPS_INIT, "created"))

@@ -41,6 +41,12 @@ RECORD_SPEC = "spec.toml"
 #: Stored copies of generated files get this suffix, so that no tool takes them for code or tests.
 BASE_SUFFIX = ".base"
 
+#: The project's copy of scaffold's test library (scaffold/testing.py), which the generated tests import,
+#: and the copy of it that scaffold wrote last, the base of the next merge.
+TESTING_PATH = PurePosixPath("tests") / "scaffold_testing.py"
+TESTING_MODULE = TESTING_PATH.stem
+TESTING_BASE = RECORDS / f"{TESTING_PATH.name}{BASE_SUFFIX}"
+
 EXPORTS_BEGIN = "# --- scaffold exports: begin ---"
 EXPORTS_END = "# --- scaffold exports: end ---"
 _EXPORTS_COMMENT = (
@@ -245,6 +251,16 @@ def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
     out.update({folder / f"{path.name}{BASE_SUFFIX}": text for path, text in record.files.items()})
     out[RECORDS / "README.md"] = RECORDS_README
     return out
+
+
+def testing_library() -> str:
+    """The text of the project's copy of scaffold's test library."""
+    source = (Path(__file__).parent / "testing.py").read_text(encoding="utf-8")
+    header = (
+        f"# Copied by scaffold {__version__} from scaffold/testing.py for the generated tests of this project.\n"
+        "# `scaffold update` brings it up to date, keeping your edits.\n"
+    )
+    return header + source
 
 
 def new_record(name: str, spec_text: str, files: dict[PurePosixPath, str]) -> Record:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -27,6 +28,8 @@ from .spec import OpSpec
 from .stable import expand_kernels, primitives_used, xexpy
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
+#: The test library (scaffold/testing.py) as generated tests import it outside a project.
+TESTING_MODULE = "scaffold.testing"
 
 
 def templates_dir() -> Path:
@@ -322,41 +325,36 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
     module_shapes = _module_shapes(spec, shapes)
     typical = _typical_values(domains)
     inputs = []
-    for t, shape in zip(spec.tensors, shapes):
+    for t, shape, module_shape in zip(spec.tensors, shapes, module_shapes):
         d = by_name[t.name]
-        inputs.append(
-            {
-                "name": t.name,
-                "shape": _shape(shape),
-                "example_shape": list(t.shape),
-                "low": repr(d.low),
-                "high": repr(d.high),
-                "avoid": _shape(d.avoid),
-                "extremes": _shape(_extremes(d)),
-                "typical": repr(typical[t.name]),
-                "special": _shape(d.special),
-                "description": _domain_description(d),
-                "support": _support_description(d),
-            }
-        )
-    scalars = [s.default for s in spec.scalars]
+        arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
+        if typical[t.name] != 1.0:
+            arguments.append(f"typical={typical[t.name]!r}")
+        for field, values in (("avoid", d.avoid), ("extremes", _extremes(d)), ("special", d.special)):
+            if values:
+                arguments.append(f"{field}={_shape(values)}")
+        if t.learnable:
+            arguments.append("learnable=True")
+        if module_shape != shape:
+            arguments.append(f"module_shape={_shape(module_shape)}")
+        comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
+        inputs.append({"arguments": ", ".join(arguments), "comment": textwrap.wrap(comment, COMMENT_WIDTH)})
+    scalars = ", ".join(f'"{s.name}": {s.default!r}' for s in spec.scalars)
     return {
         "module_import": module_import,
         "inputs": inputs,
-        "shapes": _shape_list(shapes),
-        "module_shapes": _shape_list(module_shapes) if module_shapes != shapes else "",
-        "special": [i for i in inputs if by_name[i["name"]].special],
+        "special": any(by_name[t.name].special for t in spec.tensors),
         "reference_lines": reference_lines,
         "reference_params": ", ".join(a.name for a in spec.arguments),
-        "imports": [IMPORTS[alias] for alias in sorted(code.imports | {"math"})],
-        "scalars": repr(tuple(scalars)),
-        "scalar_names": ", ".join(s.name for s in spec.scalars),
-        "module_kwargs": ", ".join(f"{s.name}={s.default!r}" for s in spec.scalars),
-        "learnables": [t.name for t in spec.tensors if t.learnable],
-        "module_inputs": [i for i, t in enumerate(spec.tensors) if not t.learnable],
-        "tensor_names": [t.name for t in spec.tensors],
-        "tensors_literal": "[" + ", ".join(f'"{t.name}"' for t in spec.tensors) + "]",
+        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
+        # The reference of a polynomial calls no torch function.
+        "imports_torch": any("torch." in line for line in reference_lines),
+        "scalars": "{" + scalars + "}" if scalars else "",
     }
+
+
+#: Width of generated comment lines, before their indentation.
+COMMENT_WIDTH = 100
 
 
 def _shape_list(shapes: list[tuple[int, ...]]) -> str:
@@ -498,11 +496,13 @@ def render_op(
     *,
     module_import: str | None = None,
     shared_device_fixture: bool = False,
+    testing_module: str = TESTING_MODULE,
 ) -> dict[str, str]:
     """Render the op's module and its test file: ``{relative path: text}``.
 
     ``module_import`` is the module the test imports the op from; with ``shared_device_fixture`` the test
-    file takes its ``device`` fixture from the project's conftest.py instead of defining its own.
+    file takes its ``device`` fixture from the project's conftest.py instead of defining its own;
+    ``testing_module`` is where it imports scaffold's test library from.
     """
     env = environment()
     common = {
@@ -518,6 +518,7 @@ def render_op(
         **common,
         **test_context(spec, derivation, domains, module_import or spec.name),
         own_device_fixture=not shared_device_fixture,
+        testing_module=testing_module,
     )
     files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
     for path, text in files.items():

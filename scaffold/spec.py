@@ -57,22 +57,8 @@ RESERVED_SUFFIXES = ("_tangent", "_shape")
 # generated code imports, or the op's function would replace one of the test file's own names.
 RESERVED_OP_NAMES = frozenset(
     {
-        "torch", "math", "pytest", "sympy", "scaffold", "typing", "conftest", "nn",
-        "reference", "make_inputs", "gradcheck", "gradgradcheck", "device", "TENSORS", "SCALARS",
-        "AVOID_MARGIN", "SHAPES", "MODULE_SHAPES", "CLOSE", "EXTREMES", "TYPICAL", "SPECIAL", "nearest",
-        "extreme_partners", "one_at_a_time", "reference_values", "reference_grads", "reference_is_accurate",
-        "assert_matches_reference", "assert_gradients_match_differences", "float32_rounding",
-    }
-    # Local names of the generated functions (and comprehensions) that call the op by name: there the op's
-    # name would be that local.
-    | {
-        "above", "accurate", "allowance", "allowed", "args", "at", "below", "broken", "central", "coarse",
-        "columns", "compare", "compared", "expected", "expected32", "expected_grad", "expected_grads",
-        "expected_value", "finite", "finite_too", "generator", "grad", "grad_output", "grads", "grads32",
-        "grads64", "index", "inputs", "inputs32", "inputs64", "left", "limits", "magnitudes", "name", "out",
-        "out32", "out64", "plain", "plain32", "plain_error", "plain_grads32", "reliable", "removable",
-        "representable", "results", "right", "rounding", "row", "step", "tensor", "tie", "value", "value32",
-        "value64", "value_representable", "what", "where", "wrong", "xs",
+        "torch", "math", "pytest", "sympy", "scaffold", "scaffold_testing", "typing", "conftest", "nn",
+        "reference", "device", "OP", "Input", "OpTests", "device_fixture",
     }
 )  # fmt: skip
 

@@ -86,12 +86,17 @@ MUTATIONS = {
         "wing_loss",
         _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\)", "math.log(tmp0 * w + 1) - 2 * w)"),
     ),
+    # Forward mode has its own derived code: a wrong jvp is caught by torch.func.jvp and the hessian.
+    "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
+    # The twin that torch.compile traces must not define jvp: Dynamo refuses one.
+    "jvp_under_compile": ("swish", _sub(r"^    jvp = torch\.autograd\.Function\.jvp\n", "")),
 }
 # Cases that only one generated test can catch.
 CAUGHT_BY = {
     "unstable_forward": "test_extreme_inputs",
     "wrong_gradient_in_far_branch": "test_extreme_inputs_float64",
     "wrong_value_in_far_branch": "test_extreme_inputs_float64",
+    "jvp_under_compile": "test_compile",
 }
 
 

@@ -8,6 +8,7 @@ reported, nothing lost.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +49,22 @@ def scaffold(monkeypatch, capsys):
 
 
 def project_tests(root: Path) -> subprocess.CompletedProcess:
-    """The project's own test command, in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning"],
+    """The project's own test command, in a fresh interpreter where scaffold cannot be imported: after the
+    project's own set-up, its tests run without scaffold (they import the project's copy of the test library).
+    Torch's deprecation notices do not reach the output."""
+    blocker = root.parent / f"{root.name}-without-scaffold" / "scaffold"
+    blocker.mkdir(parents=True, exist_ok=True)
+    (blocker / "__init__.py").write_text("raise ImportError('scaffold is not installed where the project is tested')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=root,
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "PYTHONPATH": str(blocker.parent)},
     )
+    assert "warning" not in result.stdout.lower(), result.stdout[-3000:]
+    return result
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -227,7 +236,7 @@ def test_outside_a_project_new_op_writes_here(tmp_path, scaffold):
     code, out, err = scaffold(*SWISH, cwd=tmp_path)
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["swish.py", "test_swish.py"]
-    assert "def device(request)" in (tmp_path / "test_swish.py").read_text()
+    assert "device = device_fixture()" in (tmp_path / "test_swish.py").read_text()
 
 
 @pytest.mark.parametrize(
@@ -324,6 +333,6 @@ def test_an_existing_project_adopts_scaffold(tmp_path, scaffold):
     assert "created  lib/mine/ops/__init__.py" in out and "created  tests/test_cube.py" in out
     text = init.read_text()
     assert text.startswith('"""Mine."""\n\nVALUE = 1\n\n') and "from .ops.cube import Cube, CubeFunction, cube" in text
-    assert "def device(request)" in (root / "tests" / "test_cube.py").read_text(), "no shared fixture to rely on"
+    assert "device = device_fixture()" in (root / "tests" / "test_cube.py").read_text(), "no shared fixture to rely on"
     result = project_tests(root)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -159,9 +159,21 @@ class _QuadraticBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_a, grad_b, None, None, None, None
 
 
+class _QuadraticFunctionNoJvp(QuadraticFunction):
+    """QuadraticFunction without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
+    one ("Unsupported custom jvp"), and compiled code has no use for it."""
+
+    jvp = torch.autograd.Function.jvp
+
+
+def _function() -> type[QuadraticFunction]:
+    """QuadraticFunction, or its twin without jvp while torch.compile traces the caller."""
+    return _QuadraticFunctionNoJvp if torch.compiler.is_compiling() else QuadraticFunction
+
+
 def quadratic(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """quadratic(x, a, b, c) = a * x**2 + b * x + c"""
-    return QuadraticFunction.apply(x, a, b, c)
+    return _function().apply(x, a, b, c)
 
 
 class Quadratic(nn.Module):
@@ -171,4 +183,4 @@ class Quadratic(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return QuadraticFunction.apply(x, a, b, c)
+        return _function().apply(x, a, b, c)

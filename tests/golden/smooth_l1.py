@@ -162,9 +162,21 @@ class _SmoothL1Backward(torch.autograd.Function):
         return None, grad_grad_output, grad_input, grad_target, None, None, None
 
 
+class _SmoothL1FunctionNoJvp(SmoothL1Function):
+    """SmoothL1Function without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
+    one ("Unsupported custom jvp"), and compiled code has no use for it."""
+
+    jvp = torch.autograd.Function.jvp
+
+
+def _function() -> type[SmoothL1Function]:
+    """SmoothL1Function, or its twin without jvp while torch.compile traces the caller."""
+    return _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
+
+
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta), (Abs(input - target) - 0.5 * beta, True))"""
-    return SmoothL1Function.apply(input, target, beta)
+    return _function().apply(input, target, beta)
 
 
 class SmoothL1(nn.Module):
@@ -175,7 +187,7 @@ class SmoothL1(nn.Module):
         self.beta = beta
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return SmoothL1Function.apply(input, target, self.beta)
+        return _function().apply(input, target, self.beta)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta!r}"

@@ -156,9 +156,21 @@ class _SwishBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_beta, None, None
 
 
+class _SwishFunctionNoJvp(SwishFunction):
+    """SwishFunction without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
+    one ("Unsupported custom jvp"), and compiled code has no use for it."""
+
+    jvp = torch.autograd.Function.jvp
+
+
+def _function() -> type[SwishFunction]:
+    """SwishFunction, or its twin without jvp while torch.compile traces the caller."""
+    return _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
+
+
 def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """swish(x, beta) = x / (1 + exp(-beta * x))"""
-    return SwishFunction.apply(x, beta)
+    return _function().apply(x, beta)
 
 
 class Swish(nn.Module):
@@ -169,4 +181,4 @@ class Swish(nn.Module):
         self.beta = nn.Parameter(torch.full((), 1.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return SwishFunction.apply(x, self.beta)
+        return _function().apply(x, self.beta)

@@ -1,0 +1,547 @@
+"""The checks behind every generated test file: one :class:`OpTests` per op, one method per check.
+
+A generated ``test_NAME.py`` holds only what is specific to its op (the forward as written, in plain torch,
+as the reference; each input's shape, range and hard points; the scalars) and one test function per check,
+each calling the method of the same name here, so that a user can read it as a specification and edit or
+skip one check. What a check does, and why, is written once, below.
+
+This module imports nothing but the standard library, torch and pytest: tests of ops generated outside a
+project import it from the installed scaffold (``from scaffold.testing import ...``), and inside a project
+scaffold copies it, unchanged, to ``tests/scaffold_testing.py``, so that the project's tests run after the
+project's own set-up, without scaffold, and do not change when scaffold is upgraded until ``scaffold
+update`` updates the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+
+__all__ = ["DEVICES", "Input", "OpTests", "device_fixture"]
+
+#: CPU, and CUDA where there is one.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+#: How close the op and the reference must be in float64: the reference as written cancels where the op does
+#: not (1 - sigmoid(20) keeps 8 of float64's 16 digits); a wrong derivative is off by far more.
+CLOSE = {"rtol": 1e-6, "atol": 1e-7}
+#: How far random inputs keep from an input's kinks and poles, where finite differences are meaningless.
+AVOID_MARGIN = 0.05
+#: The backend of the torch.compile check; aot_eager traces the same graphs as inductor, without its codegen.
+COMPILE_BACKEND = os.environ.get("SCAFFOLD_COMPILE_BACKEND", "inductor")
+
+
+def device_fixture():
+    """A ``device`` fixture for a test module (``device = device_fixture()``): each test that takes it runs
+    on the CPU and on CUDA, CUDA skipped where there is none. A project's tests/conftest.py defines its own."""
+
+    @pytest.fixture(params=DEVICES, name="device")
+    def device(request: pytest.FixtureRequest) -> str:
+        return request.param
+
+    return device
+
+
+@dataclass(frozen=True)
+class Input:
+    """One tensor argument of the op, as the tests draw it.
+
+    ``shape`` is small (gradcheck builds a Jacobian of elements in by elements out) and broadcasts as the
+    spec's example shapes do. Random values are uniform in [``low``, ``high``], kept ``AVOID_MARGIN`` away
+    from the points in ``avoid`` (kinks and poles); ``typical`` is an ordinary value, which the input takes
+    while another is at its extremes. ``extremes`` are large and tiny values inside the op's support, and
+    ``special`` the points where the op is hardest (the ends of its support, 0 where the formula as written
+    is 0/0). A ``learnable`` input is a parameter of the Module, of shape ``module_shape``; the others have
+    that shape in the Module's test.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    low: float = -3.0
+    high: float = 3.0
+    typical: float = 1.0
+    avoid: tuple[float, ...] = ()
+    extremes: tuple[float, ...] = ()
+    special: tuple[float, ...] = ()
+    learnable: bool = False
+    module_shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class OpTests:
+    """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
+    ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
+    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order."""
+
+    function: type[torch.autograd.Function]
+    op: Callable[..., torch.Tensor]
+    module: type[torch.nn.Module]
+    reference: Callable[..., torch.Tensor]
+    inputs: Sequence[Input]
+    scalars: Mapping[str, object] = field(default_factory=dict)
+
+    # -- the checks, one per generated test ------------------------------------------------------------
+
+    def check_gradcheck(self, device: str) -> None:
+        """Backward against finite differences, in float64, with broadcasting shapes."""
+        assert gradcheck(self.function.apply, (*self.make_inputs(device), *self._scalars))
+
+    def check_gradgradcheck(self, device: str) -> None:
+        """Double backward against finite differences of backward. Every tensor has the full broadcast
+        shape: second derivatives are elementwise, and finite differences of a gradient summed over
+        broadcast dimensions lose the small terms to the rounding of the large ones (lennard-jones near its
+        pole); check_gradcheck covers the sums."""
+        shapes = [torch.broadcast_shapes(*(i.shape for i in self.inputs))] * len(self.inputs)
+        assert gradgradcheck(self.function.apply, (*self.make_inputs(device, shapes=shapes), *self._scalars))
+
+    def check_matches_reference(self, device: str) -> None:
+        """Value and every gradient (for a random grad_output) against the reference; gradients have their
+        input's shape."""
+        inputs = self.make_inputs(device)
+        out = self.op(*inputs, *self._scalars)
+        expected = self.reference(*inputs, *self._scalars)
+        torch.testing.assert_close(out, expected, **CLOSE)
+        generator = torch.Generator().manual_seed(1)
+        grad_output = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(device)
+        grads = torch.autograd.grad(out, inputs, grad_output)
+        expected_grads = _reference_grads(expected, inputs, grad_output)
+        for name, tensor, grad, expected_grad in zip(self._names, inputs, grads, expected_grads):
+            assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    def check_only_needed_gradients(self, device: str) -> None:
+        """With one input requiring grad at a time, backward returns one value per forward argument, a
+        gradient of the right shape for that input and None for every other."""
+        for index in range(len(self.inputs)):
+            inputs = self.make_inputs(device, requires_grad=False)
+            inputs[index].requires_grad_(True)
+            out = self.function.apply(*inputs, *self._scalars)
+            # grad_fn.apply calls the Function's backward with this call's ctx.
+            grads = out.grad_fn.apply(torch.ones_like(out))
+            assert len(grads) == len(inputs) + len(self.scalars), "backward must return one value per argument"
+            for i, grad in enumerate(grads):
+                if i == index:
+                    assert grad is not None and grad.shape == inputs[i].shape, f"gradient of {self._names[i]}"
+                else:
+                    assert grad is None, f"backward computed a gradient nobody needs (argument {i})"
+
+    def check_ctx_holds_no_tensors(self) -> None:
+        """Tensors reach backward through save_for_backward, not as ctx attributes (which leak memory and
+        escape the saved-tensor checks)."""
+        out = self.function.apply(*self.make_inputs("cpu"), *self._scalars)
+        attributes = [k for k, v in vars(out.grad_fn).items() if isinstance(v, torch.Tensor)]
+        assert not attributes, f"tensors must go through save_for_backward, not ctx attributes: {attributes}"
+
+    def check_float32(self, device: str) -> None:
+        """float32 in, float32 out, close to the float64 reference."""
+        inputs = self.make_inputs(device)
+        inputs32 = [x.detach().float().requires_grad_() for x in inputs]
+        out32 = self.op(*inputs32, *self._scalars)
+        assert out32.dtype == torch.float32
+        expected = self.reference(*inputs, *self._scalars)
+        torch.testing.assert_close(out32.double(), expected, rtol=1e-4, atol=1e-5)
+        grads32 = torch.autograd.grad(out32.sum(), inputs32)
+        for name, grad, expected_grad in zip(self._names, grads32, _reference_grads(expected.sum(), inputs)):
+            assert grad.dtype == torch.float32, name
+            torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
+
+    def check_extreme_inputs(self, device: str) -> None:
+        """float32 at large and tiny inputs inside the op's support agrees with float64 wherever float64 is
+        finite: no intermediate overflows (exp(100) in float32), no inf - inf or 0 * inf.
+
+        Where the math itself loses float32 digits (a difference of large lgamma values), a result may be
+        off by the rounding its condition number implies (:meth:`float32_rounding`), or as far as finite
+        plain autograd of the forward as written is in float32, but no further; gradients are compared only
+        where the value itself is representable in float32.
+        """
+        columns = self.extreme_columns()
+        inputs32 = [x.float().to(device).requires_grad_() for x in columns]
+        inputs64 = [x.detach().double().requires_grad_() for x in inputs32]
+        out32, out64 = self.op(*inputs32, *self._scalars), self.op(*inputs64, *self._scalars)
+        grads32 = torch.autograd.grad(out32.sum(), inputs32)
+        grads64 = torch.autograd.grad(out64.sum(), inputs64)
+        plain32 = [x.detach().requires_grad_() for x in inputs32]
+        expected32 = self.reference(*plain32, *self._scalars)
+        plain_grads32 = _reference_grads(expected32.sum(), plain32)
+        value_representable = torch.isfinite(out64) & (out64.abs() < 1e30)
+        results = zip(
+            ["value", *self._names],
+            [out32, *grads32],
+            [out64, *grads64],
+            [expected32, *plain_grads32],
+            self.float32_rounding(columns),
+        )
+        for what, value32, value64, plain, allowance in results:
+            value32, value64, plain = value32.detach().double(), value64.detach(), plain.detach().double()
+            representable = value_representable & torch.isfinite(value64) & (value64.abs() < 1e30)
+            allowed = 1e-4 + 1e-3 * value64.abs() + allowance.to(value64.device)
+            # ... only where plain autograd got the result roughly right: 0 for a nonzero gradient (s * (1 - s)
+            # once s rounds to 1) excuses nothing.
+            plain_error = (plain - value64).abs()
+            roughly_right = torch.isfinite(plain) & (plain_error < value64.abs() / 2)
+            allowed = allowed + torch.where(roughly_right, 2 * plain_error, 0)
+            wrong = representable & ~((value32 - value64).abs() <= allowed)
+            if wrong.any():
+                row = wrong.nonzero().flatten()[0].item()
+                pytest.fail(
+                    f"{what} in float32 at extreme inputs is {value32[row].item()}, float64 gives "
+                    f"{value64[row].item()} and plain autograd in float32 {plain[row].item()}, at "
+                    f"{self._row(inputs32, row)} ({int(wrong.sum())} such points)"
+                )
+
+    def check_extreme_inputs_float64(self, device: str) -> None:
+        """float64 at the same inputs, so that a nan in float64 cannot hide from check_extreme_inputs, nor a
+        value or gradient wrong only where no ordinary input reaches (a branch for |x| > 20). The reference
+        as written can be far off there (1 - sigmoid(30.5) is 1.5e-3 off in float64): its value is compared
+        only where it is accurate, and the gradients against differences of the op's own value."""
+        columns = [x.float().double() for x in self.extreme_columns()]
+        accurate = self.reference_is_accurate(columns)
+        self.assert_matches_reference(columns, device, "extreme inputs", accurate=accurate)
+        self.assert_gradients_match_differences(columns, device, "extreme inputs")
+
+    def check_special_points(self, device: str) -> None:
+        """float64 where the op is hardest, one input at a time, the others at ordinary values: n*x**(n-1)
+        written as n*x**n/x is 0/0 at x = 0, and so is x/expm1(x) (there the reference's limit is compared)."""
+        special = {i.name: i.special for i in self.inputs if i.special}
+        assert special, "no input has special points: remove this test"
+        columns = self._one_at_a_time(special, lambda value: [self._typical])
+        self.assert_matches_reference(columns, device, "special points", limits=True)
+
+    def check_forward_mode(self, device: str) -> None:
+        """torch.func.jvp (forward mode, the Function's jvp) against the reference's."""
+        primals = tuple(self.make_inputs(device, requires_grad=False))
+        tangents = tuple(self.make_inputs(device, requires_grad=False, seed=2))
+        with _quiet_torch():
+            out, tangent = torch.func.jvp(self._op_of_tensors, primals, tangents)
+            expected, expected_tangent = torch.func.jvp(self._reference_of_tensors, primals, tangents)
+        torch.testing.assert_close(out, expected, **CLOSE)
+        torch.testing.assert_close(tangent, expected_tangent, **CLOSE)
+
+    def check_hessian(self, device: str) -> None:
+        """torch.func.hessian (forward mode over reverse mode) of the summed output, every block, against
+        the reference's."""
+        inputs = tuple(self.make_inputs(device, requires_grad=False))
+        argnums = tuple(range(len(inputs)))
+        with _quiet_torch():
+            hessian = torch.func.hessian(lambda *xs: self._op_of_tensors(*xs).sum(), argnums)(*inputs)
+            expected = torch.func.hessian(lambda *xs: self._reference_of_tensors(*xs).sum(), argnums)(*inputs)
+        for i, row in enumerate(expected):
+            for j, block in enumerate(row):
+                what = f"d2 out / d {self._names[i]} d {self._names[j]}"
+                torch.testing.assert_close(hessian[i][j], block, **CLOSE, msg=lambda m, w=what: f"{w}: {m}")
+
+    def check_vmap_and_func_grad(self) -> None:
+        """torch.func.vmap over a batch of two inputs, and torch.func.grad, against the reference."""
+        samples = [self.make_inputs("cpu", requires_grad=False, seed=seed) for seed in (0, 1)]
+        batched = [torch.stack(xs) for xs in zip(*samples)]
+        with _quiet_torch():
+            out = torch.func.vmap(self._op_of_tensors)(*batched)
+            argnums = tuple(range(len(self.inputs)))
+            grads = torch.func.grad(lambda *xs: self._op_of_tensors(*xs).sum(), argnums=argnums)(*samples[0])
+        torch.testing.assert_close(out, torch.stack([self._reference_of_tensors(*xs) for xs in samples]), **CLOSE)
+        inputs = [x.requires_grad_() for x in samples[0]]
+        expected = _reference_grads(self._reference_of_tensors(*inputs).sum(), inputs)
+        for grad, expected_grad in zip(grads, expected):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE)
+
+    def check_compile(self, device: str) -> None:
+        """torch.compile(fullgraph=True) of the op, value and gradients, against the op in eager: the op
+        traces as one graph, with no graph break."""
+        inputs = self.make_inputs(device)
+        compiled = torch.compile(self.op, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
+        with _quiet_torch():
+            out = compiled(*inputs, *self._scalars)
+            grads = torch.autograd.grad(out.sum(), inputs)
+        expected = self.op(*inputs, *self._scalars)
+        torch.testing.assert_close(out, expected, **CLOSE)
+        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(expected.sum(), inputs)):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    def check_module(self, device: str) -> None:
+        """The Module, its learnable inputs set to random values, against the reference; every parameter
+        receives a finite gradient."""
+        module = self.module(**self.scalars).to(device=device, dtype=torch.float64)
+        shapes = [i.shape if i.module_shape is None else i.module_shape for i in self.inputs]
+        inputs = self.make_inputs(device, shapes=shapes)
+        args = []
+        for i, x in zip(self.inputs, inputs):
+            if i.learnable:
+                parameter = getattr(module, i.name)
+                assert parameter.shape == x.shape, f"parameter {i.name} has shape {parameter.shape}, not {x.shape}"
+                with torch.no_grad():
+                    parameter.copy_(x)
+                x = parameter
+            args.append(x)
+        out = module(*(x for i, x in zip(self.inputs, inputs) if not i.learnable))
+        torch.testing.assert_close(out, self.reference(*args, *self._scalars), **CLOSE)
+        out.sum().backward()
+        for i, x in zip(self.inputs, args):
+            assert x.grad is not None, f"{i.name} received no gradient"
+            assert torch.isfinite(x.grad).all(), f"{i.name}'s gradient is not finite"
+        for name in self.scalars:
+            assert name in repr(module), f"the Module's repr does not show {name}"
+
+    # -- inputs --------------------------------------------------------------------------------------------
+
+    def make_inputs(
+        self,
+        device: str,
+        dtype: torch.dtype = torch.float64,
+        requires_grad: bool = True,
+        seed: int = 0,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> list[torch.Tensor]:
+        """Seeded random inputs where float64 is accurate, for gradcheck and the comparisons with the
+        reference: finite differences (step 1e-6) lose about 1e-10 of the largest value or gradient
+        involved, and the reference as written overflows where the op grows fast (exp(x**3) at x = 3), so
+        the draw is narrowed around the ordinary values until values and gradients stay below 1e4 (the
+        least large draw if none does)."""
+        shapes = [i.shape for i in self.inputs] if shapes is None else shapes
+        best = None
+        for scale in (1.0, 0.5, 0.25, 0.125):
+            inputs = [x.requires_grad_() for x in self._draw(device, shapes, seed, scale)]
+            out = self.reference(*inputs, *self._scalars)
+            grads = torch.autograd.grad(out.sum(), inputs, allow_unused=True) if out.requires_grad else []
+            size = max(float(t.detach().abs().max()) for t in [out, *grads] if t is not None)
+            size = size if math.isfinite(size) else math.inf
+            if best is None or size < best[0]:
+                best = (size, inputs)
+            if size <= 1e4:
+                break
+        return [x.detach().to(dtype).requires_grad_(requires_grad) for x in best[1]]
+
+    def _draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int, scale: float) -> list[torch.Tensor]:
+        """Seeded float64 inputs; ``scale`` < 1 draws each from that fraction of its interval, around its
+        ordinary value."""
+        generator = torch.Generator().manual_seed(seed)
+        tensors = []
+        for shape, i in zip(shapes, self.inputs):
+            center = min(max(i.typical, i.low), i.high)
+            low, high = center - (center - i.low) * scale, center + (i.high - center) * scale
+            x = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
+            for point in i.avoid:
+                near = (x - point).abs() < AVOID_MARGIN
+                x = torch.where(near, point + torch.where(x < point, -2.0, 2.0) * AVOID_MARGIN, x)
+            tensors.append(x.to(device))
+        return tensors
+
+    def extreme_columns(self) -> list[torch.Tensor]:
+        """The extreme-input tests' inputs, one 1-d column per input: each input in turn at each of its
+        extremes, the others at their ordinary values and at their extremes nearest to the value and its
+        negative (the same or the opposite sign) and to its reciprocals (a tiny input against a huge one, as
+        in sigmoid(1e4 * 1e-3)): the number of rows grows linearly with the number of inputs."""
+        extremes = {i.name: i.extremes or (i.typical,) for i in self.inputs}
+
+        def partners(value: float) -> list[dict[str, float]]:
+            targets = [value, -value] + ([1 / value, -1 / value] if value else [])
+            return [self._typical] + [{n: _nearest(column, t) for n, column in extremes.items()} for t in targets]
+
+        return self._one_at_a_time(extremes, partners)
+
+    def _one_at_a_time(
+        self, values: Mapping[str, Sequence[float]], partners: Callable[[float], list[dict[str, float]]]
+    ) -> list[torch.Tensor]:
+        rows: dict[tuple[float, ...], None] = {}
+        for name, column in values.items():
+            for value in column:
+                for others in partners(value):
+                    rows.setdefault(tuple(value if n == name else others[n] for n in self._names))
+        return list(torch.tensor([*rows], dtype=torch.float64).reshape(-1, len(self.inputs)).T)
+
+    # -- comparisons at given inputs -----------------------------------------------------------------------
+
+    def assert_matches_reference(
+        self,
+        columns: Sequence[torch.Tensor],
+        device: str,
+        where: str,
+        accurate: torch.Tensor | None = None,
+        limits: bool = False,
+    ) -> None:
+        """In float64 at the inputs ``columns``, the op's value and gradients are finite wherever the
+        reference's are, and close to them (rtol 1e-3); given ``accurate``, a mask of where the reference's
+        value is, only the value and only there. Where the reference's value overflows, its gradients are not
+        trusted either (sqrt(inf**2 + y**2) has gradient 0 in y). With ``limits``, where the reference is 0/0
+        (x/expm1(x) at x = 0) it is replaced by its limit: the mean of its values at the inputs moved by
+        -1e-4 and +1e-4."""
+        inputs = [x.to(device).requires_grad_() for x in columns]
+        out = self.op(*inputs, *self._scalars)
+        grads = torch.autograd.grad(out.sum(), inputs)
+        expected, *expected_grads = self._reference_values(inputs)
+        if limits:
+            below, above = self._reference_values(inputs, -1e-4), self._reference_values(inputs, 1e-4)
+            removable = expected.isnan()
+            expected, *expected_grads = [
+                torch.where(removable, (b + a) / 2, e) for e, b, a in zip([expected, *expected_grads], below, above)
+            ]
+        # Where two inputs are equal or opposite, a kink between them (Max, Min, Abs, a comparison) may sit,
+        # whose derivative is a convention (torch.maximum splits the gradient at a tie): only finiteness is
+        # checked there.
+        magnitudes = torch.stack(inputs).detach().abs().sort(dim=0).values
+        tie = (magnitudes[1:] == magnitudes[:-1]).any(dim=0)
+        compare = [~tie] * (1 + len(inputs))
+        if accurate is not None:
+            compare = [~tie & accurate.to(tie.device)] + [torch.zeros_like(tie)] * len(inputs)
+        results = zip(["value", *self._names], [out, *grads], [expected, *expected_grads], compare)
+        for what, value, expected_value, compared in results:
+            finite = torch.isfinite(expected) & torch.isfinite(expected_value)
+            broken = (finite & ~torch.isfinite(value)).nonzero().flatten().tolist()
+            if broken:
+                pytest.fail(
+                    f"{what} at {where} is {value[broken[0]].item()} where the reference's is "
+                    f"{expected_value[broken[0]].item()}, at {self._row(inputs, broken[0])} "
+                    f"({len(broken)} such points)"
+                )
+            torch.testing.assert_close(
+                value[finite & compared],
+                expected_value[finite & compared],
+                rtol=1e-3,
+                atol=1e-4,
+                msg=lambda m, what=what: f"{what} at {where}: {m}",
+            )
+
+    def assert_gradients_match_differences(self, columns: Sequence[torch.Tensor], device: str, where: str) -> None:
+        """In float64 at the inputs ``columns``, each gradient of the op agrees with central differences of
+        its own value wherever those are reliable: the value finite, the one-sided differences agreeing (no
+        kink), and central differences with steps of 1e-6 and 1e-6/8 of the input (1e-9 at least) agreeing
+        (the value varies slowly at that scale: not so for erf(w * (x - y)) at x = y = w = -1e4). A gradient
+        wrong only in a branch that ordinary inputs never reach (|x - y| > w in a wing loss) is caught there,
+        whatever the reference as written does at those inputs."""
+        inputs = [x.to(device).requires_grad_() for x in columns]
+        out = self.op(*inputs, *self._scalars)
+        grads = torch.autograd.grad(out.sum(), inputs)
+        out = out.detach()
+
+        def differences(index: int, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            with torch.no_grad():
+                moved = [[*inputs[:index], inputs[index] + s, *inputs[index + 1 :]] for s in (step, -step)]
+                above, below = [self.op(*args, *self._scalars) for args in moved]
+            # What rounding each value to float64 (a few units in its last place) can do to a difference.
+            rounding = 64 * 2.0**-52 * (above.abs() + out.abs() + below.abs()) / step
+            finite = torch.isfinite(above) & torch.isfinite(below) & torch.isfinite(out)
+            return (above - out) / step, (out - below) / step, (above - below) / (2 * step), rounding, finite
+
+        for index, (what, grad) in enumerate(zip(self._names, grads)):
+            step = 1e-6 * inputs[index].detach().abs().clamp(min=1e-3)
+            right, left, coarse, _, finite = differences(index, step)
+            _, _, central, rounding, finite_too = differences(index, step / 8)
+            reliable = (
+                finite
+                & finite_too
+                & ((right - left).abs() <= 1e-3 * (right.abs() + left.abs()) + rounding)
+                & ((coarse - central).abs() <= 1e-3 * central.abs() + rounding)
+            )
+            wrong = reliable & ~((grad - central).abs() <= 1e-4 + 1e-3 * central.abs() + rounding)
+            if wrong.any():
+                row = wrong.nonzero().flatten()[0].item()
+                pytest.fail(
+                    f"gradient of {what} at {where} is {grad[row].item()}, differences of the value give "
+                    f"{central[row].item()}, at {self._row(inputs, row)} ({int(wrong.sum())} such points)"
+                )
+
+    def reference_is_accurate(self, columns: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Where the reference's value as written is accurate in float64: where it is already within 1% in
+        float32 (float64 rounds 2**29 times finer), and no intermediate value overflowed on the way (x /
+        log(1 + exp(x)) is 0 at x = 1e4 in both). Elsewhere the formula as written cancels (1 - sigmoid(30)
+        is 0 in float32 and keeps 3 of its digits in float64) or overflows."""
+        with _Overflows(len(columns[0])) as overflows:
+            value64 = self.reference(*columns, *self._scalars)
+        value32 = self.reference(*(x.float() for x in columns), *self._scalars).double()
+        return ~overflows.rows & ((value32 - value64).abs() <= 1e-2 * value64.abs() + 1e-6)
+
+    def float32_rounding(self, columns: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """How far float32 may be off at ``columns`` however carefully it computes, for the value and each
+        gradient: 8 unit roundoffs times the condition number, sum_i |x_i * d/dx_i|, from the reference's
+        float64 derivatives (0 where they are not finite). A result that cancels (S * ndtr(d1) - K * ...
+        in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be."""
+        inputs = [x.detach().double().requires_grad_() for x in columns]
+        grads = _reference_grads(self.reference(*inputs, *self._scalars).sum(), inputs, create_graph=True)
+        sizes = [x.detach().abs() for x in inputs]
+
+        def condition(derivatives: Sequence[torch.Tensor | None]) -> torch.Tensor:
+            terms = [torch.zeros_like(s) if d is None else (s * d.detach()).abs() for s, d in zip(sizes, derivatives)]
+            total = sum(terms)
+            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
+
+        rounding = [condition(grads)]
+        for grad in grads:
+            second: Sequence[torch.Tensor | None] = [None] * len(inputs)
+            if grad.requires_grad:
+                second = torch.autograd.grad(grad.sum(), inputs, retain_graph=True, allow_unused=True)
+            rounding.append(condition(second))
+        return rounding
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+
+    @property
+    def _names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def _scalars(self) -> tuple[object, ...]:
+        return tuple(self.scalars.values())
+
+    @property
+    def _typical(self) -> dict[str, float]:
+        return {i.name: i.typical for i in self.inputs}
+
+    def _op_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.op(*tensors, *self._scalars)
+
+    def _reference_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.reference(*tensors, *self._scalars)
+
+    def _reference_values(self, inputs: Sequence[torch.Tensor], shift: float = 0.0) -> list[torch.Tensor]:
+        """The reference's value and gradients at ``inputs``, each moved by ``shift``."""
+        moved = [(x.detach() + shift).requires_grad_() for x in inputs]
+        out = self.reference(*moved, *self._scalars)
+        return [out.detach(), *(g.detach() for g in _reference_grads(out.sum(), moved))]
+
+    def _row(self, columns: Sequence[torch.Tensor], row: int) -> dict[str, float]:
+        return {name: column[row].item() for name, column in zip(self._names, columns)}
+
+
+def _reference_grads(out: torch.Tensor, inputs: Sequence[torch.Tensor], grad_output=None, **kwargs) -> list:
+    """Autograd's gradients of the reference: 0 for an input it uses only in a comparison (x > t), where
+    autograd has none."""
+    if not out.requires_grad:
+        return [torch.zeros_like(x) for x in inputs]
+    grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True, **kwargs)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+
+def _nearest(values: Sequence[float], target: float) -> float:
+    """The value nearest to ``target`` on a scale that is logarithmic on each side of 0 (1e-4 is nearest to
+    1e-3, not to -1e-3)."""
+    return min(values, key=lambda v: abs(math.asinh(v * 1e3) - math.asinh(target * 1e3)))
+
+
+class _Overflows(torch.overrides.TorchFunctionMode):
+    """Marks the inputs (rows of 1-d columns) at which an intermediate value of the code it runs is inf or
+    nan."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows = torch.zeros(rows, dtype=torch.bool)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and out.shape == self.rows.shape:
+            self.rows |= ~torch.isfinite(out.detach()).cpu()
+        return out
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Keeps torch's own deprecation notices out of the user's test output: torch.func registers its jvp
+    decompositions through the deprecated torch.jit.script on first use."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning)
+        yield
