@@ -7,24 +7,47 @@ bug in scaffold still shows its traceback.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class ScaffoldError(Exception):
-    """A problem with the user's input or files, reported without a traceback."""
+    """A problem with the user's input or files, reported without a traceback.
 
-    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+    ``where`` is the place (a spec file, "command-line flags", the forward), ``key`` the part of it (a key
+    of the spec file, ``tensors.x.shape``). Code that knows only the part raises without ``where``; the
+    caller that knows the place supplies it with :func:`error_context`.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None, key: str | None = None, hint: str | None = None):
         self.message = message
         self.where = where
+        self.key = key
         self.hint = hint
         super().__init__(str(self))
 
-    def __reduce__(self):  # keep where and hint apart when the error crosses a process boundary
-        return (_rebuild, (type(self), self.message, self.where, self.hint))
+    def __reduce__(self):  # keep the parts apart when the error crosses a process boundary
+        return (_rebuild, (type(self), self.message, self.where, self.key, self.hint))
 
     def __str__(self) -> str:
-        text = f"{self.where}: {self.message}" if self.where else self.message
+        location = ": ".join(part for part in (self.where, self.key) if part)
+        text = f"{location}: {self.message}" if location else self.message
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+@contextlib.contextmanager
+def error_context(where: str) -> Iterator[None]:
+    """Report the errors raised inside at ``where`` unless they name their own place (as torchgen's
+    ``context.py`` does): the caller that knows which file or expression is being worked on says so once."""
+    try:
+        yield
+    except ScaffoldError as exc:
+        if exc.where is None:
+            exc.where = where
+            exc.args = (str(exc),)
+        raise
 
 
 class ScaffoldWarning(UserWarning):
@@ -47,8 +70,10 @@ class WriteError(ScaffoldError):
     """Generated files cannot be written (an existing file, a bad directory)."""
 
 
-def _rebuild(cls: type[ScaffoldError], message: str, where: str | None, hint: str | None) -> ScaffoldError:
-    return cls(message, where=where, hint=hint)
+def _rebuild(
+    cls: type[ScaffoldError], message: str, where: str | None, key: str | None, hint: str | None
+) -> ScaffoldError:
+    return cls(message, where=where, key=key, hint=hint)
 
 
 class BenchError(ScaffoldError):

@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from ._version import __version__
 from .errors import SpecError, WriteError
 from .spec import OpSpec, check_identifier, load_spec
+from .tomlwriter import dumps
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -237,17 +238,19 @@ def read_record(project: Project, name: str) -> Record | None:
 def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
     """The files that store ``record``: ``{project path: text}``."""
     folder = project.record_dir(record.op)
-    manifest = [
-        "# What scaffold generated last for this op: the base of the next `scaffold update`.",
-        "# Written by scaffold; commit it with the code, do not edit it.",
-        f'op = "{record.op}"',
-        f'scaffold = "{record.version}"',
-        f'spec = "{RECORD_SPEC}"',
-        "",
-        "[files]",
-        *(f'"{path}" = "{path.name}{BASE_SUFFIX}"' for path in record.files),
-    ]
-    out = {folder / RECORD_FILE: "\n".join(manifest) + "\n", folder / RECORD_SPEC: record.spec}
+    manifest = dumps(
+        {
+            "op": record.op,
+            "scaffold": record.version,
+            "spec": RECORD_SPEC,
+            "files": {str(path): f"{path.name}{BASE_SUFFIX}" for path in record.files},
+        },
+        comments=[
+            "What scaffold generated last for this op: the base of the next `scaffold update`.",
+            "Written by scaffold; commit it with the code, do not edit it.",
+        ],
+    )
+    out = {folder / RECORD_FILE: manifest, folder / RECORD_SPEC: record.spec}
     out.update({folder / f"{path.name}{BASE_SUFFIX}": text for path, text in record.files.items()})
     out[RECORDS / "README.md"] = RECORDS_README
     return out

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SpecError
+from .errors import SpecError, error_context
+from .tomlwriter import dumps
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,11 +106,11 @@ class TensorArg:
     init: float | None = None
 
     def __post_init__(self) -> None:
-        where = f"tensors.{self.name}"
+        key = f"tensors.{self.name}"
         if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shape):
             raise SpecError(
                 f"shape must be a list of positive integers, got {list(self.shape)!r}",
-                where=where + ".shape",
+                key=key + ".shape",
                 hint="use [] for a single value, [4, 5] for a 4x5 tensor",
             )
         if self.domain is not None:
@@ -117,19 +118,19 @@ class TensorArg:
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise SpecError(
                     f"domain must be two finite numbers [low, high] with low < high, got {list(self.domain)!r}",
-                    where=where + ".domain",
+                    key=key + ".domain",
                 )
         if self.avoid is not None and not all(math.isfinite(v) for v in self.avoid):
-            raise SpecError("avoid must be a list of finite numbers", where=where + ".avoid")
+            raise SpecError("avoid must be a list of finite numbers", key=key + ".avoid")
         if self.init is not None:
             if not self.learnable:
                 raise SpecError(
                     "init is only used for learnable tensors",
-                    where=where + ".init",
+                    key=key + ".init",
                     hint="add 'learnable = true' or remove 'init'",
                 )
             if not math.isfinite(self.init):
-                raise SpecError(f"init must be a finite number, got {self.init!r}", where=where + ".init")
+                raise SpecError(f"init must be a finite number, got {self.init!r}", key=key + ".init")
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,9 @@ class ScalarArg:
     default: float | int | bool
 
     def __post_init__(self) -> None:
-        where = f"scalars.{self.name}"
+        key = f"scalars.{self.name}"
         if self.type not in SCALAR_TYPES:
-            raise SpecError(f"type must be one of float, int, bool, got {self.type!r}", where=where + ".type")
+            raise SpecError(f"type must be one of float, int, bool, got {self.type!r}", key=key + ".type")
         expected = SCALAR_TYPES[self.type]
         value = self.default
         ok = (
@@ -158,12 +159,12 @@ class ScalarArg:
         if not ok:
             raise SpecError(
                 f"default {value!r} is not a {self.type}",
-                where=where + ".default",
+                key=key + ".default",
                 hint="write true/false for bool, 3 for int, 1.5 for float",
             )
         if expected is float:
             if not math.isfinite(float(value)):
-                raise SpecError(f"default must be finite, got {value!r}", where=where + ".default")
+                raise SpecError(f"default must be finite, got {value!r}", key=key + ".default")
             object.__setattr__(self, "default", float(value))
 
 
@@ -347,14 +348,9 @@ def _infer_type(value: object) -> str:
 
 def spec_from_mapping(data: dict[str, Any], *, source: str) -> OpSpec:
     """Build an :class:`OpSpec` from a parsed TOML document (or any equivalent mapping)."""
-    try:
+    # Arguments validate themselves without knowing the file: this says where they came from.
+    with error_context(source):
         return _spec_from_mapping(data, source)
-    except SpecError as exc:
-        # Arguments validate themselves without knowing the file; say where they came from.
-        if exc.where and not exc.where.startswith((source, "--")):
-            exc.where = f"{source}: {exc.where}"
-            exc.args = (str(exc),)
-        raise
 
 
 def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
@@ -559,7 +555,9 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
             table["init"] = t.init
         tensors[t.name] = table
     scalars = {s.name: {"type": s.type, "default": s.default} for s in spec.scalars}
-    data: dict[str, Any] = {"name": spec.name, "forward": spec.forward, "doc": spec.doc}
+    data: dict[str, Any] = {"name": spec.name, "forward": spec.forward}
+    if spec.doc:
+        data["doc"] = spec.doc
     if spec.fuse:
         data["fuse"] = True
     if spec.policy != "memory":
@@ -569,31 +567,8 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
 
 def spec_to_toml(spec: OpSpec) -> str:
     """Write ``spec`` back as TOML, in the format :func:`load_spec` reads."""
-    lines = [f"name = {_toml_str(spec.name)}", f"forward = {_toml_str(spec.forward)}"]
-    if spec.doc:
-        lines.append(f"doc = {_toml_str(spec.doc)}")
-    if spec.fuse:
-        lines.append("fuse = true")
-    if spec.policy != "memory":
-        lines.append(f"policy = {_toml_str(spec.policy)}")
-    for t in spec.tensors:
-        lines += ["", f"[tensors.{t.name}]", f"shape = {list(t.shape)}"]
-        if t.domain is not None:
-            lines.append(f"domain = {list(t.domain)}")
-        if t.avoid is not None:
-            lines.append(f"avoid = {list(t.avoid)}")
-        if t.learnable:
-            lines.append("learnable = true")
-        if t.init is not None:
-            lines.append(f"init = {t.init!r}")
-    for s in spec.scalars:
-        default = str(s.default).lower() if s.type == "bool" else repr(s.default)
-        lines += ["", f"[scalars.{s.name}]", f'type = "{s.type}"', f"default = {default}"]
-    return "\n".join(lines) + "\n"
-
-
-def _toml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    document = spec_to_mapping(spec)
+    return dumps({key: value for key, value in document.items() if value != {}})
 
 
 __all__ = [

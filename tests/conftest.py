@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +19,19 @@ def make_spec(name: str, forward: str, tensors: dict | None = None, scalars: dic
     )
 
 
-def run_pytest(directory: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run the generated tests in ``directory`` in a fresh interpreter (one process for all files)."""
+def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") -> subprocess.CompletedProcess:
+    """Run the generated tests in ``directory`` in a fresh interpreter (one process for all files).
+
+    Their torch.compile check traces with ``compile_backend``: aot_eager runs Dynamo and AOTAutograd as
+    inductor does, without compiling C++ for every op (seconds each); test_generate runs inductor.
+    """
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args],
         cwd=directory,
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
     )
 
 

@@ -17,10 +17,12 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from scaffold import compile_op, derivation, generate_op, write_files
 from scaffold.domain import InputDomain, Support
 from scaffold.render import _extremes, small_shapes
+from scaffold.testing import OpTests
 
 from .conftest import make_spec, run_pytest
 
@@ -132,35 +134,38 @@ def _import(path: Path, name: str):
     return module
 
 
+def _op_tests(files: dict[str, str], folder: Path, monkeypatch) -> OpTests:
+    """The OpTests object of a generated test file (its OP), imported from ``folder``."""
+    monkeypatch.syspath_prepend(str(folder))
+    write_files(files, folder)
+    (test_file,) = [name for name in files if name.startswith("test_")]
+    return _import(folder / test_file, f"_{test_file[:-3]}").OP
+
+
 def test_extreme_grid_grows_linearly(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
     rows = {}
     for n in (1, 2, 4, 6):
         names = [f"x{i}" for i in range(n)]
         forward = " + ".join(f"{a}*{b}" for a, b in zip(names, names[1:] + names[:1]))
-        op = f"grid{n}"
-        write_files(generate_op(make_spec(op, forward, {name: {} for name in names})), tmp_path)
-        test = _import(tmp_path / f"test_{op}.py", f"_test_{op}")
-        columns = test.one_at_a_time(test.EXTREMES, test.extreme_partners)
+        op = _op_tests(generate_op(make_spec(f"grid{n}", forward, {name: {} for name in names})), tmp_path, monkeypatch)
+        columns = torch.stack(op.extreme_columns())
         assert columns.shape[0] == n
         rows[n] = columns.shape[1]
         # Each tensor takes each of its extremes with the others at their typical values.
-        for i, name in enumerate(names):
-            typical = [test.TYPICAL[other] for other in names]
-            for value in test.EXTREMES[name]:
+        for i, tensor in enumerate(op.inputs):
+            typical = [other.typical for other in op.inputs]
+            for value in tensor.extremes:
                 row = typical[:i] + [value] + typical[i + 1 :]
-                assert (columns.T == columns.new_tensor(row)).all(dim=1).any(), (name, value)
+                assert (columns.T == columns.new_tensor(row)).all(dim=1).any(), (tensor.name, value)
     assert rows[1] == 12
     assert all(rows[n] <= 5 * 12 * n for n in rows)  # 12 values, at most 5 companions each
     assert rows[6] < 4**6  # the old cartesian product of 4 values per tensor
 
 
 def test_extreme_grid_pairs_a_tiny_value_with_a_huge_one(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
     tensors = {"x": {}, "beta": {"shape": [], "learnable": True}}
-    write_files(generate_op(make_spec("swishb", "x / (1 + exp(-2*beta*x))", tensors)), tmp_path)
-    test = _import(tmp_path / "test_swishb.py", "_test_swishb")
-    rows = {tuple(row) for row in test.one_at_a_time(test.EXTREMES, test.extreme_partners).T.tolist()}
+    op = _op_tests(generate_op(make_spec("swishb", "x / (1 + exp(-2*beta*x))", tensors)), tmp_path, monkeypatch)
+    rows = {tuple(row) for row in torch.stack(op.extreme_columns()).T.tolist()}
     # sigmoid(2 * 1e4 * 1e-3) rounds to 1 in float32: s*(1 - s) there is 0, not 2e-9.
     assert {(1e4, 1e-3), (-1e4, -1e-3), (1e-3, 1e4)} <= rows
 
@@ -286,28 +291,32 @@ def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
     failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
+    # The hand-written modules define jvp on the Function they call: Dynamo refuses them (test_compile).
     assert failed == [
+        "FAILED test_powf.py::test_compile[cpu]",
         "FAILED test_powf.py::test_special_points[cpu]",
+        "FAILED test_swishb.py::test_compile[cpu]",
         "FAILED test_swishb.py::test_extreme_inputs[cpu]",
     ], result.stdout[-4000:]
     assert "x at special points is nan where the reference's is 1.0, at {'x': 0.0}" in result.stdout
     assert "beta in float32 at extreme inputs" in result.stdout
 
 
-def test_the_special_points_of_every_tensor_are_tested(tmp_path):
+def test_the_special_points_of_every_tensor_are_tested(tmp_path, monkeypatch):
     tensors = {"x": {}, "y": {"domain": [0.0, 1.0]}}
     files = generate_op(make_spec("op", "Abs(x)**p * y", tensors, {"p": _float(1.5)}))
-    assert 'SPECIAL = {"x": (0.0,), "y": (0.0, 1.0)}' in files["test_op.py"]
+    op = _op_tests(files, tmp_path, monkeypatch)
+    assert [i.special for i in op.inputs] == [(0.0,), (0.0, 1.0)]
     assert "def test_special_points(device):" in files["test_op.py"]
     # No special point, no test.
     assert "test_special_points" not in generate_op(make_spec("op", "x * y", {"x": {}, "y": {}}))["test_op.py"]
 
 
-def test_module_parameters_keep_their_example_shapes():
+def test_module_parameters_keep_their_example_shapes(tmp_path, monkeypatch):
     tensors = {"x": {"shape": [32, 64, 10, 10]}, "w": {"shape": [64, 1, 1], "learnable": True}}
-    text = generate_op(make_spec("op", "x * w", tensors))["test_op.py"]
-    assert "SHAPES = [(2, 2, 3, 4), (2, 1, 1)]" in text
-    assert "MODULE_SHAPES = [(2, 64, 3, 4), (64, 1, 1)]" in text
+    op = _op_tests(generate_op(make_spec("op", "x * w", tensors)), tmp_path, monkeypatch)
+    assert [i.shape for i in op.inputs] == [(2, 2, 3, 4), (2, 1, 1)]
+    assert [i.module_shape for i in op.inputs] == [(2, 64, 3, 4), None]
 
 
 def test_a_removable_singularity_is_a_special_point_where_the_limit_is_tested(tmp_path, monkeypatch):
@@ -316,7 +325,7 @@ def test_a_removable_singularity_is_a_special_point_where_the_limit_is_tested(tm
     polynomial, the same test fails."""
     spec = make_spec("planck", "x**3/(exp(x) - 1)", {"x": {}})
     files = generate_op(spec)
-    assert 'SPECIAL = {"x": (0.0,)}' in files["test_planck.py"]
+    assert _op_tests(files, tmp_path / "inspected", monkeypatch).inputs[0].special == (0.0,)
     assert "torch.where(tmp1, -1/1209600 * tmp2**10" in files["planck.py"]  # the polynomial, up to x**10
     write_files(files, tmp_path / "generated")
     result = run_pytest(tmp_path / "generated")
