@@ -9,14 +9,14 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ._version import __version__
 from .api import generate_op
-from .changes import FileChange, Flags, new_op_changes, update_changes
+from .changes import FileChange, Flags, new_op_changes, template_update_changes, update_changes
 from .errors import ScaffoldError, ScaffoldWarning, SpecError
 from .limits import TIME_LIMIT
-from .project import find_project, new_project
+from .project import RECORDS, Project, find_project, new_project
 from .spec import POLICIES, load_spec, spec_from_flags
 from .write import apply_changes, write_files
 
@@ -73,15 +73,17 @@ def _parser() -> argparse.ArgumentParser:
         "--data", "-d", metavar="KEY=VALUE", action="append", default=[],
         help="answer a question, e.g. --data project_name=myops (repeatable)",
     )  # fmt: skip
+    _template_flag(project)
     project.set_defaults(handler=_new_project)
 
     update = commands.add_parser(
         "update",
-        help="regenerate ops inside a project, keeping your edits",
-        description="Re-derive ops from specs/NAME.toml and merge three ways into your files: the last "
-        "generation (in .scaffold/), your files now and the new generation. Edits that do not overlap "
-        "what changed are kept; overlapping ones are written with conflict markers and the command "
-        f"exits with {EXIT_CONFLICT}.",
+        help="regenerate ops inside a project (or update it from its template), keeping your edits",
+        description="Re-derive ops from specs/NAME.toml (`update project`: render the project template "
+        "again) and merge three ways into your files: the last generation (in .scaffold/), your files "
+        "now and the new generation. Edits that do not overlap what changed are kept; overlapping ones "
+        f"are written with conflict markers and the command exits with {EXIT_CONFLICT}. Without KIND: "
+        "every op.",
     )
     update_kinds = update.add_subparsers(dest="kind", metavar="KIND")
     update_op = update_kinds.add_parser(
@@ -100,14 +102,30 @@ def _parser() -> argparse.ArgumentParser:
     )
     update_op.add_argument("--doc", help="a new one-line description")
     _plan_flags(update_op, fuse_help="turn fused mode (torch.compile) on or off in the spec", optional=True)
-    # Both levels take these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); the inner
+    update_project = update_kinds.add_parser(
+        "project",
+        help="update the project from scaffold's project template, keeping your edits",
+        description="Render the project template again with the answers in .copier-answers.yml and merge "
+        "it three ways into your files: the template's last render (in .scaffold/project-template/), "
+        "your files now and the new render. New template files are created; files the template no "
+        "longer writes, and files you deleted, are left alone. The ops are not touched.",
+        epilog="example: scaffold update project --dry-run",
+    )
+    update_project.add_argument(
+        "--adopt", action="store_true",
+        help="for a project without .scaffold/project-template/: record the template's render as the base "
+        "and change nothing else",
+    )  # fmt: skip
+    _template_flag(update_project)
+    # Every level takes these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); an inner
     # level must not reset what the outer one was given, hence SUPPRESS as its default.
-    for command, default in ((update, False), (update_op, argparse.SUPPRESS)):
+    for command, default in ((update, False), (update_op, argparse.SUPPRESS), (update_project, argparse.SUPPRESS)):
         command.add_argument(
             "--dry-run", action="store_true", default=default, help="show the diff of what would change; write nothing"
         )
-        _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
-        command.set_defaults(handler=_update)
+        if command is not update_project:
+            _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
+        command.set_defaults(handler=_update_project if command is update_project else _update)
 
     bench = commands.add_parser(
         "bench",
@@ -163,6 +181,13 @@ def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable:
         ("--scalar", "S[:TYPE]=DEFAULT", scalar),
     ):
         command.add_argument(flag, metavar=metavar, action="append", default=[], help=help_text)
+
+
+def _template_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--template", metavar="DIR",
+        help="a copier template to use instead of the project template shipped with scaffold (e.g. your copy of it)",
+    )  # fmt: skip
 
 
 def _time_limit(command: argparse.ArgumentParser, default: object = TIME_LIMIT) -> None:
@@ -248,7 +273,9 @@ def _new_project(args: argparse.Namespace) -> int:
         if not sep or not key.strip():
             raise SpecError(f"cannot read --data {item!r}", hint="write key=value, e.g. --data project_name=myops")
         data[key.strip()] = value
-    dest = new_project(args.dest, data=data, defaults=args.defaults, interactive=sys.stdin.isatty())
+    dest = new_project(
+        args.dest, data=data, defaults=args.defaults, interactive=sys.stdin.isatty(), template=args.template
+    )
     print(f"{'created':>11}  {dest}{os.sep}")
     print(f"\nNext: cd {dest} and add an op, e.g.\n")
     print('    scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0')
@@ -256,7 +283,7 @@ def _new_project(args: argparse.Namespace) -> int:
     return 0
 
 
-def _update(args: argparse.Namespace) -> int:
+def _find_project() -> Project:
     project = find_project()
     if project is None:
         raise SpecError(
@@ -264,6 +291,11 @@ def _update(args: argparse.Namespace) -> int:
             where=os.getcwd(),
             hint='run it inside a project made by `scaffold new project`, or add [tool.scaffold] package = "..."',
         )
+    return project
+
+
+def _update(args: argparse.Namespace) -> int:
+    project = _find_project()
     name = getattr(args, "name", None)
     flags = Flags(
         forward=getattr(args, "forward", None),
@@ -275,13 +307,23 @@ def _update(args: argparse.Namespace) -> int:
         policy=getattr(args, "policy", None),
     )
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
-    if args.dry_run:
+    return _apply_update(project.root, changes, dry_run=args.dry_run, source="the new generation")
+
+
+def _update_project(args: argparse.Namespace) -> int:
+    project = _find_project()
+    changes = template_update_changes(project, template=args.template, adopt=args.adopt)
+    return _apply_update(project.root, changes, dry_run=args.dry_run, source="the project template")
+
+
+def _apply_update(root: Path, changes: list[FileChange], *, dry_run: bool, source: str) -> int:
+    if dry_run:
         for change in changes:
             if change.changed and not change.record:
                 sys.stdout.writelines(_diff(change))
     else:
-        apply_changes(project.root, changes)
-    _report(changes, dry_run=args.dry_run)
+        apply_changes(root, changes)
+    _report(changes, dry_run=dry_run, source=source)
     conflicts = sum(c.conflicts for c in changes)
     return EXIT_CONFLICT if conflicts else 0
 
@@ -316,7 +358,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _diff(change: FileChange) -> list[str]:
     lines = difflib.unified_diff(
         (change.old or "").splitlines(keepends=True),
-        change.new.splitlines(keepends=True),
+        (change.new or "").splitlines(keepends=True),
         fromfile=f"a/{change.path}" if change.old is not None else "/dev/null",
         tofile=f"b/{change.path}",
     )
@@ -327,19 +369,22 @@ def _files(count: int) -> str:
     return f"{count} file{'s' if count != 1 else ''}"
 
 
-def _report(changes: list[FileChange], *, dry_run: bool = False) -> None:
+def _report(changes: list[FileChange], *, dry_run: bool = False, source: str = "the new generation") -> None:
     """One line per file the user cares about; scaffold's records in one line per op."""
     for change in changes:
         if change.record:
             continue
-        note = ""
+        note = f"  ({change.note})" if change.note else ""
         if change.status == "merged":
             note = "  (your edits kept)"
         elif change.status == "conflict":
             regions = f"{change.conflicts} conflict{'s' if change.conflicts > 1 else ''}"
             note = f"  ({regions} between <<<<<<< and >>>>>>>; every line of yours is kept)"
         print(f"{change.status:>11}  {change.path}{note}")
-    recorded = sorted({c.path.parent for c in changes if c.record and c.changed and c.path.name != "README.md"})
+    # One line per record folder (.scaffold/NAME/, .scaffold/project-template/), not per folder inside it.
+    recorded = sorted(
+        {_record_folder(c.path) for c in changes if c.record and c.changed and c.path.name != "README.md"}
+    )
     for folder in recorded:
         print(f"{'recorded':>11}  {folder}/")
     conflicts = [c for c in changes if c.conflicts]
@@ -349,10 +394,17 @@ def _report(changes: list[FileChange], *, dry_run: bool = False) -> None:
         what = "would have" if dry_run else "has" if len(conflicts) == 1 else "have"
         print(
             f"scaffold: {_files(len(conflicts))} {what} conflicts: your edits overlap "
-            "what the new generation changed. Resolve them (keep the lines you want, delete the marker lines), "
+            f"what {source} changed. Resolve them (keep the lines you want, delete the marker lines), "
             "then run the tests.",
             file=sys.stderr,
         )
+
+
+def _record_folder(path: PurePosixPath) -> PurePosixPath:
+    """The folder of .scaffold/ that ``path`` is recorded in: .scaffold/NAME for .scaffold/NAME/..."""
+    if len(path.parts) > 2 and path.parts[0] == RECORDS.name:
+        return RECORDS / path.parts[1]
+    return path.parent
 
 
 #: Options whose value may start with "-" (a forward of -x * y), which argparse would take for an option.

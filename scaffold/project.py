@@ -15,6 +15,12 @@ For an op NAME it holds:
     .scaffold/NAME/              the record of the last generation: what it wrote, byte for byte, the
                                  spec it used and scaffold's version; the base of the next three-way update
 
+and, for the project as a whole (made by ``scaffold new project``):
+
+    .copier-answers.yml          the answers the project template was rendered with (copier writes it)
+    .scaffold/project-template/  the template's last render, byte for byte, with scaffold's version: the
+                                 base of the next ``scaffold update project``
+
 This module knows the layout and reads and writes records; it never decides what to generate.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -30,6 +37,7 @@ from ._version import __version__
 from .errors import SpecError, WriteError
 from .spec import OpSpec, check_identifier, load_spec
 from .tomlwriter import dumps
+from .write import write_files
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,12 +63,21 @@ _EXPORTS_COMMENT = (
     "# the marker lines.\n"
 )
 
+#: The project template's last render: written by `scaffold new project`, the base of `scaffold update project`.
+#: Not a Python identifier, so that no op's record can have its name.
+TEMPLATE_RECORD = RECORDS / "project-template"
+#: The answers the project template was rendered with, as copier writes them (copier.yml's _answers_file).
+ANSWERS_FILE = PurePosixPath(".copier-answers.yml")
+
 RECORDS_README = """\
 # .scaffold
 
 What `scaffold` generated last for each op of this project, byte for byte, with the spec it used and
 scaffold's version (`NAME/record.toml`). `scaffold update` merges three ways: this last generation (the
 base), your files now, and the new generation; that is how it keeps your edits.
+
+`project-template/` is the same for the project template: its last render, with the answers in
+`.copier-answers.yml`, the base of `scaffold update project`.
 
 Commit this folder with the code. Do not edit it: scaffold rewrites it on every `new op` and `update`.
 """
@@ -292,8 +309,7 @@ def with_exports(text: str, block: str, *, where: str) -> str:
     Everything outside the markers is kept as it is; without markers, they are appended at the end.
     """
     lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_BEGIN]
-    ends = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_END]
+    starts, ends = _export_markers(lines)
     if not starts and not ends:
         separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
         return f"{text}{separator}{_EXPORTS_COMMENT}{EXPORTS_BEGIN}\n{block}{EXPORTS_END}\n"
@@ -307,7 +323,22 @@ def with_exports(text: str, block: str, *, where: str) -> str:
     return "".join(lines[: start + 1]) + block + "".join(lines[end:])
 
 
-# --- new projects ----------------------------------------------------------------------------------
+def exports_of(text: str) -> str | None:
+    """The lines between the export markers of ``text``; None without one begin line before one end line."""
+    lines = text.splitlines(keepends=True)
+    starts, ends = _export_markers(lines)
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        return None
+    return "".join(lines[starts[0] + 1 : ends[0]])
+
+
+def _export_markers(lines: list[str]) -> tuple[list[int], list[int]]:
+    starts = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_BEGIN]
+    ends = [i for i, line in enumerate(lines) if line.strip() == EXPORTS_END]
+    return starts, ends
+
+
+# --- new projects and their template ----------------------------------------------------------------
 
 
 def project_template() -> Path:
@@ -318,20 +349,29 @@ def project_template() -> Path:
 
 
 def new_project(
-    dest: str | Path, *, data: dict[str, str] | None = None, defaults: bool = False, interactive: bool = True
+    dest: str | Path,
+    *,
+    data: dict[str, str] | None = None,
+    defaults: bool = False,
+    interactive: bool = True,
+    template: str | Path | None = None,
 ) -> Path:
-    """Create a project at ``dest`` from the shipped copier template, offline; return its root.
+    """Create a project at ``dest`` from the copier project template, offline; return its root.
 
     ``data`` answers questions (``{"project_name": "myops"}``); ``defaults`` takes the default answer to
     the rest, otherwise they are asked (which needs a terminal: ``interactive``). ``dest`` must be new
-    or empty, so nothing of the user's is overwritten.
+    or empty, so nothing of the user's is overwritten. ``template`` is a copier template folder to use
+    instead of the one shipped with scaffold (a modified copy of it).
+
+    The render is recorded in ``.scaffold/project-template/``: the base of ``scaffold update project``.
     """
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise WriteError(
             "the folder already exists and is not empty; nothing was written",
             where=str(dest),
-            hint="choose a new folder; to update a project from a newer template, run `copier update` in it",
+            hint="choose a new folder; to update a project from a newer template, run `scaffold update project` in it "
+            "(`copier update` if copier copied it from a git-tracked template)",
         )
     if not defaults and not interactive:
         raise SpecError(
@@ -339,19 +379,25 @@ def new_project(
             where=str(dest),
             hint="pass --defaults (and --data key=value for the answers you want), e.g. --data project_name=myops",
         )
-    import copier  # imported here: it is slow to import and only this command needs it
+    import copier  # imported here: it is slow to import and only the project commands need it
 
     existed = dest.exists()
     try:
         copier.run_copy(
-            str(project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
+            str(template or project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
         )
+        # dest was empty: everything in it is the render.
+        record = template_record_files(TemplateRecord(__version__, rendered_files(dest)))
+        write_files({str(path): text for path, text in record.items()}, dest)
     except (copier.errors.CopierError, ValueError) as exc:
         _undo(dest, existed)
         raise SpecError(f"the template refused the answers: {_first_line(exc)}", where=str(dest)) from None
     except KeyboardInterrupt:
         _undo(dest, existed)
         raise SpecError("interrupted; nothing was written", where=str(dest)) from None
+    except WriteError:
+        _undo(dest, existed)
+        raise
     return dest
 
 
@@ -371,3 +417,129 @@ def _undo(dest: Path, existed: bool) -> None:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def rendered_files(folder: Path) -> dict[PurePosixPath, str]:
+    """Every file under ``folder`` (a render of the template), ``{path relative to folder: text}``, sorted."""
+    files = {}
+    for full in sorted(folder.rglob("*")):
+        if not full.is_file():
+            continue
+        path = PurePosixPath(full.relative_to(folder).as_posix())
+        try:
+            files[path] = full.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise WriteError(
+                "the project template renders a file that is not UTF-8 text, which scaffold cannot merge",
+                where=str(path),
+            ) from None
+    return files
+
+
+def render_template(answers: dict[str, object], *, template: str | Path | None = None) -> dict[PurePosixPath, str]:
+    """The project template (default: the one shipped with scaffold) rendered with ``answers`` in a temporary
+    folder, and the default answer to every question they do not answer: ``{project path: text}``."""
+    import copier
+
+    with tempfile.TemporaryDirectory(prefix="scaffold-template-") as tmp:
+        dest = Path(tmp) / "render"
+        try:
+            copier.run_copy(
+                str(template or project_template()), str(dest), data=answers, defaults=True, unsafe=False, quiet=True
+            )
+        except (copier.errors.CopierError, ValueError) as exc:
+            raise SpecError(
+                f"the project template refuses the recorded answers: {_first_line(exc)}",
+                where=str(ANSWERS_FILE),
+                hint="fix the answer it names in .copier-answers.yml, then update again",
+            ) from None
+        return rendered_files(dest)
+
+
+def read_answers(project: Project) -> dict[str, object]:
+    """The answers of ``.copier-answers.yml``, copier's own keys (``_src_path``, ``_commit``) included."""
+    text = project.read(ANSWERS_FILE)
+    if text is None:
+        raise SpecError(
+            f"{ANSWERS_FILE} is missing: the answers the project template was rendered with are unknown",
+            where=str(project.root),
+            hint="`scaffold update project` updates projects made by `scaffold new project`; restore the file from "
+            "version control if it was deleted",
+        )
+    import yaml  # copier's dependency
+
+    try:
+        answers = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"invalid YAML: {_first_line(exc)}", where=str(project.root / ANSWERS_FILE)) from None
+    if not isinstance(answers, dict) or not all(isinstance(key, str) for key in answers):
+        raise SpecError("the answers must be a mapping of names to values", where=str(project.root / ANSWERS_FILE))
+    return answers
+
+
+@dataclass(frozen=True)
+class TemplateRecord:
+    """The project template's last render, ``files`` (``{project path: text}``), and the scaffold that made it."""
+
+    version: str
+    files: dict[PurePosixPath, str]
+
+
+def read_template_record(project: Project) -> TemplateRecord | None:
+    """The recorded render of the project template; None when there is no record."""
+    where = str(TEMPLATE_RECORD / RECORD_FILE)
+    text = project.read(TEMPLATE_RECORD / RECORD_FILE)
+    if text is None:
+        return None
+    hint = (
+        f"restore {TEMPLATE_RECORD} from version control, or re-create it with `scaffold update project --adopt` "
+        "(which takes the current template's render as the base)"
+    )
+    try:
+        data = tomllib.loads(text)
+        version, listed = data["scaffold"], data["files"]
+        if not isinstance(version, str) or not isinstance(listed, list):
+            raise TypeError("scaffold must be a string and files a list")
+        paths = [_safe_path(path) for path in listed]
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise WriteError(
+            f"the record of the template's last render is damaged ({exc})", where=where, hint=hint
+        ) from None
+    files = {}
+    for path in paths:
+        base = project.read(_template_base(path))
+        if base is None:
+            raise WriteError(f"{_template_base(path)} is missing", where=where, hint=hint)
+        files[path] = base
+    return TemplateRecord(version=version, files=files)
+
+
+def template_record_files(record: TemplateRecord) -> dict[PurePosixPath, str]:
+    """The files that store ``record``: ``{project path: text}``; each rendered file as PATH.base."""
+    manifest = dumps(
+        {"scaffold": record.version, "files": [str(path) for path in record.files]},
+        comments=[
+            "The project template's last render (each file as PATH.base here), with the answers in",
+            ".copier-answers.yml: the base of the next `scaffold update project`.",
+            "Written by scaffold; commit it with the code, do not edit it.",
+        ],
+    )
+    out = {TEMPLATE_RECORD / RECORD_FILE: manifest}
+    out.update({_template_base(path): text for path, text in record.files.items()})
+    out[RECORDS / "README.md"] = RECORDS_README
+    return out
+
+
+def _template_base(path: PurePosixPath) -> PurePosixPath:
+    return TEMPLATE_RECORD / f"{path}{BASE_SUFFIX}"
+
+
+def _safe_path(text: object) -> PurePosixPath:
+    """A recorded path, which must stay inside the project and outside .scaffold/."""
+    if not isinstance(text, str) or not text or "\\" in text:
+        raise ValueError(f"{text!r} is not a relative path")
+    path = PurePosixPath(text)
+    if path.is_absolute() or any(part in ("", ".", "..") for part in text.split("/")) or path.parts[0] == RECORDS.name:
+        raise ValueError(f"{text!r} is not a path inside the project")
+    return path
+

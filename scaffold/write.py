@@ -64,8 +64,9 @@ def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = 
 
 
 def apply_changes(root: str | Path, changes: Sequence[FileChange]) -> None:
-    """Write the changed files of ``changes`` under the project ``root``, all or nothing."""
-    _replace_all(Path(root), [(Path(root) / c.path, c.new) for c in changes if c.changed])
+    """Write the changed files of ``changes`` under the project ``root``, all or nothing (a change whose
+    ``new`` is None leaves its file alone)."""
+    _replace_all(Path(root), [(Path(root) / c.path, c.new) for c in changes if c.changed and c.new is not None])
 
 
 def _replace_all(root: Path, files: list[tuple[Path, str]]) -> None:

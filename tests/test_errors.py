@@ -315,7 +315,8 @@ PROJECT_CASES = [
     ),
     pytest.param(
         [], ["new", "project", "."],
-        "scaffold: error: .: the folder already exists and is not empty; nothing was written\n  hint: choose a new folder; to update a project from a newer template, run `copier update` in it\n",
+        "scaffold: error: .: the folder already exists and is not empty; nothing was written\n  hint: choose a new folder; to update a project from a newer template, run `scaffold update project` in it "
+        "(`copier update` if copier copied it from a git-tracked template)\n",
         id="new project over a project",
     ),
 ]  # fmt: skip

@@ -8,17 +8,31 @@ reported, nothing lost.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from scaffold import cli
 from scaffold.changes import update_changes
-from scaffold.errors import SpecError
-from scaffold.project import EXPORTS_BEGIN, EXPORTS_END, find_project, with_exports
+from scaffold.errors import SpecError, WriteError
+from scaffold.project import (
+    EXPORTS_BEGIN,
+    EXPORTS_END,
+    find_project,
+    project_template,
+    read_template_record,
+    with_exports,
+)
 from scaffold.write import apply_changes
 
 SWISH = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tensor", "x", "--learnable", "beta=1.0"]
@@ -336,3 +350,189 @@ def test_an_existing_project_adopts_scaffold(tmp_path, scaffold):
     assert "device = device_fixture()" in (root / "tests" / "test_cube.py").read_text(), "no shared fixture to rely on"
     result = project_tests(root)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- updating the project from its template ----------------------------------------------------------
+
+TEMPLATE_RECORD = ".scaffold/project-template"
+NEW_GPU_LINE = "are skipped on a machine without a GPU (see tests/conftest.py)."
+OP_FILES = (
+    "specs/swish.toml",
+    "src/demo_ops/ops/swish.py",
+    "tests/test_swish.py",
+    "tests/scaffold_testing.py",
+    ".scaffold/swish/",
+)
+
+
+@pytest.fixture
+def template(tmp_path) -> Path:
+    """A copy of the shipped project template, for a test to change as a newer scaffold would."""
+    copy = tmp_path / "template"
+    shutil.copytree(project_template(), copy)
+    return copy
+
+
+def replace_once(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+def change_template(template: Path) -> None:
+    """A newer template: a new file, a changed README line, a changed .gitignore, a changed package
+    ``__init__.py`` (also between the export markers, which are scaffold's), a file no longer written."""
+    (template / "CHANGELOG.md.jinja").write_text("# Changes to {{ project_name }}\n")
+    replace_once(template / "README.md.jinja", "are skipped on a machine without a GPU.", NEW_GPU_LINE)
+    replace_once(template / ".gitignore.jinja", "# Tools\n", "# Tools\n.ipynb_checkpoints/\n")
+    init = template / "src" / "{{ package_name }}" / "__init__.py.jinja"
+    replace_once(init, "`scaffold update`; keep", "`scaffold update op`; keep")
+    replace_once(init, "__all__: list[str] = []\n", "__all__: list[str] = []  # filled in by scaffold\n")
+    (template / "specs" / "README.md.jinja").unlink()
+
+
+def op_files(root: Path) -> dict[str, str]:
+    return {path: digest for path, digest in snapshot(root).items() if path.startswith(OP_FILES)}
+
+
+def test_new_project_records_the_template_render(project):
+    record = tomllib.loads((project / TEMPLATE_RECORD / "record.toml").read_text())
+    assert record["scaffold"] == "0.1.0"
+    assert ".copier-answers.yml" in record["files"] and "src/demo_ops/__init__.py" in record["files"]
+    for path in record["files"]:
+        base = (project / TEMPLATE_RECORD / f"{path}.base").read_text()
+        if path == "src/demo_ops/__init__.py":  # new op has exported swish since
+            assert "__all__: list[str] = []\n" in base and "swish" not in base
+        else:
+            assert base == (project / path).read_text(), path
+    assert sorted(record["files"]) == sorted(
+        path for path in snapshot(project) if not path.startswith(".scaffold") and not path.startswith(OP_FILES)
+    )
+
+
+def test_update_project_merges_template_changes_and_keeps_edits(project, template, scaffold):
+    change_template(template)
+    readme, init = project / "README.md", project / "src/demo_ops/__init__.py"
+    replace_once(readme, 'pip install -e ".[test]"\n', 'pip install -e ".[test]"  # mine: or uv pip install\n')
+    replace_once(init, '__version__ = "0.1.0"\n', '__version__ = "0.1.0"\nMY_CONSTANT = 42  # mine\n')
+    (project / ".github/workflows/tests.yml").unlink()
+    ops_before = op_files(project)
+
+    code, out, err = scaffold("update", "project", "--template", str(template), cwd=project / "tests")
+    assert code == 0, err
+    for line in (
+        "created  CHANGELOG.md\n",
+        "updated  .gitignore\n",
+        "updated  .copier-answers.yml\n",  # _src_path names the other template
+        "merged  README.md  (your edits kept)\n",
+        "merged  src/demo_ops/__init__.py  (your edits kept)\n",
+        "unchanged  pyproject.toml\n",
+        "kept  specs/README.md  (the template no longer writes it: left as it is",
+        "absent  .github/workflows/tests.yml  (you deleted it: not re-created)\n",
+        f"recorded  {TEMPLATE_RECORD}/\n",
+    ):
+        assert line in out, (line, out)
+    assert (project / "CHANGELOG.md").read_text() == "# Changes to demo-ops\n"
+    assert ".ipynb_checkpoints/" in (project / ".gitignore").read_text()
+    text = readme.read_text()
+    assert NEW_GPU_LINE in text and "# mine: or uv pip install" in text
+    text = init.read_text()
+    assert "MY_CONSTANT = 42  # mine" in text and "`scaffold update op`; keep" in text
+    assert "from .ops.swish import Swish, SwishFunction, swish" in text and "filled in by scaffold" not in text
+    assert (project / "specs/README.md").is_file() and not (project / ".github/workflows/tests.yml").exists()
+    assert op_files(project) == ops_before, "the template update touched an op's files or records"
+    record = tomllib.loads((project / TEMPLATE_RECORD / "record.toml").read_text())
+    assert "CHANGELOG.md" in record["files"] and "specs/README.md" not in record["files"]
+    assert (project / TEMPLATE_RECORD / "README.md.base").read_text().count(NEW_GPU_LINE) == 1
+
+    # Again: nothing to do.
+    before = snapshot(project)
+    code, out, err = scaffold("update", "project", "--template", str(template), cwd=project)
+    assert code == 0, err
+    assert {line.split()[0] for line in out.splitlines()} == {"unchanged", "absent"}, out
+    assert snapshot(project) == before
+
+    # The ops' update still rewrites the export block of the merged __init__.py, and nothing else of it.
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, err
+    assert "unchanged  src/demo_ops/__init__.py" in out and snapshot(project) == before
+
+
+def test_update_project_conflict_is_marked_and_reported(project, template, scaffold):
+    change_template(template)
+    readme = project / "README.md"
+    replace_once(readme, "are skipped on a machine without a GPU.", "are skipped where there is no GPU (mine).")
+    code, out, err = scaffold("update", "project", "--template", str(template), cwd=project)
+    assert code == cli.EXIT_CONFLICT, (out, err)
+    assert "conflict  README.md  (1 conflict between <<<<<<< and >>>>>>>" in out
+    assert "1 file has conflicts: your edits overlap what the project template changed" in err
+    text = readme.read_text()
+    assert "<<<<<<< yours\nare skipped where there is no GPU (mine).\n=======\n" in text
+    assert f"{NEW_GPU_LINE}\n>>>>>>> scaffold 0.1.0 (project template)\n" in text
+    assert (project / "CHANGELOG.md").is_file(), "the files without conflicts are updated too"
+
+    # Until the markers are gone, the next update refuses to write anything.
+    before = snapshot(project)
+    code, out, err = scaffold("update", "project", "--template", str(template), cwd=project)
+    assert code == cli.EXIT_ERROR and "conflict markers from the last update are still there" in err
+    assert snapshot(project) == before
+
+
+def test_update_project_dry_run_writes_nothing(project, template, scaffold):
+    change_template(template)
+    before = snapshot(project)
+    code, out, err = scaffold("update", "project", "--template", str(template), "--dry-run", cwd=project)
+    assert code == 0, err
+    assert "--- /dev/null\n+++ b/CHANGELOG.md\n" in out and f"+{NEW_GPU_LINE}\n" in out
+    assert "created  CHANGELOG.md" in out and "(dry run: nothing was written)" in out
+    assert ".scaffold" not in out.split("(dry run")[0].replace(f"recorded  {TEMPLATE_RECORD}/", "")
+    assert snapshot(project) == before
+
+
+def test_update_project_without_a_record(project, template, scaffold):
+    shutil.rmtree(project / TEMPLATE_RECORD)
+    before = snapshot(project)
+    code, out, err = scaffold("update", "project", cwd=project)
+    assert code == cli.EXIT_ERROR
+    assert f"{TEMPLATE_RECORD}/record.toml: there is no record of the template render" in err
+    assert "scaffold update project --adopt" in err and "Traceback" not in err
+    assert snapshot(project) == before
+
+    # Copied by copier from a git-tracked template: copier updates it.
+    answers = project / ".copier-answers.yml"
+    answers.write_text(answers.read_text() + "_commit: v1\n")
+    code, out, err = scaffold("update", "project", cwd=project)
+    assert code == cli.EXIT_ERROR
+    assert "copied with copier from a git-tracked template" in err and "`copier update`" in err
+    answers.write_text(answers.read_text().replace("_commit: v1\n", ""))
+
+    # --adopt records the render as the base and changes nothing else; later changes are merged.
+    readme = project / "README.md"
+    readme.write_text(readme.read_text() + "\nMine.\n")
+    before = snapshot(project)
+    code, out, err = scaffold("update", "project", "--adopt", cwd=project)
+    assert code == 0, err
+    assert "kept  README.md  (differs from the template: kept as it is (--adopt))" in out
+    assert "kept  src/demo_ops/__init__.py" in out and f"recorded  {TEMPLATE_RECORD}/" in out
+    after = snapshot(project)
+    assert {p: d for p, d in after.items() if not p.startswith(TEMPLATE_RECORD)} == before
+    change_template(template)
+    code, out, err = scaffold("update", "project", "--template", str(template), cwd=project)
+    assert code == 0, err
+    assert "merged  README.md" in out and readme.read_text().endswith("\nMine.\n")
+    assert NEW_GPU_LINE in readme.read_text()
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "/etc/hostname", "src/../../x", ".scaffold/swish/record.toml", ""])
+def test_a_damaged_template_record_is_refused(project, scaffold, path):
+    manifest = project / TEMPLATE_RECORD / "record.toml"
+    text = manifest.read_text()
+    damaged = text.replace('"README.md"', json.dumps(path))
+    assert damaged != text
+    manifest.write_text(damaged)
+    before = snapshot(project)
+    with pytest.raises(WriteError, match="the record of the template's last render is damaged"):
+        read_template_record(find_project(project))
+    code, out, err = scaffold("update", "project", cwd=project)
+    assert code == cli.EXIT_ERROR and "scaffold update project --adopt" in err
+    assert snapshot(project) == before
