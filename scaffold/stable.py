@@ -401,12 +401,6 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
         return ndtr(x) + x * sympy.exp(-(x**2) / 2) / sympy.sqrt(2 * sympy.pi)
 
 
-PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, kept, erfcx, ndtr, log_ndtr, log_ndtr_grad,
-    log_softplus, logit, silu, gelu,
-)  # fmt: skip
-
-
 def accurate_kernels(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
     """``expr`` with its derivative kernels in their accurate forms, unless ``expr`` is one kernel times
     numbers or scalars.
@@ -436,12 +430,6 @@ def to_literal(expr: sympy.Basic) -> sympy.Basic:
 def expand_kernels(expr: sympy.Basic) -> sympy.Basic:
     """``expr`` with its derivative kernels (tanh_grad, ...) written in the other stable primitives."""
     return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).expanded(*e.args))
-
-
-def primitives_used(expr: sympy.Basic) -> list[str]:
-    """Names of the stable primitives (and log1p, expm1, hypot) in ``expr``, sorted."""
-    kinds = (*PRIMITIVES, log1p, expm1, hypot)
-    return sorted({type(e).__name__ for e in sympy.preorder_traversal(expr) if isinstance(e, kinds)})
 
 
 # -- the rewrites ---------------------------------------------------------------------------------
