@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
-from sympy.codegen import cfunctions
 from sympy.core.logic import fuzzy_and
 
 from .errors import DerivationError
 from .expression import ParsedExpression
+from .functions import sign_preserving_classes, step_classes
 from .stable import accurate_kernels, remove_singularities, stabilize
 
 #: Nodes a derivative must not contain: sympy could not evaluate it.
@@ -56,10 +56,6 @@ class Derivation:
     removable: tuple[str, ...] = ()  # tensors at whose 0 the forward as written is 0/0 (x/expm1(x))
 
 
-#: Increasing functions with f(0) = 0: f(u) has the sign of u, so a step of f(u) is a step of u.
-_SIGN_PRESERVING = (cfunctions.expm1, cfunctions.log1p, sympy.sinh, sympy.tanh, sympy.atan, sympy.asinh, sympy.erf)
-
-
 def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.Expr:
     """The simplest expression with the sign of ``arg``: ``-alpha*expm1(x/alpha)`` -> ``-x``.
 
@@ -72,7 +68,7 @@ def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.E
     while True:
         independent, dependent = core.as_independent(*tensors, as_Add=False)
         scale *= independent
-        if isinstance(dependent, _SIGN_PRESERVING):
+        if isinstance(dependent, sign_preserving_classes()):  # a step of f(u) is a step of u
             core = dependent.args[0]
             continue
         break
@@ -299,10 +295,6 @@ def differentiate(
     return derivative
 
 
-#: Functions whose derivative is zero wherever it exists.
-_STEPS = (sympy.sign, sympy.Heaviside)
-
-
 def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
     """A warning for each scalar argument the forward does not use: it stays an argument of the op."""
     used = parsed.expr.free_symbols
@@ -317,10 +309,15 @@ def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
 def _flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]:
     """A warning for each tensor the forward uses but whose gradient is identically zero."""
     warnings = []
+    step_kinds = step_classes()  # sign, Heaviside: their derivative is zero wherever it exists
     for name in flat:
         symbol = parsed.symbols[name]
         steps = sorted(
-            {sympy.sstr(n) for n in sympy.preorder_traversal(parsed.expr) if isinstance(n, _STEPS) and n.has(symbol)}
+            {
+                sympy.sstr(n)
+                for n in sympy.preorder_traversal(parsed.expr)
+                if isinstance(n, step_kinds) and n.has(symbol)
+            }
         )
         through = f": it enters only through {', '.join(steps)}, flat away from the jump" if steps else ""
         warnings.append(

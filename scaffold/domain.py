@@ -31,22 +31,17 @@ import math
 from dataclasses import dataclass, field
 
 import sympy
-from sympy.codegen import cfunctions
 
 from . import stable
 from .errors import DerivationError
 from .expression import ParsedExpression
+from .functions import Kink, by_class, kink_classes, mpmath_functions
 from .spec import OpSpec
 from .stable import stabilize, to_literal
 
 DEFAULT_DOMAIN = (-3.0, 3.0)
 WIDTH = 3.0  # width of an inferred interval bounded on one side only
 MARGIN = 0.25  # distance kept from an inferred bound
-
-_POSITIVE = (sympy.log, cfunctions.log2, cfunctions.log10, sympy.loggamma, sympy.digamma, sympy.polygamma)
-_OPEN_UNIT = (sympy.atanh, sympy.erfinv)  # infinite at -1 and 1
-_CLOSED_UNIT = (sympy.asin, sympy.acos)  # defined at -1 and 1, with infinite derivatives there
-_KINKS = (sympy.Abs, sympy.sign, sympy.Heaviside)
 
 
 @dataclass(frozen=True)
@@ -233,26 +228,13 @@ def infer_domains(
             continue
         node = node.xreplace(numbers)
         text = sympy.sstr(node)
-        if isinstance(node, _POSITIVE):
-            constrain(node.args[-1], 0.0, None, f"{text} needs a positive input")
-        elif isinstance(node, cfunctions.log1p):
-            constrain(node.args[0], -1.0, None, f"{text} needs an input above -1")
-        elif isinstance(node, sympy.acosh):
-            constrain(node.args[0], 1.0, None, f"{text} needs an input >= 1", closed=True)
-        elif isinstance(node, (sympy.tan, sympy.sec)):
-            # Defined between poles, but steep near them: tests stay in one branch, well inside it.
-            what = f"{text} is kept between its poles at -pi/2 and pi/2"
-            constrain(node.args[0], -math.pi / 2, math.pi / 2, what, sample=(-1.4, 1.4))
-        elif isinstance(node, (sympy.cot, sympy.csc)):
-            what = f"{text} is kept between its poles at 0 and pi"
-            constrain(node.args[0], 0.0, math.pi, what, sample=(0.15, 3.0))
-        elif isinstance(node, _OPEN_UNIT):
-            constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in (-1, 1)")
-        elif isinstance(node, _CLOSED_UNIT):
-            constrain(node.args[0], -1.0, 1.0, f"{text} needs an input in [-1, 1]", closed=True, sample=(-1.0, 1.0))
-        elif isinstance(node, _KINKS):
+        function = by_class(type(node))
+        if function is not None and function.domain is not None:
+            d = function.domain
+            constrain(node.args[-1], d.low, d.high, f"{text} {d.what}", closed=d.closed, sample=d.sample)
+        elif isinstance(node, kink_classes(Kink.AT_ZERO)):  # Abs, sign, Heaviside
             kink(node.args[0])
-        elif isinstance(node, (sympy.Max, sympy.Min)):
+        elif isinstance(node, kink_classes(Kink.AT_TIES)):  # Max, Min
             for i, a in enumerate(node.args):
                 for b in node.args[i + 1 :]:
                     kink(a - b)
@@ -353,7 +335,9 @@ def _evaluates(
     names = list(domains)
     arguments = [symbols[n] for n in names]
     exprs = [stable.expand_kernels(e) for e in exprs]
-    modules = [_mpmath_primitives(), "mpmath"]
+    # The stable primitives as the op computes them, not as the textbook formula, which cancels at mpmath's
+    # default 15 digits (log(1 - sigmoid(164)) is log(0) there, though the op's logsigmoid(-164) is -164).
+    modules = [mpmath_functions(), "mpmath"]
     try:  # all at once: lambdify's cost grows with the number of arguments, per call
         functions = [sympy.lambdify(arguments, list(exprs), modules=modules)]
     except Exception:
@@ -397,35 +381,6 @@ def _evaluates(
             if not mpmath.isfinite(real) or abs(real) > FLOAT64_SAFE:  # mpmath never overflows; float64 does
                 return False
     return True
-
-
-def _mpmath_primitives() -> dict[str, object]:
-    """mpmath versions of the stable primitives, for lambdify: the checks evaluate what the op computes,
-    not the textbook formula, which cancels at mpmath's default 15 digits (log(1 - sigmoid(164)) is
-    log(0) there, though the op's logsigmoid(-164) is -164)."""
-    import mpmath
-
-    def zero_or(f):
-        return lambda x, y: 0 if x == 0 else f(x, y)
-
-    return {
-        "softplus": lambda x: mpmath.log1p(mpmath.exp(x)),
-        "sigmoid": lambda x: 1 / (1 + mpmath.exp(-x)),
-        "logsigmoid": lambda x: -mpmath.log1p(mpmath.exp(-x)),
-        "logaddexp": lambda a, b: max(a, b) + mpmath.log1p(mpmath.exp(-abs(a - b))),
-        "xlogy": zero_or(lambda x, y: x * mpmath.log(y)),
-        "xlog1py": zero_or(lambda x, y: x * mpmath.log1p(y)),
-        "xexpy": zero_or(lambda x, y: x * mpmath.exp(y)),
-        "erfcx": lambda x: mpmath.exp(x**2) * mpmath.erfc(x),
-        "ndtr": lambda x: mpmath.erfc(-x / mpmath.sqrt(2)) / 2,
-        "log_ndtr": lambda x: mpmath.log(mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
-        "kept": lambda w: w,
-        "log_ndtr_grad": lambda x: mpmath.npdf(x) / mpmath.ncdf(x),
-        "log_softplus": lambda x: mpmath.log(mpmath.log1p(mpmath.exp(x))),
-        "logit": lambda p: mpmath.log(p / (1 - p)),
-        "silu": lambda x: x / (1 + mpmath.exp(-x)),
-        "gelu": lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2,
-    }
 
 
 def _sample_points(dimensions: int) -> list[tuple[float, ...]]:

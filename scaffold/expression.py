@@ -10,13 +10,11 @@ from __future__ import annotations
 import ast
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
-from sympy.codegen.cfunctions import exp2, expm1, hypot, log1p, log2, log10
 
-from . import stable
+from . import functions
 from .errors import ExpressionError
 from .spec import OpSpec
 
@@ -29,66 +27,8 @@ MAX_INTEGER_DIGITS = 30
 MAX_EXPONENT = 64
 MAX_POWER_DIGITS = 300
 
-# name -> (sympy constructor, allowed argument counts)
-FUNCTIONS: dict[str, tuple[Callable[..., sympy.Expr], tuple[int, ...]]] = {
-    "exp": (sympy.exp, (1,)),
-    "log": (sympy.log, (1, 2)),
-    "ln": (sympy.log, (1,)),
-    "log2": (log2, (1,)),
-    "log10": (log10, (1,)),
-    "log1p": (log1p, (1,)),
-    "expm1": (expm1, (1,)),
-    "exp2": (exp2, (1,)),
-    "sqrt": (sympy.sqrt, (1,)),
-    "cbrt": (sympy.cbrt, (1,)),
-    "sin": (sympy.sin, (1,)),
-    "cos": (sympy.cos, (1,)),
-    "tan": (sympy.tan, (1,)),
-    "cot": (sympy.cot, (1,)),
-    "sec": (sympy.sec, (1,)),
-    "csc": (sympy.csc, (1,)),
-    "asin": (sympy.asin, (1,)),
-    "acos": (sympy.acos, (1,)),
-    "atan": (sympy.atan, (1,)),
-    "atan2": (sympy.atan2, (2,)),
-    "sinh": (sympy.sinh, (1,)),
-    "cosh": (sympy.cosh, (1,)),
-    "tanh": (sympy.tanh, (1,)),
-    "asinh": (sympy.asinh, (1,)),
-    "acosh": (sympy.acosh, (1,)),
-    "atanh": (sympy.atanh, (1,)),
-    "hypot": (hypot, (2,)),
-    "erf": (sympy.erf, (1,)),
-    "erfc": (sympy.erfc, (1,)),
-    "erfinv": (sympy.erfinv, (1,)),
-    "loggamma": (sympy.loggamma, (1,)),
-    "lgamma": (sympy.loggamma, (1,)),
-    "digamma": (sympy.digamma, (1,)),
-    "polygamma": (sympy.polygamma, (2,)),
-    "Abs": (sympy.Abs, (1,)),
-    "abs": (sympy.Abs, (1,)),
-    "sign": (sympy.sign, (1,)),
-    "Heaviside": (sympy.Heaviside, (1, 2)),
-    "Max": (sympy.Max, tuple(range(2, 17))),
-    "Min": (sympy.Min, tuple(range(2, 17))),
-    "max": (sympy.Max, tuple(range(2, 17))),
-    "min": (sympy.Min, tuple(range(2, 17))),
-    "Rational": (sympy.Rational, (1, 2)),
-    # PyTorch's numerically stable primitives, also introduced by scaffold's own rewrites (stable.py)
-    "softplus": (stable.softplus, (1,)),
-    "sigmoid": (stable.sigmoid, (1,)),
-    "expit": (stable.sigmoid, (1,)),
-    "logsigmoid": (stable.logsigmoid, (1,)),
-    "logaddexp": (stable.logaddexp, (2,)),
-    "xlogy": (stable.xlogy, (2,)),
-    "xlog1py": (stable.xlog1py, (2,)),
-    "erfcx": (stable.erfcx, (1,)),
-    "ndtr": (stable.ndtr, (1,)),
-    "log_ndtr": (stable.log_ndtr, (1,)),
-    "logit": (stable.logit, (1,)),
-}
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
-KNOWN_NAMES = frozenset(FUNCTIONS) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+KNOWN_NAMES = frozenset(functions.spellings()) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
 
 _COMPARISONS = {
     ast.Lt: sympy.StrictLessThan,
@@ -268,7 +208,7 @@ class _Builder:
             return CONSTANTS[name]
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
-        if name in FUNCTIONS or name == "Piecewise":
+        if functions.by_spelling(name) is not None or name == "Piecewise":
             raise self.fail(node, f"{name!r} is a function; call it, e.g. {name}(x)")
         declared = ", ".join(self.symbols) or "none"
         raise self.fail(
@@ -376,23 +316,25 @@ class _Builder:
             raise self.fail(node, "starred arguments are not allowed")
         if name == "Piecewise":
             return self._piecewise(node, depth)
-        if name not in FUNCTIONS:
+        function = functions.by_spelling(name)
+        if function is None:
             if name in self.symbols:
                 raise self.fail(node, f"{name!r} is an argument, not a function")
+            supported = {*functions.spellings(), "Piecewise"}
             raise self.fail(
                 node,
                 f"unknown function {name!r}",
-                hint="supported: " + ", ".join(sorted(set(FUNCTIONS) | {"Piecewise"}, key=lambda n: (n.lower(), n))),
+                hint="supported: " + ", ".join(sorted(supported, key=lambda n: (n.lower(), n))),
             )
-        constructor, arities = FUNCTIONS[name]
+        constructor, arities = function.build or function.sympy, function.arity
         if len(node.args) not in arities:
             expected = " or ".join(map(str, arities)) if len(arities) < 4 else f"{arities[0]} or more"
             raise self.fail(node, f"{name}() takes {expected} argument(s), got {len(node.args)}")
         args = [self._expr(self.build(a, depth), a) for a in node.args]
-        if name == "Rational":
+        if function.name == "Rational":
             if not all(a.is_Integer for a in args) or (len(args) == 2 and args[1] == 0):
                 raise self.fail(node, "Rational() takes integers, e.g. Rational(1, 3), and a non-zero denominator")
-        if name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
+        if function.name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
             raise self.fail(node, "polygamma(n, x) needs a literal integer order n between 0 and 16")
         return constructor(*args)
 

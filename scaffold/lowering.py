@@ -19,22 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import sympy
-from sympy.codegen import cfunctions
 
-from . import stable
+from . import functions, stable
 
-#: Functions whose inputs are restricted: inside a branch their input is kept in the branch's region.
-RESTRICTED = (
-    sympy.log, cfunctions.log1p, cfunctions.log2, cfunctions.log10, sympy.asin, sympy.acos,
-    sympy.acosh, sympy.atanh, sympy.erfinv, sympy.loggamma, sympy.digamma, sympy.polygamma,
-    stable.xlogy, stable.xlog1py, stable.logit,
-)  # fmt: skip
-#: Functions that overflow for large inputs: in an untaken branch their derivative may be inf, and
-#: where() passes the branch a zero gradient, so double backward would compute 0 * inf = nan.
-GROWING = (
-    sympy.exp, cfunctions.expm1, cfunctions.exp2, sympy.sinh, sympy.cosh, sympy.tan, sympy.sec, sympy.csc,
-    sympy.cot, stable.erfcx, stable.xexpy,
-)  # fmt: skip
+#: Functions a Piecewise branch keeps its input inside the branch's region for: those whose inputs are
+#: restricted (log, asin, ...), and those that overflow for large inputs (exp, sinh, ...), whose derivative
+#: in an untaken branch may be inf: where() passes the branch a zero gradient, so double backward would
+#: compute 0 * inf = nan. Both from the registry (:mod:`.functions`).
+_GUARDED = functions.restricted_classes() + functions.growing_classes()
 
 Replacements = list[tuple[sympy.Symbol, sympy.Expr]]
 
@@ -51,8 +43,7 @@ def needs_guard(value: sympy.Basic, is_tensor: Callable[[sympy.Basic], bool]) ->
     tensors are undefined (log, sqrt, ...), infinite (1/x) or overflow (exp, x**3) elsewhere, and the
     untaken branch of a where() would put nan into the gradient (log) or into the gradient's gradient (exp)."""
     return any(
-        (isinstance(p, (*RESTRICTED, *GROWING)) or (p.is_Pow and not (p.exp.is_Number and p.exp in (0, 1, 2))))
-        and is_tensor(p)
+        (isinstance(p, _GUARDED) or (p.is_Pow and not (p.exp.is_Number and p.exp in (0, 1, 2)))) and is_tensor(p)
         for p in sympy.preorder_traversal(value)
     )
 

@@ -1,8 +1,9 @@
 """Stage 5: print sympy expressions as torch source.
 
-A mapping table plus ``_print_<Class>`` methods, strict: :func:`check_printable` walks an expression
-before it is printed and any node without a faithful torch translation is an error naming that node;
-nothing is printed half-right. It fixes what sympy's own ``TorchPrinter`` gets wrong:
+The registry's torch names (:mod:`.functions`) plus ``_print_<Class>`` methods, strict:
+:func:`check_printable` walks an expression before it is printed and any node without a faithful torch
+translation is an error naming that node; nothing is printed half-right. It fixes what sympy's own
+``TorchPrinter`` gets wrong:
 
 * ``Max``/``Min`` with numbers or scalar arguments use ``torch.clamp`` (``torch.maximum`` needs tensors);
 * ``Heaviside`` keeps its value at 0 and the input's dtype; as a factor it is a boolean mask, ``(x > 0)``;
@@ -21,69 +22,22 @@ exactly those.
 from __future__ import annotations
 
 import sympy
-from sympy.codegen import cfunctions
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
-from . import stable
+from . import functions, stable
 from .errors import DerivationError
 from .lowering import guard_value, is_indicator, step_relational, within
 
-# sympy function class -> (torch function, math function or None)
-FUNCTIONS: dict[type, tuple[str, str | None]] = {
-    sympy.exp: ("torch.exp", "math.exp"),
-    sympy.log: ("torch.log", "math.log"),
-    cfunctions.log1p: ("torch.log1p", "math.log1p"),
-    cfunctions.expm1: ("torch.expm1", "math.expm1"),
-    cfunctions.log2: ("torch.log2", "math.log2"),
-    cfunctions.log10: ("torch.log10", "math.log10"),
-    cfunctions.exp2: ("torch.exp2", None),
-    sympy.sin: ("torch.sin", "math.sin"),
-    sympy.cos: ("torch.cos", "math.cos"),
-    sympy.tan: ("torch.tan", "math.tan"),
-    sympy.asin: ("torch.asin", "math.asin"),
-    sympy.acos: ("torch.acos", "math.acos"),
-    sympy.atan: ("torch.atan", "math.atan"),
-    sympy.sinh: ("torch.sinh", "math.sinh"),
-    sympy.cosh: ("torch.cosh", "math.cosh"),
-    sympy.tanh: ("torch.tanh", "math.tanh"),
-    sympy.asinh: ("torch.asinh", "math.asinh"),
-    sympy.acosh: ("torch.acosh", "math.acosh"),
-    sympy.atanh: ("torch.atanh", "math.atanh"),
-    sympy.erf: ("torch.erf", "math.erf"),
-    sympy.erfc: ("torch.erfc", "math.erfc"),
-    sympy.erfinv: ("torch.erfinv", None),
-    sympy.loggamma: ("torch.lgamma", "math.lgamma"),
-    sympy.digamma: ("torch.digamma", None),
-    sympy.Abs: ("torch.abs", "abs"),
-    sympy.sign: ("torch.sign", None),
-    sympy.atan2: ("torch.atan2", "math.atan2"),
-    cfunctions.hypot: ("torch.hypot", "math.hypot"),
-    stable.softplus: ("torch.nn.functional.softplus", None),
-    stable.sigmoid: ("torch.sigmoid", None),
-    stable.logsigmoid: ("torch.nn.functional.logsigmoid", None),
-    stable.logaddexp: ("torch.logaddexp", None),
-    stable.xlogy: ("torch.xlogy", None),
-    stable.xlog1py: ("torch.special.xlog1py", None),
-    stable.erfcx: ("torch.special.erfcx", None),
-    stable.ndtr: ("torch.special.ndtr", None),
-    stable.log_ndtr: ("torch.special.log_ndtr", None),
-    stable.logit: ("torch.logit", None),
-    stable.silu: ("torch.nn.functional.silu", None),
-    stable.gelu: ("torch.nn.functional.gelu", None),
-}
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
-_BINARY_TENSOR_ONLY = (sympy.atan2, cfunctions.hypot, stable.logaddexp)
-_ALLOWED = (
+#: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
+#: ``within``. Functions are printable where the registry (:mod:`.functions`) gives them a torch form.
+_STRUCTURE = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
-    sympy.Max, sympy.Min, sympy.Heaviside, sympy.polygamma, sympy.functions.elementary.piecewise.ExprCondPair,
-    sympy.cot, sympy.sec, sympy.csc, stable.finite_at_zero, stable.log_ndtr_grad, stable.log_softplus, stable.kept,
-    within,
+    sympy.functions.elementary.piecewise.ExprCondPair, within,
 )  # fmt: skip
-# Reciprocal trigonometric functions: printed as 1 / their reciprocal (torch has no cot, sec, csc).
-RECIPROCALS = {sympy.cot: sympy.tan, sympy.sec: sympy.cos, sympy.csc: sympy.sin}
 _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, sympy.core.numbers.NegativeInfinity,
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
 
@@ -108,7 +62,7 @@ def check_printable(expr: sympy.Basic, *, where: str) -> None:
     """Raise :class:`DerivationError` naming the first sub-expression that cannot be printed as torch."""
     for node in sympy.preorder_traversal(expr):
         if isinstance(node, _NOT_REAL) or not (
-            isinstance(node, (*_ALLOWED, stable.DerivativeKernel)) or type(node) in FUNCTIONS
+            isinstance(node, _STRUCTURE) or type(node) in functions.printable_classes()
         ):
             raise _unsupported(node, where)
 
@@ -225,7 +179,8 @@ class TorchPrinter(StrPrinter):
             # grad * tanh_grad(t) is one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)
             others = list(expr.args)
             others.remove(kernel)
-            return f"{kernel.kernel}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
+            fused = functions.by_class(type(kernel)).kernel
+            return f"{fused}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
         numerator: list[str] = []
         denominator: list[str] = []
         scalars = [f for f in factors if f not in masks and not self.is_tensor(f)]
@@ -278,17 +233,18 @@ class TorchPrinter(StrPrinter):
     def _print_Function(self, expr: sympy.Function) -> str:
         if isinstance(expr, stable.DerivativeKernel):  # nothing to fuse it with: its formula
             return self._print(type(expr).expanded(*expr.args))
-        if type(expr) in RECIPROCALS:
-            reciprocal = RECIPROCALS[type(expr)](*expr.args, evaluate=False)
+        function = functions.by_class(type(expr))
+        if function is not None and function.reciprocal_of is not None:  # torch has no cot: 1 / tan
+            reciprocal = function.reciprocal_of(*expr.args, evaluate=False)
             return f"(1 / {self._print(reciprocal)})"
-        if type(expr) not in FUNCTIONS:
+        if function is None or function.torch is None:
             raise _unsupported(expr, "printing")
         if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
             return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
-        torch_name, math_name = FUNCTIONS[type(expr)]
+        torch_name, math_name = function.torch, function.math
         args = ", ".join(self._print(a) for a in expr.args)
         if self.is_tensor(expr):
-            if isinstance(expr, _BINARY_TENSOR_ONLY) and not all(self.is_tensor(a) for a in expr.args):
+            if function.tensor_only and not all(self.is_tensor(a) for a in expr.args):
                 # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
                 anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
                 args = ", ".join(
@@ -332,8 +288,8 @@ class TorchPrinter(StrPrinter):
         if not self.is_tensor(arg) or not order.is_Integer:
             raise _unsupported(expr, "printing")
         if order == 0:
-            return f"torch.digamma({self._print(arg)})"
-        return f"torch.polygamma({int(order)}, {self._print(arg)})"
+            return f"{functions.by_class(sympy.digamma).torch}({self._print(arg)})"
+        return f"{functions.by_class(sympy.polygamma).torch}({int(order)}, {self._print(arg)})"
 
     def _print_digamma(self, expr: sympy.Basic) -> str:
         return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
@@ -369,10 +325,12 @@ class TorchPrinter(StrPrinter):
         return text
 
     def _print_Max(self, expr: sympy.Max) -> str:
-        return self._minmax(expr, "torch.maximum", "min", "max")
+        function = functions.by_class(sympy.Max)
+        return self._minmax(expr, function.torch, "min", function.math)
 
     def _print_Min(self, expr: sympy.Min) -> str:
-        return self._minmax(expr, "torch.minimum", "max", "min")
+        function = functions.by_class(sympy.Min)
+        return self._minmax(expr, function.torch, "max", function.math)
 
     # -- conditions -------------------------------------------------------------------------------
 

@@ -22,10 +22,11 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain, learnable_init
 from .errors import DerivationError
+from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
-from .stable import expand_kernels, primitives_used, xexpy
+from .stable import expand_kernels, xexpy
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
@@ -151,10 +152,7 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
         tangents.append({"name": tangent, "lines": lines, "value": value})
 
-    has_kinks = any(
-        derivation.forward.has(cls)
-        for cls in (sympy.Abs, sympy.sign, sympy.Heaviside, sympy.Max, sympy.Min, sympy.Piecewise)
-    )
+    has_kinks = any(derivation.forward.has(cls) for cls in (*kink_classes(), sympy.Piecewise))
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
     learnables = [
@@ -269,7 +267,9 @@ def _double_backward_context(
 def _stable_note(derivation: Derivation) -> str:
     if derivation.forward == derivation.parsed.expr:
         return ""
-    used = primitives_used(derivation.forward)
+    # The stable primitives in the forward, sorted by name.
+    kinds = stable_classes()
+    used = sorted({type(e).__name__ for e in sympy.preorder_traversal(derivation.forward) if isinstance(e, kinds)})
     if not used:
         return ""
     return (

@@ -327,16 +327,15 @@ class gelu(StableFunction):  # noqa: N801
 
 # -- derivative kernels ---------------------------------------------------------------------------
 # A derivative that PyTorch computes, multiplied by grad_output, in one fused kernel: the printer turns
-# ``grad * tanh_grad(t)`` into ``torch.ops.aten.tanh_backward(grad, t)`` (one pass instead of three).
-# Each is differentiable again in PyTorch (double backward) and has a vmap rule. The argument is what
-# the kernel takes: the function's output for sigmoid and tanh, its input for gelu.
+# ``grad * tanh_grad(t)`` into ``torch.ops.aten.tanh_backward(grad, t)`` (one pass instead of three; the
+# kernels' names are in the registry, :mod:`.functions`). Each is differentiable again in PyTorch (double
+# backward) and has a vmap rule. The argument is what the kernel takes: the function's output for sigmoid
+# and tanh, its input for gelu.
 
 
 class DerivativeKernel(StableFunction):
-    """A derivative with a fused ``grad * derivative`` kernel in ``torch.ops.aten``."""
-
-    #: The aten kernel, called as ``kernel(grad, arg)``.
-    kernel = ""
+    """A derivative with a fused ``grad * derivative`` kernel in ``torch.ops.aten``, called as
+    ``kernel(grad, arg)``."""
 
     @classmethod
     def expanded(cls, x: sympy.Expr) -> sympy.Expr:
@@ -361,7 +360,6 @@ class sigmoid_grad(DerivativeKernel):  # noqa: N801
     """d sigmoid(u) / du in terms of s = sigmoid(u): s * (1 - s)."""
 
     nargs = 1
-    kernel = "torch.ops.aten.sigmoid_backward"
 
     @classmethod
     def expanded(cls, s):
@@ -377,7 +375,6 @@ class tanh_grad(DerivativeKernel):  # noqa: N801
     """d tanh(u) / du in terms of t = tanh(u): 1 - t**2."""
 
     nargs = 1
-    kernel = "torch.ops.aten.tanh_backward"
 
     @classmethod
     def expanded(cls, t):
@@ -398,18 +395,10 @@ class gelu_grad(DerivativeKernel):  # noqa: N801
     """d gelu(x) / dx = ndtr(x) + x * exp(-x**2 / 2) / sqrt(2 * pi)."""
 
     nargs = 1
-    kernel = "torch.ops.aten.gelu_backward"
 
     @classmethod
     def expanded(cls, x):
         return ndtr(x) + x * sympy.exp(-(x**2) / 2) / sympy.sqrt(2 * sympy.pi)
-
-
-PRIMITIVES: tuple[type[StableFunction], ...] = (
-    softplus, sigmoid, logsigmoid, logaddexp, xlogy, xlog1py, xexpy, kept, erfcx, ndtr, log_ndtr, log_ndtr_grad,
-    log_softplus, logit, silu, gelu,
-)  # fmt: skip
-KERNELS: tuple[type[DerivativeKernel], ...] = (sigmoid_grad, tanh_grad, gelu_grad)
 
 
 def accurate_kernels(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
@@ -441,12 +430,6 @@ def to_literal(expr: sympy.Basic) -> sympy.Basic:
 def expand_kernels(expr: sympy.Basic) -> sympy.Basic:
     """``expr`` with its derivative kernels (tanh_grad, ...) written in the other stable primitives."""
     return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).expanded(*e.args))
-
-
-def primitives_used(expr: sympy.Basic) -> list[str]:
-    """Names of the stable primitives (and log1p, expm1, hypot) in ``expr``, sorted."""
-    kinds = (*PRIMITIVES, log1p, expm1, hypot)
-    return sorted({type(e).__name__ for e in sympy.preorder_traversal(expr) if isinstance(e, kinds)})
 
 
 # -- the rewrites ---------------------------------------------------------------------------------
@@ -973,8 +956,10 @@ def remove_singularities(
 def _elementary(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` with sympy's codegen functions written out (their series are not all right: sympy expands
     x/expm1(x) with a term x**11/12! that x/(exp(x) - 1) does not have)."""
-    return expr.replace(expm1, lambda u: sympy.exp(u) - 1).replace(log1p, lambda u: sympy.log(1 + u)).replace(
-        hypot, lambda a, b: sympy.sqrt(a**2 + b**2)
+    return (
+        expr.replace(expm1, lambda u: sympy.exp(u) - 1)
+        .replace(log1p, lambda u: sympy.log(1 + u))
+        .replace(hypot, lambda a, b: sympy.sqrt(a**2 + b**2))
     )
 
 

@@ -23,10 +23,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from scaffold import generate_op, spec_from_mapping, write_files
+from scaffold import functions, generate_op, spec_from_mapping, write_files
 from scaffold.cli import main
 from scaffold.errors import ScaffoldError, ScaffoldWarning
-from scaffold.expression import FUNCTIONS
 
 from .conftest import run_pytest
 
@@ -121,7 +120,7 @@ def mutated(draw) -> str:
 
 
 ODD_LEAVES = st.sampled_from(["x", "y", "alpha", "n", "flag", "True", "pi", "0", "-1", "64", "1e-300", "2.5"])
-ODD_CALLS = sorted(FUNCTIONS) + ["Piecewise", "unknown"]
+ODD_CALLS = sorted(functions.spellings()) + ["Piecewise", "unknown"]
 ODD_OPERATORS = ["+", "-", "*", "/", "**", "<", ">=", "==", "!=", "&", "|", "and", "or", "%", "//"]
 
 
