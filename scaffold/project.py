@@ -542,4 +542,3 @@ def _safe_path(text: object) -> PurePosixPath:
     if path.is_absolute() or any(part in ("", ".", "..") for part in text.split("/")) or path.parts[0] == RECORDS.name:
         raise ValueError(f"{text!r} is not a path inside the project")
     return path
-
