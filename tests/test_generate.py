@@ -13,7 +13,7 @@ import pytest
 
 from scaffold import generate_op, load_spec, write_files
 
-from .conftest import SPECS, run_pytest
+from .conftest import SPECS, make_spec, run_pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_OPS = ["swish", "quadratic", "smooth_l1"]
@@ -121,3 +121,13 @@ def test_refusing_to_overwrite_names_the_cli_flag_and_the_keyword(tmp_path):
     with pytest.raises(WriteError) as caught:
         write_files({"a.py": "x = 2\n"}, tmp_path)
     assert "--force" in caught.value.hint and "force=True" in caught.value.hint
+
+
+@pytest.mark.parametrize(
+    "forward", ["x / (1 + Abs(x))", "log(x) * sqrt(x)", "Piecewise((x**2 / 2, Abs(x) < 1), (Abs(x) - 1 / 2, True))"]
+)
+def test_a_one_tensor_ops_test_file_is_short(forward):
+    # The checks live in scaffold.testing; the file holds the op's particulars and one line per check.
+    text = generate_op(make_spec("op", forward, {"x": {}}))["test_op.py"]
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) <= 60, text
