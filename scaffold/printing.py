@@ -26,7 +26,7 @@ from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from . import functions, stable
-from .errors import DerivationError
+from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
 
 #: Module aliases the printed code may use, with the import line each needs.
@@ -42,7 +42,7 @@ _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, symp
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
 
 
-def _unsupported(node: sympy.Basic, where: str) -> DerivationError:
+def _unsupported(node: sympy.Basic, where: str | None = None) -> DerivationError:
     if isinstance(node, (sympy.Derivative, sympy.Subs, sympy.Integral)):
         message = f"sympy leaves {sympy.sstr(node)} unevaluated; it has no torch translation"
         hint = "rewrite that part of the forward with functions sympy can differentiate"
@@ -94,10 +94,10 @@ class TorchPrinter(StrPrinter):
         return name
 
     def emptyPrinter(self, expr: object) -> str:
-        raise _unsupported(expr, "printing") if isinstance(expr, sympy.Basic) else TypeError(expr)
+        raise _unsupported(expr) if isinstance(expr, sympy.Basic) else TypeError(expr)
 
     def _print_Basic(self, expr: sympy.Basic) -> str:
-        raise _unsupported(expr, "printing")
+        raise _unsupported(expr)
 
     # -- atoms ------------------------------------------------------------------------------------
 
@@ -238,7 +238,7 @@ class TorchPrinter(StrPrinter):
             reciprocal = function.reciprocal_of(*expr.args, evaluate=False)
             return f"(1 / {self._print(reciprocal)})"
         if function is None or function.torch is None:
-            raise _unsupported(expr, "printing")
+            raise _unsupported(expr)
         if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
             return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
         torch_name, math_name = function.torch, function.math
@@ -258,7 +258,6 @@ class TorchPrinter(StrPrinter):
             raise DerivationError(
                 f"{sympy.sstr(expr)} has only non-tensor arguments and Python's math module has no "
                 f"{type(expr).__name__}",
-                where="printing",
                 hint="declare the argument as a tensor",
             )
         return f"{self._qualified(math_name)}({args})"
@@ -286,7 +285,7 @@ class TorchPrinter(StrPrinter):
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args
         if not self.is_tensor(arg) or not order.is_Integer:
-            raise _unsupported(expr, "printing")
+            raise _unsupported(expr)
         if order == 0:
             return f"{functions.by_class(sympy.digamma).torch}({self._print(arg)})"
         return f"{functions.by_class(sympy.polygamma).torch}({int(order)}, {self._print(arg)})"
@@ -365,7 +364,6 @@ class TorchPrinter(StrPrinter):
         if pairs[-1].cond is not sympy.true:
             raise DerivationError(
                 f"{sympy.sstr(expr)} has no value where none of its conditions hold",
-                where="printing",
                 hint="end the Piecewise with an (expr, True) pair",
             )
         if not self.is_tensor(expr):
@@ -390,7 +388,6 @@ class TorchPrinter(StrPrinter):
             if anchor is None:
                 raise DerivationError(
                     f"{sympy.sstr(expr)} has no float tensor to take its dtype from",
-                    where="printing",
                     hint="this is a bug in scaffold: please report the forward",
                 )
             text = f"{anchor}.new_tensor({text})"
@@ -420,11 +417,7 @@ def print_torch(
     ``bools``: those of ``tensors`` that are bool masks."""
     check_printable(expr, where=where)
     printer = TorchPrinter(tensors, bools)
-    try:
+    # The printer's own errors name the sub-expression; the caller knows which formula it is.
+    with error_context(where):
         text = printer.doprint(expr)
-    except DerivationError as exc:
-        if exc.where == "printing":
-            exc.where = where
-            exc.args = (str(exc),)
-        raise
     return text, frozenset(printer.imports)

@@ -11,7 +11,7 @@ from sympy import Abs, Heaviside, Max, Min, Piecewise, Rational, sign, sqrt
 from sympy.codegen.cfunctions import expm1, hypot, log1p
 
 from scaffold.errors import DerivationError
-from scaffold.printing import print_torch
+from scaffold.printing import TorchPrinter, print_torch
 from scaffold.stable import kept, to_literal
 
 x, y = sympy.symbols("x y", real=True)
@@ -127,3 +127,13 @@ def test_step_selects_rather_than_multiplies():
 def test_untranslatable_nodes_are_named(expr, message):
     with pytest.raises(DerivationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         print_torch(expr, TENSORS, where="test")
+
+
+def test_the_printers_errors_are_reported_where_the_caller_says():
+    # The printer knows the sub-expression, not the formula: print_torch's error context supplies it.
+    incomplete = sympy.Piecewise((x, x > 0), (y, x < -1))
+    with pytest.raises(DerivationError) as raised:
+        TorchPrinter(TENSORS).doprint(incomplete)
+    assert raised.value.where is None
+    with pytest.raises(DerivationError, match=r"^the forward: Piecewise\(.*has no value where none of its conditions"):
+        print_torch(incomplete, TENSORS, where="the forward")
