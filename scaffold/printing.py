@@ -145,42 +145,63 @@ class TorchPrinter(StrPrinter):
         return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
+        """A product: a step selects, a case distinction between numbers scales the rest, a derivative
+        kernel fuses with what it multiplies; anything else is multiplied out."""
+        _, factors = expr.as_coeff_mul()
+        masks = self._dtype_free_factors(factors)
+        steps = [m for m in masks if isinstance(m, sympy.Heaviside) or is_indicator(m)]
+        if steps:
+            return self._mul_selection(expr, steps)
+        cases = [m for m in masks if isinstance(m, sympy.Piecewise)]
+        if len(cases) == 1 and (scaled := self._mul_scaled_cases(expr, cases[0])) is not None:
+            return scaled
+        kernel = next((f for f in factors if isinstance(f, stable.DerivativeKernel) and self.is_tensor(f)), None)
+        if kernel is not None and any(self.is_tensor(f) for f in factors if f is not kernel):
+            return self._mul_fused_kernel(expr, kernel)
+        return self._mul_product(expr, masks)
+
+    def _dtype_free_factors(self, factors: tuple[sympy.Basic, ...]) -> list[sympy.Basic]:
+        """The steps and case distinctions between numbers among ``factors``, where a float tensor
+        multiplies them: printed as a boolean mask or a plain torch.where, since that factor fixes the
+        result's dtype."""
+        masks = [f for f in factors if self._is_dtype_free(f)]
+        return masks if any(self.is_tensor(f) for f in factors if f not in masks) else []
+
+    def _mul_selection(self, expr: sympy.Mul, steps: list[sympy.Basic]) -> str:
+        """A step selects rather than multiplies: where() keeps an overflowing factor it zeroes (exp(x) *
+        (x < 0) at x = 100) from making inf * 0 = nan, and the factor's input is kept where the step is 1,
+        so that its gradient is not 0 * inf = nan either (double backward)."""
+        rest = sympy.Mul(*[f for f in expr.args if f not in steps])
+        conditions = [step_relational(m) for m in steps]
+        if len(conditions) == 1:
+            return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
+        condition = " & ".join(f"({self._print(c)})" for c in conditions)
+        return f"torch.where({condition}, {self._print(rest)}, 0)"
+
+    def _mul_scaled_cases(self, expr: sympy.Mul, case: sympy.Piecewise) -> str | None:
+        """A case distinction between numbers times a tensor, as each case scaling the tensor, so that the
+        numbers keep its dtype (torch.where(c, 1, 0.01) would be float32 next to float64); None where the
+        rest is too costly to print once per case."""
+        others = list(expr.args)
+        others.remove(case)  # by equality: as_coeff_mul may hand out an equal, not the same, object
+        rest = sympy.Mul(*others)
+        if sympy.count_ops(rest) > 2:
+            return None
+        return self._print(sympy.Piecewise(*[(p.expr * rest, p.cond) for p in case.args]))
+
+    def _mul_fused_kernel(self, expr: sympy.Mul, kernel: stable.DerivativeKernel) -> str:
+        """grad * tanh_grad(t) as one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)."""
+        others = list(expr.args)
+        others.remove(kernel)
+        fused = functions.by_class(type(kernel)).kernel
+        return f"{fused}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
+
+    def _mul_product(self, expr: sympy.Mul, masks: list[sympy.Basic]) -> str:
+        """The factors multiplied out: numbers first, then tensors, a denominator for reciprocals, and
+        the ``masks`` last, printed with the product's dtype already fixed by its tensors."""
         coefficient, factors = expr.as_coeff_mul()
         sign = "-" if coefficient.is_negative else ""
         coefficient = abs(coefficient)
-        # A step or a case distinction between numbers, multiplying a float tensor, is printed as a
-        # boolean mask or a plain torch.where: the float factor fixes the result's dtype.
-        masks = [f for f in factors if self._is_dtype_free(f)]
-        if not any(self.is_tensor(f) for f in factors if f not in masks):
-            masks = []
-        steps = [m for m in masks if isinstance(m, sympy.Heaviside) or is_indicator(m)]
-        if steps:
-            # A step selects rather than multiplies: where() keeps an overflowing factor it zeroes
-            # (exp(x) * (x < 0) at x = 100) from making inf * 0 = nan, and the factor's input is kept
-            # where the step is 1, so that its gradient is not 0 * inf = nan either (double backward).
-            rest = sympy.Mul(*[f for f in expr.args if f not in steps])
-            conditions = [step_relational(m) for m in steps]
-            if len(conditions) == 1:
-                return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
-            condition = " & ".join(f"({self._print(c)})" for c in conditions)
-            return f"torch.where({condition}, {self._print(rest)}, 0)"
-        cases = [m for m in masks if isinstance(m, sympy.Piecewise)]
-        if len(cases) == 1:
-            # A case distinction between numbers times a tensor: each case scales the tensor, so that
-            # the numbers keep its dtype (torch.where(c, 1, 0.01) would be float32 next to float64).
-            (case,) = cases
-            others = list(expr.args)
-            others.remove(case)  # by equality: as_coeff_mul may hand out an equal, not the same, object
-            rest = sympy.Mul(*others)
-            if sympy.count_ops(rest) <= 2:  # cheap enough to print once per case
-                return self._print(sympy.Piecewise(*[(p.expr * rest, p.cond) for p in case.args]))
-        kernel = next((f for f in factors if isinstance(f, stable.DerivativeKernel) and self.is_tensor(f)), None)
-        if kernel is not None and any(self.is_tensor(f) for f in factors if f is not kernel):
-            # grad * tanh_grad(t) is one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)
-            others = list(expr.args)
-            others.remove(kernel)
-            fused = functions.by_class(type(kernel)).kernel
-            return f"{fused}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
         numerator: list[str] = []
         denominator: list[str] = []
         scalars = [f for f in factors if f not in masks and not self.is_tensor(f)]
@@ -209,9 +230,10 @@ class TorchPrinter(StrPrinter):
                 denominator.append(self.parenthesize(inverse, prec, strict=True))
             else:
                 numerator.append(self.parenthesize(factor, prec))
+        # The masks' case distinctions need no dtype anchor of their own: the product's tensors fix it.
         self._dtype_anchored, anchored = bool(masks), self._dtype_anchored
         try:
-            numerator += [self._print(m) for m in masks]  # case distinctions between numbers
+            numerator += [self._print(m) for m in masks]
         finally:
             self._dtype_anchored = anchored
         text = " * ".join(numerator) or "1"
