@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from ._version import __version__
 from .api import generate_op
 from .errors import SpecError, WriteError
+from .formatting import format_source
 from .limits import TIME_LIMIT
 from .merge import merge3
 from .project import (
@@ -174,14 +175,16 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
 
 def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[PurePosixPath, str]:
     # The project's conftest.py shares a `device` fixture (the template's does); without one, the test
-    # file defines its own.
+    # file defines its own. The files are formatted with the project's own ruff settings.
+    places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
     files = generate_op(
         spec,
         module_import=project.module_import(spec.name),
         shared_device_fixture=project.has_device_fixture(),
         time_limit=time_limit,
+        project_root=project.root,
+        paths=places,
     )
-    places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
     return {places[name]: text for name, text in files.items()}
 
 
@@ -235,7 +238,8 @@ def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PureP
     recorded = [n for n in project.recorded_names() if project.read(project.module_path(n)) is not None]
     names = sorted(set(recorded) | set(generated))
     init = project.read(project.init_path) or ""
-    block = exports_block(names, {n: camel_case(n) for n in names})
+    # Formatted like the generated files, so that ruff leaves the export block as scaffold wrote it.
+    block = format_source(exports_block(names, {n: camel_case(n) for n in names}), project.init_path, root=project.root)
     exported = with_exports(init, block, where=str(project.init_path))
     changes.append(FileChange(project.init_path, init, exported, "unchanged" if exported == init else "updated"))
     return changes

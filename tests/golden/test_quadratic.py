@@ -269,9 +269,7 @@ def float32_rounding(columns):
 @pytest.fixture(
     params=[
         "cpu",
-        pytest.param(
-            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-        ),
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")),
     ]
 )
 def device(request):
@@ -307,9 +305,7 @@ def test_matches_autograd_reference(device):
     expected_grads = reference_grads(expected, inputs, grad_output)
     for name, tensor, grad, expected_grad in zip(TENSORS, inputs, grads, expected_grads):
         assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
-        torch.testing.assert_close(
-            grad, expected_grad, **CLOSE, msg=lambda m, name=name: f"gradient of {name}: {m}"
-        )
+        torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
 @pytest.mark.parametrize("index", range(len(TENSORS)), ids=TENSORS)
@@ -420,7 +416,12 @@ def test_module(device):
     module = Quadratic().to(device=device, dtype=torch.float64)
     inputs = make_inputs(device)
     out = module(inputs[0], inputs[1], inputs[2], inputs[3])
-    args = [inputs[0], inputs[1], inputs[2], inputs[3], ]
+    args = [
+        inputs[0],
+        inputs[1],
+        inputs[2],
+        inputs[3],
+    ]
     torch.testing.assert_close(out, reference(*args, *SCALARS), **CLOSE)
     out.sum().backward()
     assert all(inputs[i].grad is not None for i in [0, 1, 2, 3])

@@ -264,9 +264,7 @@ def float32_rounding(columns):
 @pytest.fixture(
     params=[
         "cpu",
-        pytest.param(
-            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
-        ),
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")),
     ]
 )
 def device(request):
@@ -302,9 +300,7 @@ def test_matches_autograd_reference(device):
     expected_grads = reference_grads(expected, inputs, grad_output)
     for name, tensor, grad, expected_grad in zip(TENSORS, inputs, grads, expected_grads):
         assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
-        torch.testing.assert_close(
-            grad, expected_grad, **CLOSE, msg=lambda m, name=name: f"gradient of {name}: {m}"
-        )
+        torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, name=name: f"gradient of {name}: {m}")
 
 
 @pytest.mark.parametrize("index", range(len(TENSORS)), ids=TENSORS)
@@ -425,7 +421,10 @@ def test_module(device):
     with torch.no_grad():
         module.beta.copy_(inputs[1])
     out = module(inputs[0])
-    args = [inputs[0], module.beta, ]
+    args = [
+        inputs[0],
+        module.beta,
+    ]
     torch.testing.assert_close(out, reference(*args, *SCALARS), **CLOSE)
     out.sum().backward()
     for name, parameter in module.named_parameters():
