@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from ._version import __version__
 from .api import generate_op
 from .errors import SpecError, WriteError
-from .formatting import format_source
+from .formatting import format_source, ruff_version
 from .limits import TIME_LIMIT
 from .merge import merge3
 from .project import (
@@ -138,7 +138,7 @@ def update_changes(
         label = f"scaffold {__version__} ({project.spec_path(name)})"
         for path, text in files.items():
             base = record.files.get(path) if record is not None else None
-            changes.append(_merge(project, path, base, text, label))
+            changes.append(_merge(project, path, _bases(project, record, path, base), text, label))
         generated[name] = (spec, files)
     return changes + _bookkeeping(project, generated)
 
@@ -188,24 +188,43 @@ def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[
     return {places[name]: text for name, text in files.items()}
 
 
+def _bases(project: Project, record: Record | None, path: PurePosixPath, base: str | None) -> list[str]:
+    """The bases to merge ``path`` against, best first: none without a record of the last generation.
+
+    A base formatted by another ruff than today's (or, from before scaffold formatted its output, by
+    none) is re-formatted with today's first, so that the new ruff's changes to lines nobody touched are
+    not taken for the user's edits: that is right when the user's file went through today's ruff too.
+    The stored base stays second: right when the user's file is still as the older ruff left it.
+    """
+    if base is None or record is None:
+        return []
+    if record.ruff == ruff_version():
+        return [base]
+    modules = {project.module_import(record.op): project.module_path(record.op)}
+    reformatted = format_source(base, path, root=project.root, modules=modules)
+    return [reformatted, base] if reformatted != base else [base]
+
+
 def _replace(project: Project, path: PurePosixPath, text: str, *, record: bool = False) -> FileChange:
     old = project.read(path)
     status = "created" if old is None else "unchanged" if old == text else "overwritten" if not record else "updated"
     return FileChange(path, old, text, status, record=record)
 
 
-def _merge(project: Project, path: PurePosixPath, base: str | None, theirs: str, label: str) -> FileChange:
+def _merge(project: Project, path: PurePosixPath, bases: list[str], theirs: str, label: str) -> FileChange:
+    """Merge ``theirs`` into the user's file against ``bases`` (best first; the one with fewest conflicts wins)."""
     ours = project.read(path)
     if ours is None:
         return FileChange(path, None, theirs, "created")
     _refuse_unresolved(path, ours)
     if ours == theirs:
         return FileChange(path, ours, theirs, "unchanged")
-    if ours == base:
+    if ours in bases:
         return FileChange(path, ours, theirs, "updated")
-    # Without a record of the last generation (base None) every difference is a conflict: nothing is
+    # Without a record of the last generation (no base) every difference is a conflict: nothing is
     # assumed about which side is newer.
-    merged = merge3(base or "", ours, theirs, ours_label="yours", theirs_label=label)
+    merges = [merge3(base, ours, theirs, ours_label="yours", theirs_label=label) for base in bases or [""]]
+    merged = min(merges, key=lambda m: m.conflicts)
     status = "conflict" if not merged.clean else "unchanged" if merged.text == ours else "merged"
     return FileChange(path, ours, merged.text, status, conflicts=merged.conflicts)
 

@@ -13,7 +13,8 @@ For an op NAME it holds:
     tests/test_NAME.py           its tests, yours to edit
     src/<package>/__init__.py    re-exports every op, between two marker lines scaffold rewrites
     .scaffold/NAME/              the record of the last generation: what it wrote, byte for byte, the
-                                 spec it used and scaffold's version; the base of the next three-way update
+                                 spec it used, scaffold's version and the version of the ruff that
+                                 formatted it; the base of the next three-way update
 
 This module knows the layout and reads and writes records; it never decides what to generate.
 """
@@ -28,6 +29,7 @@ from pathlib import Path, PurePosixPath
 
 from ._version import __version__
 from .errors import SpecError, WriteError
+from .formatting import ruff_version
 from .spec import OpSpec, check_identifier, load_spec
 
 if sys.version_info >= (3, 11):
@@ -51,9 +53,10 @@ _EXPORTS_COMMENT = (
 RECORDS_README = """\
 # .scaffold
 
-What `scaffold` generated last for each op of this project, byte for byte, with the spec it used and
-scaffold's version (`NAME/record.toml`). `scaffold update` merges three ways: this last generation (the
-base), your files now, and the new generation; that is how it keeps your edits.
+What `scaffold` generated last for each op of this project, byte for byte, with the spec it used,
+scaffold's version and the version of the ruff that formatted it (`NAME/record.toml`). `scaffold update`
+merges three ways: this last generation (the base), your files now, and the new generation; that is how it
+keeps your edits.
 
 Commit this folder with the code. Do not edit it: scaffold rewrites it on every `new op` and `update`.
 """
@@ -196,6 +199,8 @@ class Record:
     version: str
     spec: str
     files: dict[PurePosixPath, str]
+    #: The ruff that formatted ``files``; None in records from before scaffold formatted its output.
+    ruff: str | None = None
 
 
 def read_record(project: Project, name: str) -> Record | None:
@@ -207,6 +212,9 @@ def read_record(project: Project, name: str) -> Record | None:
     try:
         data = tomllib.loads(text)
         version = data["scaffold"]
+        ruff = data.get("ruff")
+        if ruff is not None and not isinstance(ruff, str):
+            raise TypeError(f"ruff must be a version string, not {ruff!r}")
         stored = {PurePosixPath(path): folder / base for path, base in data["files"].items()}
         spec_text = project.read(folder / data["spec"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -225,7 +233,7 @@ def read_record(project: Project, name: str) -> Record | None:
                 hint=f"restore it from version control, or delete {folder} to merge without a base",
             )
         files[path] = base_text
-    return Record(op=name, version=version, spec=spec_text or "", files=files)
+    return Record(op=name, version=version, spec=spec_text or "", files=files, ruff=ruff)
 
 
 def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
@@ -236,6 +244,7 @@ def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
         "# Written by scaffold; commit it with the code, do not edit it.",
         f'op = "{record.op}"',
         f'scaffold = "{record.version}"',
+        *([f'ruff = "{record.ruff}"'] if record.ruff is not None else []),
         f'spec = "{RECORD_SPEC}"',
         "",
         "[files]",
@@ -248,7 +257,8 @@ def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
 
 
 def new_record(name: str, spec_text: str, files: dict[PurePosixPath, str]) -> Record:
-    return Record(op=name, version=__version__, spec=spec_text, files=dict(files))
+    """The record of files generated now: formatted by today's ruff."""
+    return Record(op=name, version=__version__, spec=spec_text, files=dict(files), ruff=ruff_version())
 
 
 # --- the package's exports -------------------------------------------------------------------------
