@@ -44,22 +44,18 @@ FIXES = ("I", "RUF022")
 _INSTALL = f"install it with `python -m pip install ruff=={RUFF_VERSION}`"
 
 
-def ruff_binary() -> str:
-    """The path of the ruff executable that ruff's Python package installed."""
+def ruff_binary(where: str | None = None) -> str:
+    """The path of the ruff executable that ruff's Python package installed (``where``: for messages)."""
     try:
         from ruff.__main__ import find_ruff_bin
     except ImportError:
-        raise FormatError(
-            "ruff, which formats the generated code, is not installed",
-            where="scaffold.formatting",
-            hint=_INSTALL,
-        ) from None
+        raise FormatError("ruff, which formats generated code, is not installed", where=where, hint=_INSTALL) from None
     try:
         return find_ruff_bin()
     except FileNotFoundError:  # ruff's RuffNotFound
         raise FormatError(
-            "ruff's Python package is installed but its ruff executable is missing",
-            where="scaffold.formatting",
+            "ruff, which formats generated code, is installed without its ruff executable",
+            where=where,
             hint=f"reinstall it with `python -m pip install --force-reinstall ruff=={RUFF_VERSION}`",
         ) from None
 
@@ -102,9 +98,9 @@ def format_source(
     project's settings sort it once the module exists (ruff looks for a first-party module's file).
     Raises :class:`FormatError` if ruff is missing, is not the pinned version or fails.
     """
-    binary = ruff_binary()
-    _checked_version(binary)
     path = PurePath(path)
+    binary = ruff_binary(where=str(path))
+    _checked_version(binary)
     modules = {name: file for name, file in (modules or {}).items() if name in source}
     with tempfile.TemporaryDirectory(prefix="scaffold-ruff-") as shadow:
         if root is None:
@@ -183,7 +179,7 @@ def _run(command: list[str], source: str, path: PurePath, root: str | Path | Non
         raise FormatError(f"cannot run ruff to {what} the generated {path}: {exc}", where=command[0]) from None
     if result.returncode == 0:
         return result.stdout
-    message = " ".join(result.stderr.strip().splitlines()[:3]) or f"exit status {result.returncode}"
+    message = _ruff_message(result.stderr) or f"exit status {result.returncode}"
     if root is None:
         raise FormatError(
             f"ruff could not {what} the generated {path}: {message}",
@@ -196,3 +192,11 @@ def _run(command: list[str], source: str, path: PurePath, root: str | Path | Non
         hint="check the project's ruff settings (pyproject.toml [tool.ruff], ruff.toml): `ruff format` should "
         "run in the project; if it does, this is a bug in scaffold: please report this",
     )
+
+
+def _ruff_message(stderr: str) -> str:
+    """Ruff's error output on one line: its causes and its last word, without the code frames."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    kept = [line.removeprefix("Cause: ") for line in lines if line and line != "ruff failed"]
+    kept = [line for line in kept if not re.match(r"^(\d+ )?\s*\|", line)]
+    return "; ".join(kept[:6])
