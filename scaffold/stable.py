@@ -973,8 +973,10 @@ def remove_singularities(
 def _elementary(expr: sympy.Expr) -> sympy.Expr:
     """``expr`` with sympy's codegen functions written out (their series are not all right: sympy expands
     x/expm1(x) with a term x**11/12! that x/(exp(x) - 1) does not have)."""
-    return expr.replace(expm1, lambda u: sympy.exp(u) - 1).replace(log1p, lambda u: sympy.log(1 + u)).replace(
-        hypot, lambda a, b: sympy.sqrt(a**2 + b**2)
+    return (
+        expr.replace(expm1, lambda u: sympy.exp(u) - 1)
+        .replace(log1p, lambda u: sympy.log(1 + u))
+        .replace(hypot, lambda a, b: sympy.sqrt(a**2 + b**2))
     )
 
 
