@@ -257,8 +257,10 @@ def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PureP
     recorded = [n for n in project.recorded_names() if project.read(project.module_path(n)) is not None]
     names = sorted(set(recorded) | set(generated))
     init = project.read(project.init_path) or ""
-    # Formatted like the generated files, so that ruff leaves the export block as scaffold wrote it.
-    block = format_source(exports_block(names, {n: camel_case(n) for n in names}), project.init_path, root=project.root)
+    # Formatted like the generated files, so that ruff leaves the export block as scaffold wrote it; not
+    # I002, which would put the project's required imports (from __future__ ...) into the block.
+    block = exports_block(names, {n: camel_case(n) for n in names})
+    block = format_source(block, project.init_path, root=project.root, fixes=("I001", "RUF022"))
     exported = with_exports(init, block, where=str(project.init_path))
     changes.append(FileChange(project.init_path, init, exported, "unchanged" if exported == init else "updated"))
     return changes

@@ -29,7 +29,7 @@ import json
 import re
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath
 
 from .errors import FormatError
@@ -88,6 +88,7 @@ def format_source(
     *,
     root: str | Path | None = None,
     modules: Mapping[str, str | PurePath] | None = None,
+    fixes: Sequence[str] = FIXES,
 ) -> str:
     """``source``, the generated file ``path``, formatted and with its imports sorted.
 
@@ -96,6 +97,7 @@ def format_source(
     path, relative to ``root`` in a project): imports of them are sorted as they will be once the files are
     written: a first-party import standalone (the module lies beside the file); in a project, as the
     project's settings sort it once the module exists (ruff looks for a first-party module's file).
+    ``fixes`` are the rules whose fixes apply after formatting (:data:`FIXES`).
     Raises :class:`FormatError` if ruff is missing, is not the pinned version or fails.
     """
     path = PurePath(path)
@@ -120,7 +122,7 @@ def format_source(
             cwd = Path(root)
             settings = ["--force-exclude", *_future_modules(binary, cwd, path, modules, Path(shadow))]
         fmt = [binary, "format", "--no-cache", *settings, "--stdin-filename", str(path), "-"]
-        sort = [binary, "check", "--no-cache", *settings, "--fix", "--exit-zero", "--select", ",".join(FIXES)]
+        sort = [binary, "check", "--no-cache", *settings, "--fix", "--exit-zero", "--select", ",".join(fixes)]
         sort += ["--stdin-filename", str(path), "-"]
         text = _run(fmt, source, path, root, cwd, "format")
         sorted_text = _run(sort, text, path, root, cwd, "sort the imports of")
