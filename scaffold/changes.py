@@ -19,7 +19,7 @@ from .api import generate_op
 from .errors import SpecError, WriteError
 from .formatting import format_source, ruff_version
 from .limits import TIME_LIMIT
-from .merge import merge3
+from .merge import changed_lines, merge3
 from .project import (
     Project,
     Record,
@@ -194,7 +194,8 @@ def _bases(project: Project, record: Record | None, path: PurePosixPath, base: s
     A base formatted by another ruff than today's (or, from before scaffold formatted its output, by
     none) is re-formatted with today's first, so that the new ruff's changes to lines nobody touched are
     not taken for the user's edits: that is right when the user's file went through today's ruff too.
-    The stored base stays second: right when the user's file is still as the older ruff left it.
+    The stored base stays second: right when the user's file is still as the older ruff left it
+    (:func:`_merge` takes the one that merges with fewer conflicts, or is nearer the user's file).
     """
     if base is None or record is None:
         return []
@@ -212,7 +213,11 @@ def _replace(project: Project, path: PurePosixPath, text: str, *, record: bool =
 
 
 def _merge(project: Project, path: PurePosixPath, bases: list[str], theirs: str, label: str) -> FileChange:
-    """Merge ``theirs`` into the user's file against ``bases`` (best first; the one with fewest conflicts wins)."""
+    """Merge ``theirs`` into the user's file against ``bases``.
+
+    Of several bases, the merge with fewest conflicts wins; among those, the base nearest the user's file
+    (the one it was made from: its other differences are the user's edits), then the first.
+    """
     ours = project.read(path)
     if ours is None:
         return FileChange(path, None, theirs, "created")
@@ -224,7 +229,11 @@ def _merge(project: Project, path: PurePosixPath, bases: list[str], theirs: str,
     # Without a record of the last generation (no base) every difference is a conflict: nothing is
     # assumed about which side is newer.
     merges = [merge3(base, ours, theirs, ours_label="yours", theirs_label=label) for base in bases or [""]]
-    merged = min(merges, key=lambda m: m.conflicts)
+    if len(merges) == 1:
+        merged = merges[0]
+    else:
+        ranks = [(m.conflicts, changed_lines(base, ours), i) for i, (m, base) in enumerate(zip(merges, bases))]
+        merged = merges[min(ranks)[2]]
     status = "conflict" if not merged.clean else "unchanged" if merged.text == ours else "merged"
     return FileChange(path, ours, merged.text, status, conflicts=merged.conflicts)
 

@@ -378,19 +378,27 @@ def test_update_after_ruff_over_the_whole_project_is_clean(project, scaffold):
     assert "return x * torch.sigmoid(beta * x) + x / 8" in (project / "src/demo_ops/ops/swish.py").read_text()
 
 
-FORMATTED = "return x * torch.sigmoid(beta * x)\n"
-OLD_STYLE = "return x*torch.sigmoid(beta*x)\n"  # how an older ruff (or none) is made to have left the line
+# A line as today's ruff formats it, and as an older ruff (or none) is made to have left it: one the spec
+# change below rewrites, and one it leaves alone.
+OLD_STYLES = {
+    "changed line": ("return x * torch.sigmoid(beta * x)\n", "return x*torch.sigmoid(beta*x)\n"),
+    "unchanged line": ("ctx.x_shape = x.shape\n", "ctx.x_shape=x.shape\n"),
+}
 
 
+@pytest.mark.parametrize("line", OLD_STYLES)
 @pytest.mark.parametrize("recorded", ['ruff = "0.0.1"\n', None], ids=["older ruff", "record without ruff"])
 @pytest.mark.parametrize("users_file", ["formatted by today's ruff", "as the older ruff left it"])
-def test_a_base_formatted_by_another_ruff_is_reformatted_before_the_merge(project, scaffold, recorded, users_file):
+def test_a_base_formatted_by_another_ruff_is_reformatted_before_the_merge(
+    project, scaffold, recorded, users_file, line
+):
     module = project / "src/demo_ops/ops/swish.py"
     record = project / ".scaffold/swish/record.toml"
     base = project / ".scaffold/swish/swish.py.base"
-    assert FORMATTED in module.read_text() and base.read_text() == module.read_text()
+    formatted, old_style = OLD_STYLES[line]
+    assert module.read_text().count(formatted) == 1 and base.read_text() == module.read_text()
     assert 'ruff = "0.17.6"\n' in record.read_text()
-    base.write_text(base.read_text().replace(FORMATTED, OLD_STYLE))
+    base.write_text(base.read_text().replace(formatted, old_style))
     record.write_text(record.read_text().replace('ruff = "0.17.6"\n', recorded or ""))
     if users_file == "as the older ruff left it":
         module.write_text(base.read_text() + HELPER)
