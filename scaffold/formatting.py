@@ -68,7 +68,7 @@ def ruff_version() -> str:
 @functools.cache
 def _checked_version(binary: str) -> str:
     try:
-        result = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+        result = subprocess.run([binary, "--version"], capture_output=True, text=True, encoding="utf-8", timeout=60)
     except OSError as exc:
         raise FormatError(f"cannot run ruff: {exc}", where=binary, hint=_INSTALL) from None
     version = result.stdout.strip().removeprefix("ruff ").split(" ")[0]
@@ -165,7 +165,7 @@ def _source_roots(binary: str, root: Path, path: PurePath) -> list[str]:
         folder = folder.parent
     command = [binary, "check", "--no-cache", "--force-exclude", "--show-settings", str(folder)]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, cwd=root, timeout=60)
+        result = subprocess.run(command, capture_output=True, text=True, encoding="utf-8", cwd=root, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return []
     found = re.search(r"^linter\.src = \[\n(.*?)^\]", result.stdout, re.MULTILINE | re.DOTALL)
@@ -176,7 +176,9 @@ def _source_roots(binary: str, root: Path, path: PurePath) -> list[str]:
 
 def _run(command: list[str], source: str, path: PurePath, root: str | Path | None, cwd: Path | None, what: str) -> str:
     try:
-        result = subprocess.run(command, input=source, capture_output=True, text=True, cwd=cwd, timeout=60)
+        result = subprocess.run(
+            command, input=source, capture_output=True, text=True, encoding="utf-8", cwd=cwd, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise FormatError(f"cannot run ruff to {what} the generated {path}: {exc}", where=command[0]) from None
     if result.returncode == 0:

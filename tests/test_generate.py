@@ -14,7 +14,7 @@ import pytest
 from scaffold import generate_op, load_spec, write_files
 from scaffold.formatting import format_source
 
-from .conftest import SPECS, run_pytest
+from .conftest import SPECS, make_spec, run_pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_OPS = ["swish", "quadratic", "smooth_l1"]
@@ -139,3 +139,13 @@ def test_refusing_to_overwrite_names_the_cli_flag_and_the_keyword(tmp_path):
     with pytest.raises(WriteError) as caught:
         write_files({"a.py": "x = 2\n"}, tmp_path)
     assert "--force" in caught.value.hint and "force=True" in caught.value.hint
+
+
+def test_text_reaches_ruff_and_back_as_utf8_whatever_the_locale(monkeypatch):
+    import locale
+
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "ascii")
+    monkeypatch.setattr(locale, "getencoding", lambda: "ascii", raising=False)
+    spec = make_spec("double", "2 * x", doc="Doubles x: «exactly» 2·x ≤ ∞.")
+    files = generate_op(spec, time_limit=None)
+    assert "Doubles x: «exactly» 2·x ≤ ∞." in files["double.py"]
