@@ -84,7 +84,7 @@ MUTATIONS = {
     ),
     "wrong_value_in_far_branch": (
         "wing_loss",
-        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\)", "math.log(tmp0 * w + 1) - 2 * w)"),
+        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\b", "math.log(tmp0 * w + 1) - 2 * w"),
     ),
 }
 # Cases that only one generated test can catch.
