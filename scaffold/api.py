@@ -1,14 +1,16 @@
 """The library entry points: one call per pipeline run, for the CLI and for other tools.
 
 spec = load_spec("swish.toml")           # or spec_from_flags(...)
-files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory
+files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory, formatted
 write_files(files, "ops/")               # atomic, refuses to clobber without force=True
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path, PurePath
 
 from .derivation import Derivation, derive
 from .domain import InputDomain, infer_domains
@@ -46,6 +48,8 @@ def generate_op(
     shared_device_fixture: bool = False,
     testing_module: str = TESTING_MODULE,
     time_limit: float | None = TIME_LIMIT,
+    project_root: str | Path | None = None,
+    paths: Mapping[str, str | PurePath] | None = None,
 ) -> dict[str, str]:
     """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ...}``; nothing is written.
 
@@ -54,8 +58,12 @@ def generate_op(
     fixture from a conftest.py (as in a project) instead of defining its own; ``testing_module`` is the
     test library it imports (scaffold.testing, or a project's copy of it). The symbolic work runs in
     a worker process that is stopped after ``time_limit`` seconds (None: in this process, no limit).
+
+    The files are formatted by the pinned ruff (:mod:`scaffold.formatting`): with the settings of the
+    project at ``project_root``, where ``paths`` maps each file's name to its path relative to the root,
+    or, without a project, in scaffold's own style.
     """
-    args = (spec, module_import, shared_device_fixture, testing_module)
+    args = (spec, module_import, shared_device_fixture, testing_module, project_root, paths)
     where = f"{spec.source}: forward"
     if time_limit is None:
         files, notes = _generate(*args)
@@ -67,7 +75,12 @@ def generate_op(
 
 
 def _generate(
-    spec: OpSpec, module_import: str | None, shared_device_fixture: bool, testing_module: str
+    spec: OpSpec,
+    module_import: str | None,
+    shared_device_fixture: bool,
+    testing_module: str,
+    project_root: str | Path | None,
+    paths: Mapping[str, str | PurePath] | None,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
     files = render_op(
@@ -78,5 +91,7 @@ def _generate(
         module_import=module_import,
         shared_device_fixture=shared_device_fixture,
         testing_module=testing_module,
+        project_root=project_root,
+        paths=paths,
     )
     return files, op.derivation.warnings

@@ -20,8 +20,9 @@ from pathlib import Path, PurePosixPath
 from ._version import __version__
 from .api import generate_op
 from .errors import SpecError, WriteError
+from .formatting import format_source, ruff_version
 from .limits import TIME_LIMIT
-from .merge import merge3
+from .merge import changed_lines, merge3
 from .project import (
     ANSWERS_FILE,
     TEMPLATE_RECORD,
@@ -155,7 +156,7 @@ def update_changes(
         label = f"scaffold {__version__} ({project.spec_path(name)})"
         for path, text in files.items():
             base = record.files.get(path) if record is not None else None
-            changes.append(_merge(project, path, base, text, label))
+            changes.append(_merge(project, path, _bases(project, record, path, base), text, label))
         generated[name] = (spec, files)
     return changes + _bookkeeping(project, generated)
 
@@ -195,7 +196,7 @@ def template_update_changes(
             continue
         if path == project.init_path and ours is not None:
             base, theirs = _with_exports_of(ours, base), _with_exports_of(ours, theirs)
-        changes.append(_merge(project, path, base, theirs, label))
+        changes.append(_merge(project, path, [] if base is None else [base], theirs, label))
     for path in record.files if record is not None else ():
         ours = project.read(path)
         if path not in render and ours is not None:
@@ -272,16 +273,36 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
 
 def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[PurePosixPath, str]:
     # The project's conftest.py shares a `device` fixture (the template's does); without one, the test
-    # file defines its own.
+    # file defines its own. The files are formatted with the project's own ruff settings.
+    places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
     files = generate_op(
         spec,
         module_import=project.module_import(spec.name),
         shared_device_fixture=project.has_device_fixture(),
         testing_module=TESTING_MODULE,
         time_limit=time_limit,
+        project_root=project.root,
+        paths=places,
     )
-    places = {f"{spec.name}.py": project.module_path(spec.name), f"test_{spec.name}.py": project.test_path(spec.name)}
     return {places[name]: text for name, text in files.items()}
+
+
+def _bases(project: Project, record: Record | None, path: PurePosixPath, base: str | None) -> list[str]:
+    """The bases to merge ``path`` against, best first: none without a record of the last generation.
+
+    A base formatted by another ruff than today's (or, from before scaffold formatted its output, by
+    none) is re-formatted with today's first, so that the new ruff's changes to lines nobody touched are
+    not taken for the user's edits: that is right when the user's file went through today's ruff too.
+    The stored base stays second: right when the user's file is still as the older ruff left it
+    (:func:`_merge` takes the one that merges with fewer conflicts, or is nearer the user's file).
+    """
+    if base is None or record is None:
+        return []
+    if record.ruff == ruff_version():
+        return [base]
+    modules = {project.module_import(record.op): project.module_path(record.op)}
+    reformatted = format_source(base, path, root=project.root, modules=modules)
+    return [reformatted, base] if reformatted != base else [base]
 
 
 def _replace(project: Project, path: PurePosixPath, text: str, *, record: bool = False) -> FileChange:
@@ -290,18 +311,28 @@ def _replace(project: Project, path: PurePosixPath, text: str, *, record: bool =
     return FileChange(path, old, text, status, record=record)
 
 
-def _merge(project: Project, path: PurePosixPath, base: str | None, theirs: str, label: str) -> FileChange:
+def _merge(project: Project, path: PurePosixPath, bases: list[str], theirs: str, label: str) -> FileChange:
+    """Merge ``theirs`` into the user's file against ``bases``.
+
+    Of several bases, the merge with fewest conflicts wins; among those, the base nearest the user's file
+    (the one it was made from: its other differences are the user's edits), then the first.
+    """
     ours = project.read(path)
     if ours is None:
         return FileChange(path, None, theirs, "created")
     _refuse_unresolved(path, ours)
     if ours == theirs:
         return FileChange(path, ours, theirs, "unchanged")
-    if ours == base:
+    if ours in bases:
         return FileChange(path, ours, theirs, "updated")
-    # Without a record of the last generation (base None) every difference is a conflict: nothing is
+    # Without a record of the last generation (no base) every difference is a conflict: nothing is
     # assumed about which side is newer.
-    merged = merge3(base or "", ours, theirs, ours_label="yours", theirs_label=label)
+    merges = [merge3(base, ours, theirs, ours_label="yours", theirs_label=label) for base in bases or [""]]
+    if len(merges) == 1:
+        merged = merges[0]
+    else:
+        ranks = [(m.conflicts, changed_lines(base, ours), i) for i, (m, base) in enumerate(zip(merges, bases))]
+        merged = merges[min(ranks)[2]]
     status = "conflict" if not merged.clean else "unchanged" if merged.text == ours else "merged"
     return FileChange(path, ours, merged.text, status, conflicts=merged.conflicts)
 
@@ -328,9 +359,11 @@ def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PureP
     for name, (spec, files) in generated.items():
         record: Record = new_record(name, spec_to_toml(spec), files)
         records.update(record_files(project, record))
-    # The project's copy of scaffold's test library, merged like an op's files (the user may edit it).
-    library = testing_library()
-    changes.append(_merge(project, TESTING_PATH, project.read(TESTING_BASE), library, f"scaffold {__version__}"))
+    # The project's copy of scaffold's test library, formatted and merged like an op's files (the user may
+    # edit it, or run ruff over it).
+    library = format_source(testing_library(), TESTING_PATH, root=project.root)
+    base = project.read(TESTING_BASE)
+    changes.append(_merge(project, TESTING_PATH, [] if base is None else [base], library, f"scaffold {__version__}"))
     records[TESTING_BASE] = library
     changes += [_replace(project, path, text, record=True) for path, text in records.items()]
     if project.read(project.ops_init_path) is None:
@@ -339,7 +372,10 @@ def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PureP
     recorded = [n for n in project.recorded_names() if project.read(project.module_path(n)) is not None]
     names = sorted(set(recorded) | set(generated))
     init = project.read(project.init_path) or ""
+    # Formatted like the generated files, so that ruff leaves the export block as scaffold wrote it; not
+    # I002, which would put the project's required imports (from __future__ ...) into the block.
     block = exports_block(names, {n: camel_case(n) for n in names})
+    block = format_source(block, project.init_path, root=project.root, fixes=("I001", "RUF022"))
     exported = with_exports(init, block, where=str(project.init_path))
     changes.append(FileChange(project.init_path, init, exported, "unchanged" if exported == init else "updated"))
     return changes

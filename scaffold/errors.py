@@ -78,3 +78,7 @@ def _rebuild(
 
 class BenchError(ScaffoldError):
     """A benchmark cannot run as asked (no such device, dtype or native op)."""
+
+
+class FormatError(ScaffoldError):
+    """Generated code cannot be formatted: ruff is missing, not the pinned version, or fails."""

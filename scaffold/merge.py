@@ -69,6 +69,13 @@ def merge3(
     return MergeResult("".join(out), conflicts)
 
 
+def changed_lines(a: str, b: str) -> int:
+    """How many lines a two-way diff of ``a`` and ``b`` changes: lines of either that it does not match."""
+    la, lb = _lines(a), _lines(b)
+    matched = sum(n for _, _, n in _matching_blocks(la, lb))
+    return len(la) + len(lb) - 2 * matched
+
+
 def _lines(text: str) -> list[str]:
     """Split after each ``\\n``; a last line without one is kept as it is (``"".join`` gives ``text`` back)."""
     lines = [line + "\n" for line in text.split("\n")]

@@ -13,7 +13,8 @@ For an op NAME it holds:
     tests/test_NAME.py           its tests, yours to edit
     src/<package>/__init__.py    re-exports every op, between two marker lines scaffold rewrites
     .scaffold/NAME/              the record of the last generation: what it wrote, byte for byte, the
-                                 spec it used and scaffold's version; the base of the next three-way update
+                                 spec it used, scaffold's version and the version of the ruff that
+                                 formatted it; the base of the next three-way update
 
 and, for the project as a whole (made by ``scaffold new project``):
 
@@ -35,6 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from ._version import __version__
 from .errors import SpecError, WriteError
+from .formatting import ruff_version
 from .spec import OpSpec, check_identifier, load_spec
 from .tomlwriter import dumps
 from .write import write_files
@@ -72,9 +74,10 @@ ANSWERS_FILE = PurePosixPath(".copier-answers.yml")
 RECORDS_README = """\
 # .scaffold
 
-What `scaffold` generated last for each op of this project, byte for byte, with the spec it used and
-scaffold's version (`NAME/record.toml`). `scaffold update` merges three ways: this last generation (the
-base), your files now, and the new generation; that is how it keeps your edits.
+What `scaffold` generated last for each op of this project, byte for byte, with the spec it used,
+scaffold's version and the version of the ruff that formatted it (`NAME/record.toml`). `scaffold update`
+merges three ways: this last generation (the base), your files now, and the new generation; that is how it
+keeps your edits.
 
 `project-template/` is the same for the project template: its last render, with the answers in
 `.copier-answers.yml`, the base of `scaffold update project`.
@@ -220,6 +223,8 @@ class Record:
     version: str
     spec: str
     files: dict[PurePosixPath, str]
+    #: The ruff that formatted ``files``; None in records from before scaffold formatted its output.
+    ruff: str | None = None
 
 
 def read_record(project: Project, name: str) -> Record | None:
@@ -231,6 +236,9 @@ def read_record(project: Project, name: str) -> Record | None:
     try:
         data = tomllib.loads(text)
         version = data["scaffold"]
+        ruff = data.get("ruff")
+        if ruff is not None and not isinstance(ruff, str):
+            raise TypeError(f"ruff must be a version string, not {ruff!r}")
         stored = {PurePosixPath(path): folder / base for path, base in data["files"].items()}
         spec_text = project.read(folder / data["spec"])
     except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -249,19 +257,19 @@ def read_record(project: Project, name: str) -> Record | None:
                 hint=f"restore it from version control, or delete {folder} to merge without a base",
             )
         files[path] = base_text
-    return Record(op=name, version=version, spec=spec_text or "", files=files)
+    return Record(op=name, version=version, spec=spec_text or "", files=files, ruff=ruff)
 
 
 def record_files(project: Project, record: Record) -> dict[PurePosixPath, str]:
     """The files that store ``record``: ``{project path: text}``."""
     folder = project.record_dir(record.op)
+    document = {"op": record.op, "scaffold": record.version}
+    if record.ruff is not None:
+        document["ruff"] = record.ruff
+    document["spec"] = RECORD_SPEC
+    document["files"] = {str(path): f"{path.name}{BASE_SUFFIX}" for path in record.files}
     manifest = dumps(
-        {
-            "op": record.op,
-            "scaffold": record.version,
-            "spec": RECORD_SPEC,
-            "files": {str(path): f"{path.name}{BASE_SUFFIX}" for path in record.files},
-        },
+        document,
         comments=[
             "What scaffold generated last for this op: the base of the next `scaffold update`.",
             "Written by scaffold; commit it with the code, do not edit it.",
@@ -284,7 +292,8 @@ def testing_library() -> str:
 
 
 def new_record(name: str, spec_text: str, files: dict[PurePosixPath, str]) -> Record:
-    return Record(op=name, version=__version__, spec=spec_text, files=dict(files))
+    """The record of files generated now: formatted by today's ruff."""
+    return Record(op=name, version=__version__, spec=spec_text, files=dict(files), ruff=ruff_version())
 
 
 # --- the package's exports -------------------------------------------------------------------------

@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 import math
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import jinja2
 import sympy
@@ -22,6 +22,7 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain, learnable_init
 from .errors import DerivationError
+from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
@@ -497,12 +498,18 @@ def render_op(
     module_import: str | None = None,
     shared_device_fixture: bool = False,
     testing_module: str = TESTING_MODULE,
+    project_root: str | Path | None = None,
+    paths: Mapping[str, str | PurePath] | None = None,
 ) -> dict[str, str]:
     """Render the op's module and its test file: ``{relative path: text}``.
 
     ``module_import`` is the module the test imports the op from; with ``shared_device_fixture`` the test
     file takes its ``device`` fixture from the project's conftest.py instead of defining its own;
     ``testing_module`` is where it imports scaffold's test library from.
+
+    The templates are filled in memory, then ruff formats the result (:mod:`scaffold.formatting`), the last
+    step: with the ruff settings of the project at ``project_root``, where ``paths`` says where each file
+    goes relative to it (default: the file's name), or without one in scaffold's own style.
     """
     env = environment()
     common = {
@@ -529,4 +536,6 @@ def render_op(
                 f"the generated {path} does not parse (line {exc.lineno}: {exc.msg}); please report this",
                 where=spec.source,
             ) from exc
-    return files
+    where = {path: (paths or {}).get(path, path) for path in files}
+    modules = {module_import or spec.name: where[f"{spec.name}.py"]}
+    return {path: format_source(text, where[path], root=project_root, modules=modules) for path, text in files.items()}

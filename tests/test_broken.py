@@ -84,7 +84,7 @@ MUTATIONS = {
     ),
     "wrong_value_in_far_branch": (
         "wing_loss",
-        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\)", "math.log(tmp0 * w + 1) - 2 * w)"),
+        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\b", "math.log(tmp0 * w + 1) - 2 * w"),
     ),
     # Forward mode has its own derived code: a wrong jvp is caught by torch.func.jvp and the hessian.
     "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -359,4 +360,89 @@ def test_bad_input_in_a_project_is_refused_cleanly(edits, argv, message, cube_pr
     captured = capsys.readouterr()
     assert captured.err == message.format(root=root)
     assert "Traceback" not in captured.err
+    assert _files(root) == before, "a refused command must write nothing"
+
+
+# --- ruff, which formats generated code --------------------------------------------------------------
+# Each case breaks ruff the way a user's environment can (scaffold finds it through ruff's own package:
+# ruff.__main__.find_ruff_bin), then generates an op: outside a project, and inside one.
+
+FAKE_RUFF = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "ruff {version}"; exit 0; fi
+cat > /dev/null
+echo "error: {error}" >&2
+exit 2
+"""
+
+
+def _fake_ruff(tmp_path, version="0.17.6", error="something went wrong"):
+    """A ruff executable that says it is ``version`` and fails on everything else with ``error``."""
+    path = tmp_path / "bin" / f"ruff-{version}"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(FAKE_RUFF.format(version=version, error=error))
+    path.chmod(0o755)
+    return str(path)
+
+
+def _no_executable():
+    raise FileNotFoundError("Could not find the ruff binary")  # what ruff's RuffNotFound is
+
+
+RUFF_CASES = [
+    pytest.param(
+        lambda monkeypatch, tmp_path: monkeypatch.setitem(sys.modules, "ruff.__main__", None),
+        "scaffold: error: {file}: ruff, which formats generated code, is not installed\n  hint: install it with `python -m pip install ruff==0.17.6`\n",
+        id="ruff not installed",
+    ),
+    pytest.param(
+        lambda monkeypatch, tmp_path: monkeypatch.setattr("ruff.__main__.find_ruff_bin", _no_executable),
+        "scaffold: error: {file}: ruff, which formats generated code, is installed without its ruff executable\n  hint: reinstall it with `python -m pip install --force-reinstall ruff==0.17.6`\n",
+        id="ruff executable missing",
+    ),
+    pytest.param(
+        lambda monkeypatch, tmp_path: monkeypatch.setattr(
+            "ruff.__main__.find_ruff_bin", lambda: _fake_ruff(tmp_path, version="0.1.0")
+        ),
+        "scaffold: error: {tmp}/bin/ruff-0.1.0: scaffold formats generated code with ruff 0.17.6, but this ruff is 0.1.0\n  hint: another version may format differently: install it with `python -m pip install ruff==0.17.6`\n",
+        id="another ruff version",
+    ),
+    pytest.param(
+        lambda monkeypatch, tmp_path: monkeypatch.setattr("ruff.__main__.find_ruff_bin", lambda: _fake_ruff(tmp_path)),
+        "scaffold: error: {file}: ruff could not format the generated {file}: error: something went wrong\n  hint: this is a bug in scaffold: please report this, with the spec\n",
+        id="ruff fails",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the stand-in ruff is a shell script")
+@pytest.mark.parametrize(("break_ruff", "message"), RUFF_CASES)
+def test_without_a_working_ruff_nothing_is_generated(break_ruff, message, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    break_ruff(monkeypatch, tmp_path)
+    assert main(["new", "op", "cube", "--forward", "x**3", "--tensor", "x"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message.format(file="cube.py", tmp=tmp_path)
+    assert "Traceback" not in captured.err
+    assert not list(out.iterdir()), "a refused generation must write nothing"
+
+
+def test_ruff_failing_on_a_projects_settings_says_where_to_look(cube_project, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "demo"
+    shutil.copytree(cube_project, root)
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("line-length = 120", 'line-length = "long"'))
+    before = _files(root)
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    assert main(["update"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"scaffold: error: {root}/src/demo/ops/cube.py: ruff could not format the generated src/demo/ops/cube.py "
+        "with the project's ruff settings: Failed to parse pyproject.toml; TOML parse error at line 28, column 15; "
+        'invalid type: string "long", expected i64\n'
+        "  hint: check the project's ruff settings (pyproject.toml [tool.ruff], ruff.toml): `ruff format` should "
+        "run in the project; if it does, this is a bug in scaffold: please report this\n"
+    )
     assert _files(root) == before, "a refused command must write nothing"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scaffold import generate_op, load_spec, write_files
+from scaffold.formatting import format_source
 
 from .conftest import SPECS, make_spec, run_pytest
 
@@ -49,16 +50,36 @@ def test_rendering_is_deterministic_and_parses(spec_file):
         assert "TODO" not in text
 
 
+# Scaffold's own style outside a project: ruff's defaults with a line length of 120. ``ruff check`` runs
+# ruff's default rules (import order and ``__all__`` order among them) and pycodestyle's whitespace rules.
+STANDALONE_RUFF = ["--no-cache", "--isolated", "--line-length", "120"]
+
+
+def ruff(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name", GOLDEN_OPS)
+def test_golden_files_are_formatted(name):
+    """A second pass of the formatter changes nothing, and ruff finds nothing to format or fix."""
+    for path in (f"{name}.py", f"test_{name}.py"):
+        text = (GOLDEN / path).read_text(encoding="utf-8")
+        assert format_source(text, path, modules={name: f"{name}.py"}) == text, f"{path} changes when formatted again"
+    files = [f"{name}.py", f"test_{name}.py"]
+    formatted = ruff("format", "--check", *STANDALONE_RUFF, *files, cwd=GOLDEN)
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+    checked = ruff("check", *STANDALONE_RUFF, "--extend-select", "W,I", *files, cwd=GOLDEN)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_generated_code_passes_ruff(tmp_path):
+    """Every generated file is as ``ruff format`` leaves it and ``ruff check`` finds nothing in it."""
     for spec_file in sorted(SPECS.glob("*.toml")):
         write_files(generate_op(load_spec(spec_file)), tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "E4,E7,E9,F,W,I", "."],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    formatted = ruff("format", "--check", *STANDALONE_RUFF, ".", cwd=tmp_path)
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+    checked = ruff("check", *STANDALONE_RUFF, "--extend-select", "W,I", ".", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_generated_tests_pass(tmp_path):
@@ -131,3 +152,13 @@ def test_a_one_tensor_ops_test_file_is_short(forward):
     text = generate_op(make_spec("op", forward, {"x": {}}))["test_op.py"]
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) <= 60, text
+
+
+def test_text_reaches_ruff_and_back_as_utf8_whatever_the_locale(monkeypatch):
+    import locale
+
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda do_setlocale=True: "ascii")
+    monkeypatch.setattr(locale, "getencoding", lambda: "ascii", raising=False)
+    spec = make_spec("double", "2 * x", doc="Doubles x: «exactly» 2·x ≤ ∞.")
+    files = generate_op(spec, time_limit=None)
+    assert "Doubles x: «exactly» 2·x ≤ ∞." in files["double.py"]

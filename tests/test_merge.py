@@ -446,3 +446,10 @@ def test_where_git_differs():
     shared = "m1\nm2\nm3\nm4\n"
     base, ours, theirs = "a\n", f"x\n{shared}y\n", f"p\n{shared}q\n"
     assert (merge3(base, ours, theirs).conflicts, git_merge(base, ours, theirs).conflicts) == (1, 2)
+
+
+def test_changed_lines_counts_the_lines_a_diff_does_not_match():
+    assert merge.changed_lines("a\nb\nc\n", "a\nb\nc\n") == 0
+    assert merge.changed_lines("a\nb\nc\n", "a\nB\nc\n") == 2  # one line out, one in
+    assert merge.changed_lines("a\nb\nc\n", "a\nb\nc\nd\ne\n") == 2
+    assert merge.changed_lines("", "a\n") == 1

@@ -59,3 +59,12 @@ def test_installed_wheel_makes_a_project_offline(wheel, tmp_path):
     )
     assert added.returncode == 0, added.stderr
     assert (tmp_path / "lib/src/myops/ops/cube.py").is_file()
+
+
+def test_ruff_is_pinned_to_the_version_that_formats_generated_code():
+    """Generated code is formatted by one ruff release: pyproject.toml pins the one scaffold checks for."""
+    from scaffold.formatting import RUFF_VERSION, ruff_version
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"ruff=={RUFF_VERSION}",' in text.split("[project.optional-dependencies]")[0]
+    assert ruff_version() == RUFF_VERSION

@@ -111,7 +111,11 @@ def test_numbers_are_multiplied_out_before_touching_a_tensor(expr, text):
 def test_no_temporary_is_an_alias_of_another():
     """xexpy's exp(y) is a lowering definition; where exp(y) is also used bare, CSE reduces the definition
     to the temporary it already has. The generated code reads that temporary, with no `tmp2 = tmp1`."""
-    files = generate_op(make_spec("born_mayer", "A*exp(-r/rho) - C/r**6", {"r": {}, "A": {}}, {"rho": {"default": 1.0}, "C": {"default": 1.0}}))
+    files = generate_op(
+        make_spec(
+            "born_mayer", "A*exp(-r/rho) - C/r**6", {"r": {}, "A": {}}, {"rho": {"default": 1.0}, "C": {"default": 1.0}}
+        )
+    )
     source = files["born_mayer.py"]
     assert "torch.where(A == 0, tmp1.nan_to_num(), tmp1)" in source
     aliases = re.findall(r"^\s*(tmp\d+) = (tmp\d+)$", source, flags=re.MULTILINE)

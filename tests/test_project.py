@@ -536,3 +536,89 @@ def test_a_damaged_template_record_is_refused(project, scaffold, path):
     code, out, err = scaffold("update", "project", cwd=project)
     assert code == cli.EXIT_ERROR and "scaffold update project --adopt" in err
     assert snapshot(project) == before
+# --- formatting ----------------------------------------------------------------------------------------
+
+
+def ruff(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Ruff as the project's user runs it: in the project, with the project's settings."""
+    return subprocess.run([sys.executable, "-m", "ruff", *args, "--no-cache"], cwd=cwd, capture_output=True, text=True)
+
+
+def test_generated_project_files_pass_ruff_with_the_projects_settings(project, scaffold):
+    # The project's own settings: shorter lines than scaffold's style, and an import every file needs
+    # (which must not land inside the export block). Regenerated with them, swish is merely updated.
+    pyproject = project / "pyproject.toml"
+    settings = '\n[tool.ruff.lint.isort]\nrequired-imports = ["from __future__ import annotations"]\n'
+    pyproject.write_text(pyproject.read_text().replace("line-length = 120", "line-length = 100") + settings)
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, err
+    assert "updated  src/demo_ops/ops/swish.py" in out, out
+    # A long name (wrapped imports), names that sort differently as text and naturally (op2, op10).
+    for name in ("a_rather_long_operation_name_for_wrapping_lines", "op10", "op2"):
+        code, out, err = scaffold("new", "op", name, "--forward", "x**3", "--tensor", "x", cwd=project)
+        assert code == 0, err
+    # What scaffold wrote (the template's conftest.py is the template's, at its own line length).
+    generated = ["src", *(str(p.relative_to(project)) for p in (project / "tests").glob("test_*.py"))]
+    assert len(generated) == 5
+    formatted = ruff("format", "--check", *generated, cwd=project)
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+    checked = ruff("check", "--extend-select", "W,I", *generated, cwd=project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    init = (project / "src/demo_ops/__init__.py").read_text()
+    assert "from .ops.a_rather_long_operation_name_for_wrapping_lines import (\n" in init
+
+
+def test_update_after_ruff_over_the_whole_project_is_clean(project, scaffold):
+    """Issue 12: the user runs ruff over the project, the spec changes, `scaffold update` merges cleanly."""
+    assert ruff("format", ".", cwd=project).returncode == 0
+    assert ruff("check", "--fix", ".", cwd=project).returncode == 0
+    spec = project / "specs/swish.toml"
+    spec.write_text(spec.read_text().replace('"x / (1 + exp(-beta * x))"', '"x / (1 + exp(-beta * x)) + x / 8"'))
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, (out, err)
+    assert "updated  src/demo_ops/ops/swish.py" in out and "updated  tests/test_swish.py" in out, out
+    assert "merged" not in out and "conflict" not in out, out
+    for path in project.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            lines = path.read_text(errors="replace").splitlines()
+            assert not any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in lines), f"conflict markers in {path}"
+    assert "return x * torch.sigmoid(beta * x) + x / 8" in (project / "src/demo_ops/ops/swish.py").read_text()
+
+
+# A line as today's ruff formats it, and as an older ruff (or none) is made to have left it: one the spec
+# change below rewrites, and one it leaves alone.
+OLD_STYLES = {
+    "changed line": ("return x * torch.sigmoid(beta * x)\n", "return x*torch.sigmoid(beta*x)\n"),
+    "unchanged line": ("ctx.x_shape = x.shape\n", "ctx.x_shape=x.shape\n"),
+}
+
+
+@pytest.mark.parametrize("line", OLD_STYLES)
+@pytest.mark.parametrize("recorded", ['ruff = "0.0.1"\n', None], ids=["older ruff", "record without ruff"])
+@pytest.mark.parametrize("users_file", ["formatted by today's ruff", "as the older ruff left it"])
+def test_a_base_formatted_by_another_ruff_is_reformatted_before_the_merge(
+    project, scaffold, recorded, users_file, line
+):
+    module = project / "src/demo_ops/ops/swish.py"
+    record = project / ".scaffold/swish/record.toml"
+    base = project / ".scaffold/swish/swish.py.base"
+    formatted, old_style = OLD_STYLES[line]
+    assert module.read_text().count(formatted) == 1 and base.read_text() == module.read_text()
+    assert 'ruff = "0.17.6"\n' in record.read_text()
+    base.write_text(base.read_text().replace(formatted, old_style))
+    record.write_text(record.read_text().replace('ruff = "0.17.6"\n', recorded or ""))
+    if users_file == "as the older ruff left it":
+        module.write_text(base.read_text() + HELPER)
+    else:
+        module.write_text(module.read_text() + HELPER)
+    spec = project / "specs/swish.toml"
+    spec.write_text(spec.read_text().replace('"x / (1 + exp(-beta * x))"', '"x / (1 + exp(-beta * x)) + x / 8"'))
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, (out, err)
+    assert "merged  src/demo_ops/ops/swish.py" in out, out
+    text = module.read_text()
+    assert "<<<<<<<" not in text and text.endswith(HELPER)
+    assert "x / 8\n" in text
+    # Either way the result is the new generation with the user's edit; the new record names today's ruff.
+    assert text == base.read_text() + HELPER
+    assert 'ruff = "0.17.6"\n' in record.read_text()

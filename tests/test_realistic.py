@@ -207,7 +207,14 @@ def _loggamma(x):
 
 
 MPMATH = [
-    {"Heaviside": _heaviside, "DiracDelta": _dirac, "log": _log, "sqrt": _sqrt, "loggamma": _loggamma, "_RealPow": _pow},
+    {
+        "Heaviside": _heaviside,
+        "DiracDelta": _dirac,
+        "log": _log,
+        "sqrt": _sqrt,
+        "loggamma": _loggamma,
+        "_RealPow": _pow,
+    },
     "mpmath",
 ]
 _EXPAND = {

@@ -80,9 +80,13 @@ class SmoothL1Function(torch.autograd.Function):
         beta = ctx.beta
         if _differentiating_backward():
             # The gradients are differentiated again: through _SmoothL1Backward, whose backward is derived.
-            grad_input, grad_target = _SmoothL1Backward.apply(ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape)
+            grad_input, grad_target = _SmoothL1Backward.apply(
+                ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape
+            )
         else:
-            grad_input, grad_target = _backward(ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape)
+            grad_input, grad_target = _backward(
+                ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape
+            )
         return grad_input, grad_target, None
 
     @staticmethod

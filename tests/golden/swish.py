@@ -75,7 +75,9 @@ class SwishFunction(torch.autograd.Function):
         x, beta = ctx.saved_tensors
         if _differentiating_backward():
             # The gradients are differentiated again: through _SwishBackward, whose backward is derived.
-            grad_x, grad_beta = _SwishBackward.apply(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
+            grad_x, grad_beta = _SwishBackward.apply(
+                ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape
+            )
         else:
             grad_x, grad_beta = _backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
         return grad_x, grad_beta

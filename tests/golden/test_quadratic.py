@@ -24,13 +24,40 @@ OP = OpTests(
     reference=reference,
     inputs=[
         # x: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("x", (3, 4), low=-3.0, high=3.0, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "x",
+            (3, 4),
+            low=-3.0,
+            high=3.0,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
         # a: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("a", (4,), low=-3.0, high=3.0, typical=0.5, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "a",
+            (4,),
+            low=-3.0,
+            high=3.0,
+            typical=0.5,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
         # b: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("b", (3, 1), low=-3.0, high=3.0, typical=1.5, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "b",
+            (3, 1),
+            low=-3.0,
+            high=3.0,
+            typical=1.5,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
         # c: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("c", (), low=-3.0, high=3.0, typical=0.75, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "c",
+            (),
+            low=-3.0,
+            high=3.0,
+            typical=0.75,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
     ],
 )
 

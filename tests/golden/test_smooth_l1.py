@@ -27,9 +27,22 @@ OP = OpTests(
     reference=reference,
     inputs=[
         # input: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("input", (3, 4), low=-3.0, high=3.0, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "input",
+            (3, 4),
+            low=-3.0,
+            high=3.0,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
         # target: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("target", (3, 4), low=-3.0, high=3.0, typical=0.5, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0)),
+        Input(
+            "target",
+            (3, 4),
+            low=-3.0,
+            high=3.0,
+            typical=0.5,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+        ),
     ],
     scalars={"beta": 1.0},
 )

@@ -27,7 +27,15 @@ OP = OpTests(
         # x: uniform in [-3.0, 3.0] (declared in the spec); defined on [-3, 3] (declared in the spec)
         Input("x", (3, 4), low=-3.0, high=3.0, extremes=(-3.0, -1.5, -0.001, 0.001, 1.5, 3.0), special=(-3.0, 3.0)),
         # beta: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
-        Input("beta", (), low=-3.0, high=3.0, typical=0.5, extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0), learnable=True),
+        Input(
+            "beta",
+            (),
+            low=-3.0,
+            high=3.0,
+            typical=0.5,
+            extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+            learnable=True,
+        ),
     ],
 )
 
