@@ -536,6 +536,8 @@ def test_a_damaged_template_record_is_refused(project, scaffold, path):
     code, out, err = scaffold("update", "project", cwd=project)
     assert code == cli.EXIT_ERROR and "scaffold update project --adopt" in err
     assert snapshot(project) == before
+
+
 # --- formatting ----------------------------------------------------------------------------------------
 
 
