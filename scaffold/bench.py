@@ -270,7 +270,7 @@ def _sources(spec: OpSpec, fused: bool) -> _Sources:
             fused_source = generate_op(dataclasses.replace(spec, fuse=True), time_limit=None)[f"{spec.name}.py"]
         except Exception as exc:  # the eager op exists: report the fused one as unavailable
             fused_error = f"generating it failed: {_first_line(exc)}"
-    return _Sources(eager, fused_source, fused_error, reference_module(eager_spec, op.derivation), op.domains)
+    return _Sources(eager, fused_source, fused_error, reference_module(eager_spec, op.plan), op.domains)
 
 
 @contextmanager

@@ -120,6 +120,10 @@ class DoubleBackward:
 class BackwardPlan:
     forward_steps: tuple[Step, ...]
     forward_expr: sympy.Expr
+    # The forward as written (not its stable rewrite), straight-lined: the generated test's reference and
+    # what ``scaffold bench`` runs under plain autograd.
+    reference_steps: tuple[Step, ...]
+    reference_expr: sympy.Expr
     backward: DerivativeCode
     saved: tuple[str, ...]  # saved for backward, in order: inputs, then masks, then OUTPUT
     masks: tuple[Mask, ...]  # computed in setup_context from the inputs
@@ -237,6 +241,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x).
     scalars = frozenset(parsed.symbols[n] for n in parsed.scalar_names)
     forward_steps, forward_expr = straight_line(derivation.forward, taken, scalars)
+    reference_steps, reference_expr = straight_line(parsed.expr, set(parsed.symbols) | {OUTPUT})
 
     # Backward: choose what it reads (see the module docstring), then share its subexpressions.
     forward = derivation.forward
@@ -266,6 +271,8 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     return BackwardPlan(
         forward_steps=forward_steps,
         forward_expr=forward_expr,
+        reference_steps=reference_steps,
+        reference_expr=reference_expr,
         backward=backward,
         saved=saved + tuple(m.name for m in used_masks) + ((OUTPUT,) if OUTPUT in backward_names else ()),
         masks=used_masks,

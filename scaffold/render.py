@@ -24,7 +24,7 @@ from .domain import InputDomain, learnable_init
 from .errors import DerivationError
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
-from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
+from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
 from .stable import expand_kernels, xexpy
@@ -45,7 +45,7 @@ def templates_dir() -> Path:
 
 @cache
 def environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -53,12 +53,10 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-
-
-@dataclass(frozen=True)
-class GeneratedFile:
-    path: str  # relative to the output directory
-    text: str
+    # Names assigned from a tuple, or a tuple of names to return: one name is (x,).
+    env.filters["unpack"] = _unpack
+    env.filters["repr"] = repr  # a value as a Python literal
+    return env
 
 
 def _docstring_text(text: str) -> str:
@@ -110,29 +108,151 @@ def _shape(shape: tuple[int, ...]) -> str:
     return repr(tuple(shape))
 
 
-def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]) -> dict:
+@dataclass(frozen=True)
+class Block:
+    """Temporaries computed together, under ``guard`` (None: always)."""
+
+    guard: str | None
+    lines: list[str]
+
+
+@dataclass(frozen=True)
+class GradientCode:
+    """One gradient of backward: computed when ``needs_input_grad[index]``, after its own ``lines``."""
+
+    index: int
+    name: str
+    lines: list[str]
+    value: str
+    comment: str
+
+
+@dataclass(frozen=True)
+class TangentCode:
+    """One term of jvp: the partial derivative times the tangent ``name``, when that tangent is given."""
+
+    name: str
+    lines: list[str]
+    value: str
+
+
+@dataclass(frozen=True)
+class GradGradTerm:
+    """``grad_grad`` (the gradient arriving at one of backward's outputs) times a second partial."""
+
+    grad_grad: str
+    lines: list[str]
+    value: str
+
+
+@dataclass(frozen=True)
+class GradGradTarget:
+    """The gradient of backward's input at ``index``, ``name``: the sum of its ``terms``."""
+
+    index: int
+    name: str
+    terms: list[GradGradTerm]
+    value: str
+
+
+@dataclass(frozen=True)
+class DoubleBackwardView:
+    """The ``_NAMEBackward`` Function: backward as an op whose own backward is derived."""
+
+    unpack: list[str]  # setup_context's view of backward's inputs, "_" for those it does not keep
+    saved: list[str]
+    scalars: list[str]
+    grad_grads: list[str]
+    blocks: list[Block]
+    targets: list[GradGradTarget]
+    returns: list[str]
+
+
+@dataclass(frozen=True)
+class Learnable:
+    """A learnable tensor: an ``nn.Parameter`` of the Module."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: float
+
+
+@dataclass(frozen=True)
+class ModuleView:
+    """What ``templates/op.py.j2`` lays out: the op's code, printed, with the names and lists it needs;
+    the template joins and arranges them."""
+
+    version: str
+    source: str
+    name: str
+    camel: str
+    forward_text: str  # the forward as the user wrote it, safe in a docstring
+    doc: str
+    fuse: bool
+    imports: list[str]
+    arguments: list[str]  # every argument, in call order
+    tensor_names: list[str]
+    scalar_names: list[str]
+    functional_params: list[str]  # annotated, with the scalars' defaults
+    forward_lines: list[str]
+    # setup_context
+    unpack: list[str]  # the inputs, "_" for those it does not use
+    mask_lines: list[str]
+    saved_args: list[str]
+    saved_comment: str
+    jvp_saved: list[str]
+    ctx_scalars: list[str]
+    # backward and _backward
+    backward_function: str
+    backward_params: list[str]  # _backward's parameters
+    backward_args: list[str]  # what backward passes them
+    grads: list[str]  # grad_<tensor>, in order
+    saved_unpack: list[str]
+    backward_scalars: list[str]
+    shared_blocks: list[Block]
+    gradients: list[GradientCode]
+    returns: list[str]
+    # jvp
+    jvp_params: list[str]
+    jvp_unpack: list[str]
+    jvp_scalars: list[str]
+    jvp_blocks: list[Block]
+    tangents: list[TangentCode]
+    double: DoubleBackwardView | None
+    # docstrings
+    forward_math: str
+    stable_note: str
+    partials: list[tuple[str, str]]
+    kink_note: str
+    # the Module
+    module_init_params: list[str]
+    learnables: list[Learnable]
+    module_forward_params: list[str]
+    module_call_args: list[str]
+    extra_repr: str
+
+
+def module_view(
+    spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]
+) -> ModuleView:
     code = _CodePrinter(spec)
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
 
     forward_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
-
     needed_scalars = set(plan.ctx_scalars)
-    unpack = [n if n in tensor_names or n in needed_scalars else "_" for n in all_names]
-    saved_args = [("output" if n == OUTPUT else n) for n in plan.saved]
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
     # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
     # forward of the double backward's Function too), not of ctx.
-    ctx = ""
     code.scope()
     code.tensors |= {m.name for m in plan.masks}
     code.bools = {m.name for m in plan.masks}
-    backward = _blocks(code, plan.backward.shared, lambda i: f"{ctx}needs_input_grad[{i}]", len(tensor_names))
+    backward = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names))
     gradients = []
     for g in plan.backward.terms:
-        shape = f"{ctx}{g.name}_shape"
+        shape = f"{g.name}_shape"
         lines = code.steps(g.steps)  # first: it records which temporaries are tensors
         if g.is_zero:
             value = f"{GRAD_OUTPUT}.new_zeros({shape})"
@@ -140,8 +260,7 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         else:
             value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
             comment = ""
-        gradients.append({"index": g.index, "name": g.name, "lines": lines, "value": value, "comment": comment})
-    returns = [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names)
+        gradients.append(GradientCode(g.index, g.name, lines, value, comment))
 
     code.scope()
     jvp = _blocks(code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names))
@@ -151,76 +270,72 @@ def module_context(spec: OpSpec, derivation: Derivation, plan: BackwardPlan, dom
         lines = code.steps(t.steps)
         # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device.
         value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
-        tangents.append({"name": tangent, "lines": lines, "value": value})
+        tangents.append(TangentCode(tangent, lines, value))
 
     has_kinks = any(derivation.forward.has(cls) for cls in (*kink_classes(), sympy.Piecewise))
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
     learnables = [
-        {"name": t.name, "shape": _shape(t.shape), "init": learnable_init(t.init, by_name[t.name])}
-        for t in spec.tensors
-        if t.learnable
+        Learnable(t.name, tuple(t.shape), learnable_init(t.init, by_name[t.name])) for t in spec.tensors if t.learnable
     ]
-    saved_params = ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
-    saved_params += [f"{n}_shape" for n in tensor_names]
-    double = _double_backward_context(code, plan, tensor_names, saved_params) if plan.double_backward else None
-    return {
-        "fuse": spec.fuse,
-        "ctx": ctx,
-        "double": double,
-        "backward_function": "_fused_backward" if spec.fuse else "_backward",
-        "forward_lines": forward_lines,
-        "saved_params": ", ".join(saved_params),
-        "saved_call": ", ".join(
-            ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
-            + [f"ctx.{n}_shape" for n in tensor_names]
-        ),
-        "tensor_grads": _unpack([f"grad_{n}" for n in tensor_names]),
-        "unpack": _unpack(unpack),
-        "saved_args": ", ".join(saved_args),
-        "saved_unpack": _unpack(list(plan.saved)),
-        "saved_comment": _saved_comment(plan),
-        "mask_lines": mask_lines,
-        "ctx_scalars": list(plan.ctx_scalars),
-        "backward_scalars": list(plan.backward_scalars),
-        "jvp_scalars": list(plan.jvp_scalars),
-        "shape_names": tensor_names,
-        "shared_blocks": backward,
-        "gradients": gradients,
-        "jvp_params": ", ".join(
-            ["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else [])
-        ),
-        "jvp_saved": ", ".join(plan.saved_for_forward),
-        "jvp_unpack": _unpack(list(plan.saved_for_forward)) if plan.saved_for_forward else "",
-        "jvp_blocks": jvp,
-        "tangents": tangents,
-        "grad_init": " = ".join(f"grad_{n}" for n in tensor_names) + " = None",
-        # Always a tuple, one value per forward argument, also for a single argument.
-        "returns": f"({returns[0]},)" if len(returns) == 1 else ", ".join(returns),
-        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
-        "forward_params": ", ".join(all_names),
-        "functional_params": ", ".join([f"{n}: torch.Tensor" for n in tensor_names] + scalar_params),
-        "call_args": ", ".join(all_names),
-        "forward_math": _docstring_text(_math(derivation.forward)),
-        "stable_note": _stable_note(derivation),
-        "partials": [(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
-        "kink_note": KINK_CONVENTION if has_kinks else "",
-        "module_init_params": ", ".join(scalar_params),
-        "scalar_names": scalar_names,
-        "learnables": learnables,
-        "module_forward_params": ", ".join(f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable),
-        "module_call_args": ", ".join(
-            [f"self.{t.name}" if t.learnable else t.name for t in spec.tensors] + [f"self.{n}" for n in scalar_names]
-        ),
-        "extra_repr": ", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
-    }
+    backward_params = ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+    backward_params += [f"{n}_shape" for n in tensor_names]
+    backward_args = ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+    backward_args += [f"ctx.{n}_shape" for n in tensor_names]
+    double = _double_backward_view(code, plan, tensor_names, backward_params) if plan.double_backward else None
+    return ModuleView(
+        version=__version__,
+        source=spec.source,
+        name=spec.name,
+        camel=spec.camel,
+        forward_text=_docstring_text(" ".join(spec.forward.split())),
+        doc=_docstring_text(spec.doc.strip()),
+        fuse=spec.fuse,
+        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        arguments=all_names,
+        tensor_names=tensor_names,
+        scalar_names=scalar_names,
+        functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
+        forward_lines=forward_lines,
+        unpack=[n if n in tensor_names or n in needed_scalars else "_" for n in all_names],
+        mask_lines=mask_lines,
+        saved_args=[("output" if n == OUTPUT else n) for n in plan.saved],
+        saved_comment=_saved_comment(plan),
+        jvp_saved=list(plan.saved_for_forward),
+        ctx_scalars=list(plan.ctx_scalars),
+        backward_function="_fused_backward" if spec.fuse else "_backward",
+        backward_params=backward_params,
+        backward_args=backward_args,
+        grads=[f"grad_{n}" for n in tensor_names],
+        saved_unpack=list(plan.saved),
+        backward_scalars=list(plan.backward_scalars),
+        shared_blocks=backward,
+        gradients=gradients,
+        returns=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
+        jvp_params=["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else []),
+        jvp_unpack=list(plan.saved_for_forward),
+        jvp_scalars=list(plan.jvp_scalars),
+        jvp_blocks=jvp,
+        tangents=tangents,
+        double=double,
+        forward_math=_docstring_text(_math(derivation.forward)),
+        stable_note=_stable_note(derivation),
+        partials=[(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
+        kink_note=KINK_CONVENTION if has_kinks else "",
+        module_init_params=scalar_params,
+        learnables=learnables,
+        module_forward_params=[f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable],
+        module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
+        + [f"self.{n}" for n in scalar_names],
+        extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+    )
 
 
-def _double_backward_context(
+def _double_backward_view(
     code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str]
-) -> dict:
-    """The template's view of the double backward: backward's inputs (``params``) and, for each that has a
-    gradient, its terms, one per gradient of the op that depends on it."""
+) -> DoubleBackwardView:
+    """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
+    one per gradient of the op that depends on it."""
     double = plan.double_backward
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
@@ -231,7 +346,7 @@ def _double_backward_context(
     code.bools = {m.name for m in plan.masks}
     # Backward's backward runs only for a second derivative: temporaries shared by several terms are
     # computed unguarded (none reads a grad_grad_*, which may be None).
-    blocks = [{"guard": None, "lines": code.steps(b.steps)} for b in double.code.shared]
+    blocks = [Block(None, code.steps(b.steps)) for b in double.code.shared]
     targets = []
     for a, name in enumerate(double.inputs):
         terms = []
@@ -241,7 +356,7 @@ def _double_backward_context(
                 # printed as one product, so that a case distinction between numbers takes its dtype
                 # from grad_grad_* (not from a bool mask)
                 value = code(sympy.Symbol(grad_grads[i], real=True) * term.expr)
-                terms.append({"grad_grad": grad_grads[i], "lines": lines, "value": value})
+                terms.append(GradGradTerm(grad_grads[i], lines, value))
         if not terms:
             continue
         # grad_output has the output's shape, which every term broadcasts to without being larger.
@@ -249,20 +364,18 @@ def _double_backward_context(
             value = f"torch.broadcast_to(sum(terms), {name}.shape)"
         else:
             value = f"sum(terms).sum_to_size({name}.shape)"
-        targets.append({"index": position[name], "name": result[name], "terms": terms, "value": value})
+        targets.append(GradGradTarget(position[name], result[name], terms, value))
     saved = [GRAD_OUTPUT, *plan.saved]
-    names = {t["name"] for t in targets}
-    return {
-        "unpack": _unpack([p if p in saved or p in plan.backward_scalars else "_" for p in params]),
-        "saved": ", ".join(saved),
-        "saved_unpack": _unpack(saved),
-        "scalars": list(plan.backward_scalars),
-        "grad_grads": ", ".join(grad_grads),
-        "init": " = ".join(t["name"] for t in targets) + " = None",
-        "blocks": blocks,
-        "targets": targets,
-        "returns": ", ".join(result[p] if p in result and result[p] in names else "None" for p in params),
-    }
+    names = {t.name for t in targets}
+    return DoubleBackwardView(
+        unpack=[p if p in saved or p in plan.backward_scalars else "_" for p in params],
+        saved=saved,
+        scalars=list(plan.backward_scalars),
+        grad_grads=grad_grads,
+        blocks=blocks,
+        targets=targets,
+        returns=[result[p] if p in result and result[p] in names else "None" for p in params],
+    )
 
 
 def _stable_note(derivation: Derivation) -> str:
@@ -279,14 +392,13 @@ def _stable_note(derivation: Derivation) -> str:
     )
 
 
-def _blocks(code: _CodePrinter, shared: tuple[SharedSteps, ...], guard: Callable[[int], str], count: int) -> list[dict]:
+def _blocks(
+    code: _CodePrinter, shared: tuple[SharedSteps, ...], guard: Callable[[int], str], count: int
+) -> list[Block]:
     """Shared temporaries, guarded by "any user is needed"; backward and jvp only run when one of their
     terms is needed, so temporaries every term uses need no guard."""
     return [
-        {
-            "guard": None if len(b.users) == count else " or ".join(guard(i) for i in b.users),
-            "lines": code.steps(b.steps),
-        }
+        Block(None if len(b.users) == count else " or ".join(guard(i) for i in b.users), code.steps(b.steps))
         for b in shared
     ]
 
@@ -297,6 +409,7 @@ def _parenthesized(code: _CodePrinter, expr: sympy.Expr) -> str:
 
 
 def _unpack(names: list[str]) -> str:
+    """Names to assign a tuple to, or a tuple of them: one name is ``(x,)``."""
     return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
 
 
@@ -318,9 +431,48 @@ def _saved_comment(plan: BackwardPlan) -> str:
     return f"Saves {listed}{because}; policy {plan.policy!r}."
 
 
-def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomain, ...], module_import: str) -> dict:
+@dataclass(frozen=True)
+class InputView:
+    """One tensor in the test file: the arguments of its ``Input(...)`` as Python source, and a comment
+    on where its values come from."""
+
+    arguments: list[str]
+    comment: list[str]  # lines
+
+
+@dataclass(frozen=True)
+class TestView:
+    """What ``templates/test_op.py.j2`` lays out: the op's particulars for scaffold.testing.OpTests."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    version: str
+    source: str
+    name: str
+    camel: str
+    module_import: str
+    testing_module: str
+    own_device_fixture: bool
+    imports: list[str]
+    imports_torch: bool  # the reference of a polynomial calls no torch function
+    reference_params: list[str]
+    reference_lines: list[str]
+    inputs: list[InputView]
+    scalars: list[tuple[str, object]]  # name, default
+    special: bool  # some input has special points
+
+
+def test_view(
+    spec: OpSpec,
+    plan: BackwardPlan,
+    domains: tuple[InputDomain, ...],
+    *,
+    module_import: str,
+    testing_module: str,
+    own_device_fixture: bool,
+) -> TestView:
     code = _CodePrinter(spec)
-    reference_lines = _reference_lines(code, derivation)
+    reference_lines = _reference_lines(code, plan)
     by_name = {d.name: d for d in domains}
     shapes = small_shapes(spec)
     module_shapes = _module_shapes(spec, shapes)
@@ -339,19 +491,23 @@ def test_context(spec: OpSpec, derivation: Derivation, domains: tuple[InputDomai
         if module_shape != shape:
             arguments.append(f"module_shape={_shape(module_shape)}")
         comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
-        inputs.append({"arguments": ", ".join(arguments), "comment": textwrap.wrap(comment, COMMENT_WIDTH)})
-    scalars = ", ".join(f'"{s.name}": {s.default!r}' for s in spec.scalars)
-    return {
-        "module_import": module_import,
-        "inputs": inputs,
-        "special": any(by_name[t.name].special for t in spec.tensors),
-        "reference_lines": reference_lines,
-        "reference_params": ", ".join(a.name for a in spec.arguments),
-        "imports": [IMPORTS[alias] for alias in sorted(code.imports)],
-        # The reference of a polynomial calls no torch function.
-        "imports_torch": any("torch." in line for line in reference_lines),
-        "scalars": "{" + scalars + "}" if scalars else "",
-    }
+        inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
+    return TestView(
+        version=__version__,
+        source=spec.source,
+        name=spec.name,
+        camel=spec.camel,
+        module_import=module_import,
+        testing_module=testing_module,
+        own_device_fixture=own_device_fixture,
+        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        imports_torch=any("torch." in line for line in reference_lines),
+        reference_params=[a.name for a in spec.arguments],
+        reference_lines=reference_lines,
+        inputs=inputs,
+        scalars=[(s.name, s.default) for s in spec.scalars],
+        special=any(by_name[t.name].special for t in spec.tensors),
+    )
 
 
 #: Width of generated comment lines, before their indentation.
@@ -398,21 +554,19 @@ def _module_shapes(spec: OpSpec, shapes: list[tuple[int, ...]]) -> list[tuple[in
     return result
 
 
-def _reference_lines(code: _CodePrinter, derivation: Derivation) -> list[str]:
+def _reference_lines(code: _CodePrinter, plan: BackwardPlan) -> list[str]:
     """The body of ``reference``: the forward as written, not its stable rewrite, in plain torch.
 
     The generated test compares the op with it (which checks the rewrite as well as the backward) and
     ``scaffold bench`` times autograd through it.
     """
-    literal = derivation.parsed
-    steps, expr = straight_line(literal.expr, set(literal.symbols) | {OUTPUT})
-    return code.steps(steps) + [f"return {code(expr)}"]
+    return code.steps(plan.reference_steps) + [f"return {code(plan.reference_expr)}"]
 
 
-def reference_module(spec: OpSpec, derivation: Derivation) -> str:
+def reference_module(spec: OpSpec, plan: BackwardPlan) -> str:
     """Source of a module defining ``reference(<the op's arguments>)``, the forward in plain torch."""
     code = _CodePrinter(spec)
-    lines = _reference_lines(code, derivation)
+    lines = _reference_lines(code, plan)
     imports = [IMPORTS[alias] for alias in sorted(code.imports)] + ["import torch"]
     params = ", ".join(a.name for a in spec.arguments)
     body = "".join(f"    {line}\n" for line in lines)
@@ -512,21 +666,16 @@ def render_op(
     goes relative to it (default: the file's name), or without one in scaffold's own style.
     """
     env = environment()
-    common = {
-        "version": __version__,
-        "source": spec.source,
-        "name": spec.name,
-        "camel": spec.camel,
-        "forward_text": _docstring_text(" ".join(spec.forward.split())),
-        "doc": _docstring_text(spec.doc.strip()),
-    }
-    module = env.get_template(TEMPLATES["module"]).render(**common, **module_context(spec, derivation, plan, domains))
-    test = env.get_template(TEMPLATES["test"]).render(
-        **common,
-        **test_context(spec, derivation, domains, module_import or spec.name),
-        own_device_fixture=not shared_device_fixture,
+    module = env.get_template(TEMPLATES["module"]).render(view=module_view(spec, derivation, plan, domains))
+    tests = test_view(
+        spec,
+        plan,
+        domains,
+        module_import=module_import or spec.name,
         testing_module=testing_module,
+        own_device_fixture=not shared_device_fixture,
     )
+    test = env.get_template(TEMPLATES["test"]).render(view=tests)
     files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
     for path, text in files.items():
         try:
