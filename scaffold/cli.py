@@ -26,14 +26,29 @@ EXIT_CONFLICT = 3
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The whole command line: ``scaffold new op|project``, ``scaffold update [op|project]``, ``scaffold bench``."""
     parser = argparse.ArgumentParser(
         prog="scaffold",
         description="Generate custom torch.autograd.Functions, Modules and their tests from sympy math.",
     )
     parser.add_argument("--version", action="version", version=f"scaffold {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_new(commands)
+    _add_update(commands)
+    _add_bench(commands)
+    return parser
+
+
+def _add_new(commands: argparse._SubParsersAction) -> None:
+    """``scaffold new``, which needs a kind: ``new op`` or ``new project``."""
     new = commands.add_parser("new", help="create something new")
     kinds = new.add_subparsers(dest="kind", metavar="KIND", required=True)
+    _add_new_op(kinds)
+    _add_new_project(kinds)
+
+
+def _add_new_op(kinds: argparse._SubParsersAction) -> None:
+    """``scaffold new op``: an op from flags or a spec file, into a project or a folder."""
     op = kinds.add_parser(
         "op",
         help="generate an op: its autograd.Function, Module and tests",
@@ -60,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     _time_limit(op)
     op.set_defaults(handler=_new_op)
 
+
+def _add_new_project(kinds: argparse._SubParsersAction) -> None:
+    """``scaffold new project``: a project from the copier template."""
     project = kinds.add_parser(
         "project",
         help="create a library of custom ops from scaffold's copier template",
@@ -76,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     _template_flag(project)
     project.set_defaults(handler=_new_project)
 
+
+def _add_update(commands: argparse._SubParsersAction) -> None:
+    """``scaffold update`` (every op), with its kinds ``update op`` and ``update project``."""
     update = commands.add_parser(
         "update",
         help="regenerate ops inside a project (or update it from its template), keeping your edits",
@@ -85,7 +106,16 @@ def _parser() -> argparse.ArgumentParser:
         f"are written with conflict markers and the command exits with {EXIT_CONFLICT}. Without KIND: "
         "every op.",
     )
+    _dry_run(update)
+    _time_limit(update)
+    update.set_defaults(handler=_update)
     update_kinds = update.add_subparsers(dest="kind", metavar="KIND")
+    _add_update_op(update_kinds)
+    _add_update_project(update_kinds)
+
+
+def _add_update_op(update_kinds: argparse._SubParsersAction) -> None:
+    """``scaffold update op``: one op (or every op) from its spec, which flags change first."""
     update_op = update_kinds.add_parser(
         "op",
         help="update one op (or every op, without NAME)",
@@ -102,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     update_op.add_argument("--doc", help="a new one-line description")
     _plan_flags(update_op, fuse_help="turn fused mode (torch.compile) on or off in the spec", optional=True)
+    _dry_run(update_op, inner=True)
+    _time_limit(update_op, inner=True)
+    update_op.set_defaults(handler=_update)
+
+
+def _add_update_project(update_kinds: argparse._SubParsersAction) -> None:
+    """``scaffold update project``: the project from its template, merged into the user's files."""
     update_project = update_kinds.add_parser(
         "project",
         help="update the project from scaffold's project template, keeping your edits",
@@ -117,16 +154,12 @@ def _parser() -> argparse.ArgumentParser:
         "and change nothing else",
     )  # fmt: skip
     _template_flag(update_project)
-    # Every level takes these (`scaffold update --dry-run`, `scaffold update op NAME --dry-run`); an inner
-    # level must not reset what the outer one was given, hence SUPPRESS as its default.
-    for command, default in ((update, False), (update_op, argparse.SUPPRESS), (update_project, argparse.SUPPRESS)):
-        command.add_argument(
-            "--dry-run", action="store_true", default=default, help="show the diff of what would change; write nothing"
-        )
-        if command is not update_project:
-            _time_limit(command, default=TIME_LIMIT if default is False else argparse.SUPPRESS)
-        command.set_defaults(handler=_update_project if command is update_project else _update)
+    _dry_run(update_project, inner=True)
+    update_project.set_defaults(handler=_update_project)
 
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
+    """``scaffold bench``: time an op against plain PyTorch."""
     bench = commands.add_parser(
         "bench",
         help="time an op against the same math in plain PyTorch",
@@ -162,10 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _time_limit(bench)
     bench.set_defaults(handler=_bench)
-    return parser
 
 
 def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: bool = False) -> None:
+    """--fuse and --policy: how the op is planned (``optional``: --fuse/--no-fuse, unset by default)."""
     action = argparse.BooleanOptionalAction if optional else "store_true"
     command.add_argument("--fuse", action=action, default=None, help=fuse_help)
     command.add_argument(
@@ -175,6 +208,7 @@ def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: b
 
 
 def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable: str, scalar: str) -> None:
+    """--tensor, --learnable and --scalar (repeatable), with the command's own help for each."""
     for flag, metavar, help_text in (
         ("--tensor", "T[=SHAPE]", tensor),
         ("--learnable", "T[=INIT]", learnable),
@@ -184,20 +218,32 @@ def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable:
 
 
 def _template_flag(command: argparse.ArgumentParser) -> None:
+    """--template: a copier template in place of the shipped one."""
     command.add_argument(
         "--template", metavar="DIR",
         help="a copier template to use instead of the project template shipped with scaffold (e.g. your copy of it)",
     )  # fmt: skip
 
 
-def _time_limit(command: argparse.ArgumentParser, default: object = TIME_LIMIT) -> None:
+def _dry_run(command: argparse.ArgumentParser, *, inner: bool = False) -> None:
+    """--dry-run, which every level of ``scaffold update`` takes (``update --dry-run op`` and ``update op
+    --dry-run`` alike). An ``inner`` level has no default: it must not reset what the outer level was given."""
     command.add_argument(
-        "--time-limit", metavar="SECONDS", type=_seconds, default=default,
+        "--dry-run", action="store_true", default=argparse.SUPPRESS if inner else False,
+        help="show the diff of what would change; write nothing",
+    )  # fmt: skip
+
+
+def _time_limit(command: argparse.ArgumentParser, *, inner: bool = False) -> None:
+    """--time-limit on deriving an op (``inner``: no default, as for :func:`_dry_run`)."""
+    command.add_argument(
+        "--time-limit", metavar="SECONDS", type=_seconds, default=argparse.SUPPRESS if inner else TIME_LIMIT,
         help=f"stop deriving an op after this many seconds (default: {TIME_LIMIT:g})",
     )  # fmt: skip
 
 
 def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
     try:
         value = float(text)
     except ValueError:
@@ -208,6 +254,7 @@ def _seconds(text: str) -> float:
 
 
 def _count(text: str) -> int:
+    """An argparse type: a positive whole number; underscores are ignored (1_048_576)."""
     try:
         value = int(text.replace("_", ""))
     except ValueError:

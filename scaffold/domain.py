@@ -36,7 +36,7 @@ from . import stable
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .functions import Kink, by_class, kink_classes, mpmath_functions
-from .spec import OpSpec
+from .spec import OpSpec, TensorArg
 from .stable import stabilize, to_literal
 
 DEFAULT_DOMAIN = (-3.0, 3.0)
@@ -154,132 +154,214 @@ def _holds(arg: sympy.Expr, low: float | None, high: float | None, closed: bool,
 def infer_domains(
     spec: OpSpec, parsed: ParsedExpression, partials: tuple[sympy.Expr, ...] = (), removable: tuple[str, ...] = ()
 ) -> tuple[InputDomain, ...]:
-    defaults = {parsed.symbols[s.name]: s.default for s in spec.scalars if s.type != "bool"}
-    numbers = {k: sympy.Number(v) for k, v in defaults.items()}
-    literal = to_literal(parsed.expr)  # scalars still symbols: an int scalar exponent is an integer power
+    """Each tensor's :class:`InputDomain`, in the spec's order: declared in the spec or inferred from the
+    forward (see the module doc), then checked numerically on the forward and its ``partials``.
+
+    ``removable`` names the tensors where the forward as written is 0/0 at 0 (``x/expm1(x)``).
+    """
+    numbers = _scalar_values(spec, parsed)
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
-    bounds = {s: _Bounds() for s in tensors}
-    for name in removable:  # 0/0 as written at 0 (x/expm1(x)): the op computes the limit there
-        bounds[parsed.symbols[name]].special.add(0.0)
+    # The walk keeps scalars as symbols where it needs to know an int scalar exponent is an integer power.
+    needs = _needs(to_literal(parsed.expr), tensors, numbers)
+    bounds = _bounds(needs, tensors, [parsed.symbols[name] for name in removable])
+    domains = {t.name: _input_domain(t, bounds[parsed.symbols[t.name]]) for t in spec.tensors}
+    checked = [stabilize(parsed.expr, tensors).xreplace(numbers), *(p.xreplace(numbers) for p in partials)]
+    return _checked(spec, domains, checked, parsed.symbols)
 
-    def constrain(
-        arg: sympy.Expr,
-        low: float | None,
-        high: float | None,
-        what: str,
-        *,
-        closed: bool = False,
-        sample: tuple[float | None, float | None] | None = None,
-    ) -> None:
-        """The op needs ``low < arg < high`` (``<=`` where ``closed``); test inputs are drawn from
-        ``sample`` (default: the same bounds) when narrower."""
-        if _holds(arg, low, high, closed, tensors):
-            return  # holds everywhere, e.g. log(x**2 + 1) or log(1/(1 + exp(-x)))
-        affine = _affine(arg, tensors)
-        if affine is None:
-            return  # left to the numeric check
-        s, k, c = affine
-        sample_low, sample_high = sample or (low, high)
-        for bound, sample_bound, is_low in ((low, sample_low, True), (high, sample_high, False)):
-            if bound is None or sample_bound is None:
-                continue
-            x, y = (bound - c) / k + 0.0, (sample_bound - c) / k + 0.0
-            if (k > 0) == is_low:  # a lower bound on s
-                bounds[s].support &= Support(low=x, low_closed=closed)
-                bounds[s].add_low(y, what)
-            else:
-                bounds[s].support &= Support(high=x, high_closed=closed)
-                bounds[s].add_high(y, what)
 
-    def zero_of_base(base: sympy.Expr) -> None:
-        """A special point where the base of a power with a non-integer exponent is 0."""
-        inner = base.args[0] if isinstance(base, sympy.Abs) else base
-        affine = _affine(inner, tensors)
-        if affine is not None:
-            s, k, c = affine
-            bounds[s].special.add(-c / k + 0.0)
+def _scalar_values(spec: OpSpec, parsed: ParsedExpression) -> dict[sympy.Symbol, sympy.Number]:
+    """The default of every numeric scalar, by its symbol (a bool scalar is no number)."""
+    return {parsed.symbols[s.name]: sympy.Number(s.default) for s in spec.scalars if s.type != "bool"}
 
-    def kink(a: sympy.Expr) -> None:
-        for alternative in _without_minmax(a):  # Min(Max(x, 0), 6) switches where x = 0 and x = 6
-            affine = _affine(alternative, tensors)
-            if affine is not None:
-                s, k, c = affine
-                bounds[s].avoid.add(-c / k + 0.0)
 
-    def power(node: sympy.Pow) -> None:
-        base, exponent = node.base.xreplace(numbers), node.exp
-        if not base.free_symbols & tensors:
-            return
-        text = sympy.sstr(node)
-        if exponent.free_symbols & tensors:
-            constrain(base, 0.0, None, f"{text} needs a positive base")
-        elif exponent.is_integer:  # a number, or an int scalar: defined everywhere but at a pole
-            if exponent.xreplace(numbers).is_negative:
-                kink(base)
-        elif exponent.xreplace(numbers).is_negative:
-            constrain(base, 0.0, None, f"{text} needs a positive base")
-        else:  # x**2.5, x**n with a float scalar n: defined at 0, where n*x**(n-1) is hard
-            constrain(base, 0.0, None, f"{text} needs a base >= 0", closed=True)
-            zero_of_base(base)
+@dataclass(frozen=True)
+class _Restriction:
+    """The op needs ``low < arg < high`` (``<=`` where ``closed``; None: unbounded) because of ``what``;
+    test inputs are drawn from ``sample`` (default: the same bounds) where narrower."""
 
+    arg: sympy.Expr
+    low: float | None
+    high: float | None
+    what: str
+    closed: bool = False
+    sample: tuple[float | None, float | None] | None = None
+
+
+@dataclass(frozen=True)
+class _Needs:
+    """What the forward needs of the expressions in it, each kind in the order they appear."""
+
+    restrictions: tuple[_Restriction, ...] = ()
+    kinks: tuple[sympy.Expr, ...] = ()  # expressions where the op has a kink or a pole at their zeros
+    bases: tuple[sympy.Expr, ...] = ()  # bases of powers with a non-integer exponent, hard at their zeros
+
+    def __add__(self, other: _Needs) -> _Needs:
+        return _Needs(self.restrictions + other.restrictions, self.kinks + other.kinks, self.bases + other.bases)
+
+
+def _needs(literal: sympy.Expr, tensors: set[sympy.Symbol], numbers: dict[sympy.Symbol, sympy.Number]) -> _Needs:
+    """What every power and function of the forward (its textbook formula, scalars as symbols) needs."""
+    needs = _Needs()
     for node in sympy.preorder_traversal(literal):
         if isinstance(node, sympy.Pow):
-            power(node)
-            continue
-        node = node.xreplace(numbers)
-        text = sympy.sstr(node)
-        function = by_class(type(node))
-        if function is not None and function.domain is not None:
-            d = function.domain
-            constrain(node.args[-1], d.low, d.high, f"{text} {d.what}", closed=d.closed, sample=d.sample)
-        elif isinstance(node, kink_classes(Kink.AT_ZERO)):  # Abs, sign, Heaviside
-            kink(node.args[0])
-        elif isinstance(node, kink_classes(Kink.AT_TIES)):  # Max, Min
-            for i, a in enumerate(node.args):
-                for b in node.args[i + 1 :]:
-                    kink(a - b)
-        elif isinstance(node, sympy.core.relational.Relational):
-            kink(node.lhs - node.rhs)
-
-    domains = {}
-    for t in spec.tensors:
-        s = parsed.symbols[t.name]
-        b = bounds[s]
-        if t.domain is not None:
-            low, high = t.domain
-            reason = "declared in the spec"
-            support = Support(low, high, True, True)
-            support_reason = "declared in the spec"
+            needs += _power_needs(node, tensors, numbers)
         else:
-            support = b.support
-            support_reason = "; ".join(dict.fromkeys(b.reasons)) if b.reasons else "nothing restricts it"
-            if b.low is None and b.high is None:
-                low, high = DEFAULT_DOMAIN
-                reason = "the default"
-            else:
-                if b.low is not None and b.high is not None:
-                    margin = min(MARGIN, (b.high - b.low) / 8)
-                    low, high = b.low + margin, b.high - margin
-                elif b.low is not None:
-                    low, high = b.low + MARGIN, b.low + WIDTH
-                else:
-                    low, high = b.high - WIDTH, b.high - MARGIN
-                reason = "inferred: " + "; ".join(dict.fromkeys(b.reasons))
-        avoid = t.avoid if t.avoid is not None else tuple(sorted(v for v in b.avoid if low < v < high))
-        special = tuple(sorted(v for v in {*support.closed_ends, *b.special} if v in support))
-        domains[t.name] = InputDomain(
-            t.name,
-            float(low),
-            float(high),
-            tuple(float(v) for v in avoid),
-            reason,
-            support,
-            support_reason,
-            tuple(float(v) for v in special),
-        )
-    checked = [stabilize(parsed.expr, tensors).xreplace(numbers), *(p.xreplace(numbers) for p in partials)]
+            needs += _function_needs(node.xreplace(numbers))
+    return needs
+
+
+def _power_needs(node: sympy.Pow, tensors: set[sympy.Symbol], numbers: dict[sympy.Symbol, sympy.Number]) -> _Needs:
+    """What a power needs of a base that holds a tensor: positive under a tensor or a negative non-integer
+    exponent, >= 0 under another non-integer one; an integer power is defined everywhere but at a pole."""
+    base, exponent = node.base.xreplace(numbers), node.exp
+    if not base.free_symbols & tensors:
+        return _Needs()
+    text = sympy.sstr(node)
+    if exponent.free_symbols & tensors:
+        return _Needs(restrictions=(_Restriction(base, 0.0, None, f"{text} needs a positive base"),))
+    if exponent.is_integer:  # a number, or an int scalar: defined everywhere but at a pole
+        return _Needs(kinks=(base,)) if exponent.xreplace(numbers).is_negative else _Needs()
+    if exponent.xreplace(numbers).is_negative:
+        return _Needs(restrictions=(_Restriction(base, 0.0, None, f"{text} needs a positive base"),))
+    # x**2.5, x**n with a float scalar n: defined at 0, where n*x**(n-1) is hard
+    return _Needs(
+        restrictions=(_Restriction(base, 0.0, None, f"{text} needs a base >= 0", closed=True),), bases=(base,)
+    )
+
+
+def _function_needs(node: sympy.Basic) -> _Needs:
+    """What any other node (scalars replaced by their defaults) needs: the domain of a function of the
+    registry, the kinks of Abs, sign, Heaviside (at 0), Max and Min (at ties) and of a condition."""
+    function = by_class(type(node))
+    if function is not None and function.domain is not None:
+        d = function.domain
+        what = f"{sympy.sstr(node)} {d.what}"
+        return _Needs(restrictions=(_Restriction(node.args[-1], d.low, d.high, what, d.closed, d.sample),))
+    if isinstance(node, kink_classes(Kink.AT_ZERO)):  # Abs, sign, Heaviside
+        return _Needs(kinks=(node.args[0],))
+    if isinstance(node, kink_classes(Kink.AT_TIES)):  # Max, Min
+        return _Needs(kinks=tuple(a - b for i, a in enumerate(node.args) for b in node.args[i + 1 :]))
+    if isinstance(node, sympy.core.relational.Relational):
+        return _Needs(kinks=(node.lhs - node.rhs,))
+    return _Needs()
+
+
+def _bounds(needs: _Needs, tensors: set[sympy.Symbol], removable: list[sympy.Symbol]) -> dict[sympy.Symbol, _Bounds]:
+    """Per tensor: its support and sampling bounds from the restrictions, the points to avoid from the kinks,
+    special points from the bases' zeros and 0 for a tensor in ``removable``. Only what is affine in one
+    tensor is placed; the rest is left to the numeric check."""
+    bounds = {s: _Bounds() for s in tensors}
+    for s in removable:  # 0/0 as written at 0 (x/expm1(x)): the op computes the limit there
+        bounds[s].special.add(0.0)
+    for restriction in needs.restrictions:
+        _restrict(bounds, restriction, tensors)
+    for kink in needs.kinks:
+        for alternative in _without_minmax(kink):  # Min(Max(x, 0), 6) switches where x = 0 and x = 6
+            zero = _zero(alternative, tensors)
+            if zero is not None:
+                bounds[zero[0]].avoid.add(zero[1])
+    for base in needs.bases:
+        zero = _zero(base.args[0] if isinstance(base, sympy.Abs) else base, tensors)
+        if zero is not None:
+            bounds[zero[0]].special.add(zero[1])
+    return bounds
+
+
+def _restrict(bounds: dict[sympy.Symbol, _Bounds], restriction: _Restriction, tensors: set[sympy.Symbol]) -> None:
+    """Narrow the bounds of the tensor the restricted argument is affine in; nothing where sympy proves
+    the restriction holds everywhere (``log(x**2 + 1)``, ``log(1/(1 + exp(-x)))``) or the argument is not
+    affine (left to the numeric check)."""
+    low, high, closed = restriction.low, restriction.high, restriction.closed
+    if _holds(restriction.arg, low, high, closed, tensors):
+        return
+    affine = _affine(restriction.arg, tensors)
+    if affine is None:
+        return
+    s, k, c = affine
+    sample_low, sample_high = restriction.sample or (low, high)
+    for bound, sample_bound, is_low in ((low, sample_low, True), (high, sample_high, False)):
+        if bound is None or sample_bound is None:
+            continue
+        x, y = (bound - c) / k + 0.0, (sample_bound - c) / k + 0.0
+        if (k > 0) == is_low:  # a lower bound on s
+            bounds[s].support &= Support(low=x, low_closed=closed)
+            bounds[s].add_low(y, restriction.what)
+        else:
+            bounds[s].support &= Support(high=x, high_closed=closed)
+            bounds[s].add_high(y, restriction.what)
+
+
+def _zero(arg: sympy.Expr, tensors: set[sympy.Symbol]) -> tuple[sympy.Symbol, float] | None:
+    """The tensor ``arg`` is affine in and where ``arg`` is 0; None if it is not affine in one tensor."""
+    affine = _affine(arg, tensors)
+    if affine is None:
+        return None
+    s, k, c = affine
+    return s, -c / k + 0.0
+
+
+def _input_domain(tensor: TensorArg, bounds: _Bounds) -> InputDomain:
+    """The tensor's domain from its spec and its inferred bounds."""
+    low, high, reason = _interval(tensor, bounds)
+    support, support_reason = _support(tensor, bounds)
+    return InputDomain(
+        tensor.name,
+        float(low),
+        float(high),
+        tuple(float(v) for v in _avoid(tensor, bounds, low, high)),
+        reason,
+        support,
+        support_reason,
+        tuple(float(v) for v in _special(support, bounds)),
+    )
+
+
+def _interval(tensor: TensorArg, bounds: _Bounds) -> tuple[float, float, str]:
+    """Where test inputs are drawn from, and why: the declared domain, else inside the inferred bounds
+    (:data:`MARGIN` from each, :data:`WIDTH` wide where bounded on one side), else the default."""
+    if tensor.domain is not None:
+        low, high = tensor.domain
+        return low, high, "declared in the spec"
+    if bounds.low is None and bounds.high is None:
+        low, high = DEFAULT_DOMAIN
+        return low, high, "the default"
+    if bounds.low is not None and bounds.high is not None:
+        margin = min(MARGIN, (bounds.high - bounds.low) / 8)
+        low, high = bounds.low + margin, bounds.high - margin
+    elif bounds.low is not None:
+        low, high = bounds.low + MARGIN, bounds.low + WIDTH
+    else:
+        low, high = bounds.high - WIDTH, bounds.high - MARGIN
+    return low, high, "inferred: " + "; ".join(dict.fromkeys(bounds.reasons))
+
+
+def _support(tensor: TensorArg, bounds: _Bounds) -> tuple[Support, str]:
+    """Where the op is defined in the tensor, and why: the declared domain (closed), else the inferred support."""
+    if tensor.domain is not None:
+        low, high = tensor.domain
+        return Support(low, high, True, True), "declared in the spec"
+    return bounds.support, "; ".join(dict.fromkeys(bounds.reasons)) if bounds.reasons else "nothing restricts it"
+
+
+def _avoid(tensor: TensorArg, bounds: _Bounds, low: float, high: float) -> tuple[float, ...]:
+    """The points test inputs keep away from: declared, else the inferred kinks and poles inside the interval."""
+    if tensor.avoid is not None:
+        return tensor.avoid
+    return tuple(sorted(v for v in bounds.avoid if low < v < high))
+
+
+def _special(support: Support, bounds: _Bounds) -> tuple[float, ...]:
+    """The points of the support where the op is hardest: its closed ends and the inferred special points."""
+    return tuple(sorted(v for v in {*support.closed_ends, *bounds.special} if v in support))
+
+
+def _checked(
+    spec: OpSpec, domains: dict[str, InputDomain], exprs: list[sympy.Expr], symbols: dict[str, sympy.Symbol]
+) -> tuple[InputDomain, ...]:
+    """The domains, those of undeclared tensors repaired where ``exprs`` are not finite and real there
+    (:func:`_repair`); a :class:`DerivationError` if no interval tried works."""
     free = [t.name for t in spec.tensors if t.domain is None]
-    repaired = _repair(domains, checked, parsed.symbols, free)
+    repaired = _repair(domains, exprs, symbols, free)
     if repaired is None:
         names = " and ".join(free)
         raise DerivationError(

@@ -448,6 +448,24 @@ class _Rewriter:
             sympy.Mul: self._mul,
             xexpy: self._xexpy,
         }
+        # The rewrites of a product, tried in this order (see _mul): each takes the numeric coefficient and
+        # the other factors, and returns the rewritten product or None.
+        self.product_rules: tuple[Callable[[sympy.Expr, list[sympy.Expr]], sympy.Expr | None], ...] = (
+            self._merged_xexpy,
+            self._softplus_ratio,
+            self._merged_exps,
+            self._exp_over_expm1,
+            self._sigmoid_of_exp,
+            self._exp_times_bounded,
+            self._exp_times_density,
+            self._exp_times_density_sum,
+            self._softmax_of_exps,
+            self._erfcx,
+            self._silu_gelu,
+            self._xlogy,
+            self._exp_times_sum,
+            self._exp_times_tensor,
+        )
 
     def is_tensor(self, expr: sympy.Basic) -> bool:
         return bool(expr.free_symbols & self.tensors)
@@ -714,33 +732,56 @@ class _Rewriter:
         return xexpy(x.args[0], x.args[1] + y) if isinstance(x, xexpy) else None
 
     def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
+        """The product as rewritten by the first of :attr:`product_rules` that applies; None if none does."""
         coefficient, factors = node.as_coeff_mul()
-        factors = list(factors)
-        # x*exp(a) * exp(b) and x*exp(a) * y*exp(b): xexpy(x*y, a + b), one exponential, so that exp(v) *
-        # exp(-b*exp(v)) is exp(v - b*exp(v)), 0 and not inf * 0 where exp(v) overflows
+        for rule in self.product_rules:
+            rewritten = rule(coefficient, list(factors))
+            if rewritten is not None:
+                return rewritten
+        return None
+
+    def _tensor_exps(self, factors: list[sympy.Expr]) -> list[sympy.Expr]:
+        """The exponentials of a tensor among ``factors``."""
+        return [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
+
+    def _merged_xexpy(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """x*exp(a) * exp(b) and x*exp(a) * y*exp(b): xexpy(x*y, a + b), one exponential, so that exp(v) *
+        exp(-b*exp(v)) is exp(v - b*exp(v)), 0 and not inf * 0 where exp(v) overflows."""
         products = [f for f in factors if isinstance(f, xexpy)]
-        if products and len(products) + sum(isinstance(f, sympy.exp) and self.is_tensor(f) for f in factors) > 1:
-            merged = [f for f in factors if f in products or (isinstance(f, sympy.exp) and self.is_tensor(f))]
-            rest = [f for f in factors if f not in merged]
-            x = sympy.Mul(*[f.args[0] for f in products])
-            y = sympy.Add(*[f.args[1] if isinstance(f, xexpy) else f.args[0] for f in merged])
-            return self(coefficient * sympy.Mul(*rest) * xexpy(x, y))
-        # softplus(x) * exp(-log_softplus(y)) = exp(log_softplus(x) - log_softplus(y)): both underflow at
-        # x = y = -100 in float32, and the ratio is 1
-        if any(isinstance(f, sympy.exp) and f.has(log_softplus) for f in factors):
-            powers = [f for f in factors if isinstance(f.as_base_exp()[0], softplus)]
-            if powers:
-                rest = [f for f in factors if f not in powers]
-                logs = [e * log_softplus(b.args[0]) for b, e in (f.as_base_exp() for f in powers)]
-                return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*logs)))
-        # exp(a) * exp(b) = exp(a + b): one exponential, which the rules below and expm1 can then see
+        exps = self._tensor_exps(factors)
+        if not products or len(products) + len(exps) <= 1:
+            return None
+        merged = [f for f in factors if f in products or f in exps]
+        rest = [f for f in factors if f not in merged]
+        x = sympy.Mul(*[f.args[0] for f in products])
+        y = sympy.Add(*[f.args[1] if isinstance(f, xexpy) else f.args[0] for f in merged])
+        return self(coefficient * sympy.Mul(*rest) * xexpy(x, y))
+
+    def _softplus_ratio(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """softplus(x) * exp(-log_softplus(y)) = exp(log_softplus(x) - log_softplus(y)): both underflow at
+        x = y = -100 in float32, and the ratio is 1."""
+        if not any(isinstance(f, sympy.exp) and f.has(log_softplus) for f in factors):
+            return None
+        powers = [f for f in factors if isinstance(f.as_base_exp()[0], softplus)]
+        if not powers:
+            return None
+        rest = [f for f in factors if f not in powers]
+        logs = [e * log_softplus(b.args[0]) for b, e in (f.as_base_exp() for f in powers)]
+        return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*logs)))
+
+    def _merged_exps(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a) * exp(b) = exp(a + b): one exponential, which the rules after this one and expm1 can then
+        see."""
         several = [f for f in factors if isinstance(f, sympy.exp)]
-        if len(several) > 1:
-            rest = [f for f in factors if not isinstance(f, sympy.exp)]
-            return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
-        # exp(m*u) / expm1(u)**k = 1 / ((-expm1(-u))**m * expm1(u)**(k - m)) for integers 0 < m <= k:
-        # exp(x) / expm1(x)**2, the derivative of 1/expm1(x) (Planck's law), is inf/inf at x = 100 in float32
-        for f in several:
+        if len(several) <= 1:
+            return None
+        rest = [f for f in factors if not isinstance(f, sympy.exp)]
+        return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
+
+    def _exp_over_expm1(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(m*u) / expm1(u)**k = 1 / ((-expm1(-u))**m * expm1(u)**(k - m)) for integers 0 < m <= k:
+        exp(x) / expm1(x)**2, the derivative of 1/expm1(x) (Planck's law), is inf/inf at x = 100 in float32."""
+        for f in [f for f in factors if isinstance(f, sympy.exp)]:  # one at most, after _merged_exps
             for g in factors:
                 base, k = g.as_base_exp()
                 if isinstance(base, expm1) and k.is_Integer and k < 0:
@@ -748,36 +789,57 @@ class _Rewriter:
                     if m.is_Integer and 0 < m <= -k:
                         rest = [h for h in factors if h is not f and h is not g]
                         return self(coefficient * sympy.Mul(*rest) * (-expm1(-base.args[0])) ** -m * base ** (k + m))
-        # exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)
+        return None
+
+    def _sigmoid_of_exp(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)."""
         for f in factors:
             if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:
                 factors.remove(f)
                 factors.remove(sigmoid(-f.args[0]))
                 return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
-        # exp(a) * sigmoid(b)**k = exp(a + k*logsigmoid(b)): exp(a) may overflow where the product is finite
-        # (x*exp(x)*sigmoid(-2*exp(x)), the derivative of x*tanh(exp(x))), and inf * 0 is nan. Likewise
-        # exp(a) * ndtr(b) = exp(a + log_ndtr(b)) (K*exp(-r*T)*ndtr(d2) in Black-Scholes at r = -100).
-        exps = [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
+        return None
+
+    def _exp_times_bounded(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a) * sigmoid(b)**k = exp(a + k*logsigmoid(b)): exp(a) may overflow where the product is finite
+        (x*exp(x)*sigmoid(-2*exp(x)), the derivative of x*tanh(exp(x))), and inf * 0 is nan. Likewise
+        exp(a) * ndtr(b) = exp(a + log_ndtr(b)) (K*exp(-r*T)*ndtr(d2) in Black-Scholes at r = -100)."""
+        exps = self._tensor_exps(factors)
         bounded = [f for f in factors if _log_of_bounded(f) is not None and self.is_tensor(f)]
-        if len(exps) == 1 and bounded:
-            for f in (*exps, *bounded):
-                factors.remove(f)
-            exponent = exps[0].args[0] + sympy.Add(*[_log_of_bounded(f) for f in bounded])
-            return coefficient * sympy.exp(exponent) * sympy.Mul(*factors)
-        # exp(a + k*log_ndtr(b)) * log_ndtr_grad(b)**m = exp(a + (k - m)*log_ndtr(b) - m*b**2/2) / (2*pi)**(m/2)
-        # for m <= k: the density without its 1/ndtr(b), which is inf where exp(...) is 0 (b = -inf)
-        if len(exps) == 1:
-            merged = _density_of_log_ndtr(exps[0].args[0], factors)
-            if merged is not None:
-                exponent, used = merged
-                rest = [f for f in factors if f is not exps[0] and f not in used]
-                return self(coefficient * sympy.exp(exponent) * sympy.Mul(*rest))
-            for f in factors:  # exp(...) * (c + d*log_ndtr_grad(b)): multiplied out, so that the rule sees it
-                if f.is_Add and any(_density_of_log_ndtr(exps[0].args[0], t.as_coeff_mul()[1]) for t in f.args):
-                    rest = list(factors)
-                    rest.remove(f)
-                    return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
-        # exp(a) / (exp(a) + exp(b) + ...): sigmoid(a - b) for two terms, exp(a - logaddexp(a, b, ...)) for more
+        if len(exps) != 1 or not bounded:
+            return None
+        for f in (*exps, *bounded):
+            factors.remove(f)
+        exponent = exps[0].args[0] + sympy.Add(*[_log_of_bounded(f) for f in bounded])
+        return coefficient * sympy.exp(exponent) * sympy.Mul(*factors)
+
+    def _exp_times_density(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a + k*log_ndtr(b)) * log_ndtr_grad(b)**m = exp(a + (k - m)*log_ndtr(b) - m*b**2/2) /
+        (2*pi)**(m/2) for m <= k: the density without its 1/ndtr(b), which is inf where exp(...) is 0
+        (b = -inf)."""
+        exps = self._tensor_exps(factors)
+        merged = _density_of_log_ndtr(exps[0].args[0], factors) if len(exps) == 1 else None
+        if merged is None:
+            return None
+        exponent, used = merged
+        rest = [f for f in factors if f is not exps[0] and f not in used]
+        return self(coefficient * sympy.exp(exponent) * sympy.Mul(*rest))
+
+    def _exp_times_density_sum(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(...) * (c + d*log_ndtr_grad(b)): multiplied out, so that :meth:`_exp_times_density` sees it."""
+        exps = self._tensor_exps(factors)
+        if len(exps) != 1:
+            return None
+        for f in factors:
+            if f.is_Add and any(_density_of_log_ndtr(exps[0].args[0], t.as_coeff_mul()[1]) for t in f.args):
+                rest = list(factors)
+                rest.remove(f)
+                return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
+        return None
+
+    def _softmax_of_exps(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a) / (exp(a) + exp(b) + ...): sigmoid(a - b) for two terms, exp(a - logaddexp(a, b, ...)) for
+        more."""
         for f in factors:
             for g in factors:
                 if isinstance(f, sympy.exp) and g.is_Pow and g.exp == -1 and g.base.is_Add:
@@ -786,44 +848,63 @@ class _Rewriter:
                         factors.remove(f)
                         factors.remove(g)
                         return coefficient * softmax * sympy.Mul(*factors)
-        # exp(u**2) * erfc(u) = erfcx(u)
+        return None
+
+    def _erfcx(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(u**2) * erfc(u) = erfcx(u)."""
         for f in factors:
             if isinstance(f, sympy.erfc) and sympy.exp(f.args[0] ** 2) in factors:
                 factors.remove(f)
                 factors.remove(sympy.exp(f.args[0] ** 2))
                 return coefficient * erfcx(f.args[0]) * sympy.Mul(*factors)
-        # u * sigmoid(u) = silu(u); u * ndtr(u) = gelu(u): one kernel each, with their own derivatives
+        return None
+
+    def _silu_gelu(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """u * sigmoid(u) = silu(u); u * ndtr(u) = gelu(u): one kernel each, with their own derivatives."""
         for f in factors:
             if isinstance(f, (sigmoid, ndtr)) and f.args[0] != 0:
                 u = f.args[0]
                 scale, rest = _factor_out(coefficient, factors, f, u)
                 if rest is not None:
                     return scale * (silu(u) if isinstance(f, sigmoid) else gelu(u)) * rest
-        # x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0 ((1 - x)**(b - 1) * log(1 - x) at
-        # x = 1, b > 1); x * log1p(y) = xlog1py(x, y) likewise where y = -1
+        return None
+
+    def _xlogy(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0 ((1 - x)**(b - 1) * log(1 - x) at
+        x = 1, b > 1); x * log1p(y) = xlog1py(x, y) likewise where y = -1."""
         logs = [f for f in factors if isinstance(f, (sympy.log, log1p)) and self.is_tensor(f)]
         tensor_factors = [f for f in factors if f not in logs and self.is_tensor(f)]
-        if len(logs) == 1 and tensor_factors:
-            scalars = [f for f in factors if f not in logs and f not in tensor_factors]
-            kind = xlogy if isinstance(logs[0], sympy.log) else xlog1py
-            return coefficient * sympy.Mul(*scalars) * kind(sympy.Mul(*tensor_factors), logs[0].args[0])
-        # exp(a) * (c + k*exp(b) + ...) multiplied out, so that exp(a) * exp(b) becomes exp(a + b): finite
-        # where exp(b) overflows and exp(a) is 0 (the second derivative of x*tanh(exp(x)) at x = 100 in float32)
-        growing = [f for f in factors if isinstance(f, (sympy.exp, xexpy)) and self.is_tensor(f)]
-        for f in factors if growing else ():
+        if len(logs) != 1 or not tensor_factors:
+            return None
+        scalars = [f for f in factors if f not in logs and f not in tensor_factors]
+        kind = xlogy if isinstance(logs[0], sympy.log) else xlog1py
+        return coefficient * sympy.Mul(*scalars) * kind(sympy.Mul(*tensor_factors), logs[0].args[0])
+
+    def _exp_times_sum(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a) * (c + k*exp(b) + ...) multiplied out, so that exp(a) * exp(b) becomes exp(a + b): finite
+        where exp(b) overflows and exp(a) is 0 (the second derivative of x*tanh(exp(x)) at x = 100 in
+        float32)."""
+        if not any(isinstance(f, (sympy.exp, xexpy)) and self.is_tensor(f) for f in factors):
+            return None
+        for f in factors:
             if f.is_Add and len(f.args) <= _MAX_MULTIPLIED_OUT and _has_growing_exp(f, self.tensors):
                 rest = list(factors)
                 rest.remove(f)
                 return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
-        # x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
-        # independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)
-        if len(exps) == 1 and not exps[0].args[0].is_nonpositive:
-            others = [f for f in factors if f is not exps[0] and self.is_tensor(f)]
-            v = exps[0].args[0]
-            if others and not sympy.Mul(*others).free_symbols & self.tensors <= v.free_symbols:
-                scalars = [f for f in factors if f is not exps[0] and not self.is_tensor(f)]
-                return coefficient * sympy.Mul(*scalars) * xexpy(sympy.Mul(*others), v)
         return None
+
+    def _exp_times_tensor(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
+        independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)."""
+        exps = self._tensor_exps(factors)
+        if len(exps) != 1 or exps[0].args[0].is_nonpositive:
+            return None
+        others = [f for f in factors if f is not exps[0] and self.is_tensor(f)]
+        v = exps[0].args[0]
+        if not others or sympy.Mul(*others).free_symbols & self.tensors <= v.free_symbols:
+            return None
+        scalars = [f for f in factors if f is not exps[0] and not self.is_tensor(f)]
+        return coefficient * sympy.Mul(*scalars) * xexpy(sympy.Mul(*others), v)
 
     def _softmax(self, a: sympy.Expr, total: sympy.Add) -> sympy.Expr | None:
         exponents = [self._exp_term(t) for t in total.args]
