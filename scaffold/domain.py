@@ -99,6 +99,7 @@ class InputDomain:
     support: Support = Support()
     support_reason: str = "nothing restricts it"
     special: tuple[float, ...] = ()  # closed ends of the support, zeros of the base of a non-integer power
+    init: float | None = None  # a learnable tensor's initial value in the Module (None: not learnable)
 
 
 @dataclass
@@ -166,7 +167,13 @@ def infer_domains(
     bounds = _bounds(needs, tensors, [parsed.symbols[name] for name in removable])
     domains = {t.name: _input_domain(t, bounds[parsed.symbols[t.name]]) for t in spec.tensors}
     checked = [stabilize(parsed.expr, tensors).xreplace(numbers), *(p.xreplace(numbers) for p in partials)]
-    return _checked(spec, domains, checked, parsed.symbols)
+    domains = _checked(spec, domains, checked, parsed.symbols)
+    return tuple(_with_init(t, d) for t, d in zip(spec.tensors, domains))
+
+
+def _with_init(tensor: TensorArg, domain: InputDomain) -> InputDomain:
+    """A learnable tensor's domain with its initial value in the Module (:func:`learnable_init`)."""
+    return dataclasses.replace(domain, init=learnable_init(tensor.init, domain)) if tensor.learnable else domain
 
 
 def _scalar_values(spec: OpSpec, parsed: ParsedExpression) -> dict[sympy.Symbol, sympy.Number]:

@@ -20,7 +20,7 @@ import sympy
 
 from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
-from .domain import InputDomain, learnable_init
+from .domain import InputDomain
 from .errors import DerivationError
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
@@ -275,9 +275,7 @@ def module_view(
     has_kinks = any(derivation.forward.has(cls) for cls in (*kink_classes(), sympy.Piecewise))
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
-    learnables = [
-        Learnable(t.name, tuple(t.shape), learnable_init(t.init, by_name[t.name])) for t in spec.tensors if t.learnable
-    ]
+    learnables = [Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable]
     backward_params = ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
     backward_params += [f"{n}_shape" for n in tensor_names]
     backward_args = ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
