@@ -8,13 +8,33 @@ import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
 
 from .errors import WriteError
 
-if TYPE_CHECKING:
-    from .changes import FileChange
+
+@dataclass(frozen=True)
+class FileChange:
+    """One file of the project, as it is (``old``, None when absent) and as it will be (``new``, None when
+    it stays absent).
+
+    ``status`` is one of created, unchanged, updated (the user had not edited it), merged (the user's
+    edits kept), conflict (``conflicts`` regions written with markers) or overwritten (``--force``); a
+    template update also leaves files alone: kept (there, as they are) or absent (not there, not created),
+    with a ``note`` saying why. ``record`` marks scaffold's own bookkeeping under .scaffold/.
+    """
+
+    path: PurePosixPath
+    old: str | None
+    new: str | None
+    status: str
+    conflicts: int = 0
+    record: bool = False
+    note: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
 
 
 @dataclass(frozen=True)
