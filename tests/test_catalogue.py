@@ -22,8 +22,10 @@ from scaffold import compile_op, generate_op, spec_from_mapping
 
 try:
     from .catalogue import OPS, CatalogueOp
+    from .conftest import run_pytest
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS, CatalogueOp
+    from conftest import run_pytest
 
 MARGIN = 0.1  # distance kept from the kinks and poles scaffold reports (the generated tests keep 0.05)
 _counter = itertools.count()
@@ -120,13 +122,7 @@ def test_generated_tests_pass(tmp_path: Path):
         _write(op, tmp_path)
     # An ini file of its own makes tmp_path the rootdir, so no configuration above it applies.
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_pytest(tmp_path, "--tb=short", str(tmp_path))
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
 
