@@ -6,10 +6,13 @@ translation is an error naming that node; nothing is printed half-right. It fixe
 ``TorchPrinter`` gets wrong:
 
 * ``Max``/``Min`` with numbers or scalar arguments use ``torch.clamp`` (``torch.maximum`` needs tensors);
-* ``Heaviside`` keeps its value at 0 and the input's dtype; as a factor it is a boolean mask, ``(x > 0)``;
-* ``Piecewise`` becomes nested ``torch.where``, and a branch with a restricted domain (log, sqrt, ...)
-  gets its input clamped into the branch's region, so the untaken branch cannot put a NaN into the
-  gradient of the ``where``;
+* ``Heaviside`` keeps its value at 0 and the input's dtype; a step that multiplies selects,
+  ``torch.where(x > 0, rest, 0)``, so that an overflowing factor it zeroes cannot make ``inf * 0``;
+* ``Piecewise`` becomes nested ``torch.where``; a branch whose input :mod:`.lowering` kept inside the
+  branch's region (``within``) prints that as a ``where`` too, so the untaken branch cannot put a NaN
+  into the gradient;
+* a case distinction between numbers takes its dtype from a float tensor beside it (never from a bool
+  mask), and ``grad * tanh_grad(t)`` is one fused kernel, ``torch.ops.aten.tanh_backward``;
 * ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
 * functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`;
 * the stable primitives of :mod:`.stable` map to PyTorch's own (``softplus`` ->
