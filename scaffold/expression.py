@@ -3,6 +3,11 @@
 The text is parsed with Python's :mod:`ast` and every node is checked against an allow-list before a sympy
 object is built from it; user text is never passed to ``eval``, ``sympify`` or ``parse_expr``. Numbers are
 bounded so that no input makes sympy compute for ever (``2**10**10``).
+
+A forward may be written in steps, one per line (or separated by ``;``): every line but the last is
+``name = expression``, the last a bare expression or an assignment, and a name can be used on the lines
+after it (``h = x*w + b`` then ``h*sigmoid(h)``). The steps are substituted into the last expression: the
+stages after this one see one expression, as for a forward written in one line.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ MAX_NODES = 4000
 MAX_INTEGER_DIGITS = 30
 MAX_EXPONENT = 64
 MAX_POWER_DIGITS = 300
+#: Parts of a forward written in steps once they are substituted (each use of a step copies it).
+MAX_SUBSTITUTED_NODES = 20000
 
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
 KNOWN_NAMES = frozenset(functions.spellings()) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
@@ -41,13 +48,32 @@ _COMPARISONS = {
 
 
 @dataclass(frozen=True)
+class NamedStep:
+    """A named intermediate of a forward written in steps, as written: ``h = x*w + b`` on line 1."""
+
+    name: str
+    text: str
+    line: int
+
+
+@dataclass(frozen=True)
 class ParsedExpression:
-    """The forward as sympy, with the symbol of every argument (in call order)."""
+    """The forward as sympy, with the symbol of every argument (in call order). A forward written in steps
+    has them in ``steps`` (for messages and docstrings); ``expr`` has them substituted."""
 
     expr: sympy.Expr
     symbols: dict[str, sympy.Symbol]
     tensor_names: tuple[str, ...]
     scalar_names: tuple[str, ...]
+    steps: tuple[NamedStep, ...] = ()
+    output_text: str = ""  # the last line's expression as written, or the name it assigns
+
+    @property
+    def written(self) -> str:
+        """The forward on one line, as written: ``h*sigmoid(h), where h = x*w + b``."""
+        if not self.steps:
+            return ""
+        return f"{self.output_text}, where " + "; ".join(f"{s.name} = {s.text}" for s in self.steps)
 
 
 def make_symbols(spec: OpSpec) -> dict[str, sympy.Symbol]:
@@ -70,7 +96,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 where=where,
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
-    expr = parse_expression(spec.forward, symbols, where=where)
+    expr, steps, output_text = parse_steps(spec.forward, symbols, where=where)
     if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
         raise ExpressionError(
             f"the forward {spec.forward!r} is a condition, not a number",
@@ -105,6 +131,8 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
         symbols=symbols,
         tensor_names=tensor_names,
         scalar_names=tuple(s.name for s in spec.scalars),
+        steps=steps,
+        output_text=output_text,
     )
 
 
@@ -149,6 +177,122 @@ def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str 
     if count > MAX_NODES:
         raise ExpressionError(f"the expression has more than {MAX_NODES} parts", where=where)
     return _Builder(text.strip(), symbols, where).build(tree.body, 0)
+
+
+def parse_steps(
+    text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward"
+) -> tuple[sympy.Expr, tuple[NamedStep, ...], str]:
+    """Parse a forward written in one expression or in steps: the expression with every step substituted,
+    the steps as written, and the last line's expression as written ("" for one expression)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            ast.parse(text.strip(), mode="eval")
+    except SyntaxError as exc:
+        program = _parse_program(text, exc, where)
+        if program is not None:
+            return _build_program(text.strip(), program, symbols, where)
+    return parse_expression(text, symbols, where=where), (), ""
+
+
+def _parse_program(text: str, error: SyntaxError, where: str) -> ast.Module | None:
+    """``text`` as statements, or None where it is no program (one expression with a syntax error, reported
+    as such); a program with a syntax error is reported at its line."""
+    if len(text) > MAX_LENGTH or not text.strip():
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.parse(text.strip(), mode="exec")
+    except SyntaxError as exc:
+        if "\n" not in text.strip() and ";" not in text:
+            return None
+        column = f", column {exc.offset}" if exc.offset else ""
+        raise ExpressionError(
+            f"cannot parse line {exc.lineno}{column}: {exc.msg}",
+            where=where,
+            hint="write one step per line, name = expression, and the result last, e.g. h = x*w + b then h*tanh(h)",
+        ) from None
+
+
+def _build_program(
+    text: str, program: ast.Module, symbols: dict[str, sympy.Symbol], where: str
+) -> tuple[sympy.Expr, tuple[NamedStep, ...], str]:
+    """The statements of a forward written in steps, checked and substituted into the last one."""
+    if sum(1 for _ in ast.walk(program)) > MAX_NODES:
+        raise ExpressionError(f"the forward has more than {MAX_NODES} parts", where=where)
+    values: dict[str, sympy.Basic] = dict(symbols)
+    steps: list[NamedStep] = []
+    expr, output_text = None, ""
+    statements = program.body
+    for i, statement in enumerate(statements):
+        at = f"{where}, line {statement.lineno}"
+        if isinstance(statement, ast.Expr) and i == len(statements) - 1:
+            expr = _Builder(text, values, at).build(statement.value, 0)
+            output_text = ast.get_source_segment(text, statement.value) or ""
+            continue
+        name = _step_name(statement, values, symbols, at)
+        values[name] = _Builder(text, values, at).build(statement.value, 0)
+        steps.append(NamedStep(name, ast.get_source_segment(text, statement.value) or "", statement.lineno))
+    intermediates = steps
+    if expr is None:  # the last line assigns: its name is the result
+        expr, output_text, intermediates = values[steps[-1].name], steps[-1].name, steps[:-1]
+    used = {n.id for s in statements for n in ast.walk(s.value) if isinstance(n, ast.Name)}
+    for step in intermediates:
+        if step.name not in used:
+            raise ExpressionError(
+                f"{step.name!r} is assigned but never used",
+                where=f"{where}, line {step.line}",
+                hint=f"use {step.name} on a later line, or remove the line",
+            )
+    if _tree_size(expr, {}) > MAX_SUBSTITUTED_NODES:
+        raise ExpressionError(
+            f"the forward has more than {MAX_SUBSTITUTED_NODES} parts once its steps are substituted",
+            where=where,
+            hint="each use of a step copies it: use a step fewer times, or write the op in fewer steps",
+        )
+    return expr, tuple(steps), output_text
+
+
+def _step_name(
+    statement: ast.stmt, values: dict[str, sympy.Basic], symbols: dict[str, sympy.Symbol], where: str
+) -> str:
+    """The name a line assigns: one new name that is no argument, function or constant."""
+    hint = "each line but the last is name = expression, the last a bare expression or an assignment"
+    if isinstance(statement, ast.Expr):
+        raise ExpressionError("only the last line may be a bare expression", where=where, hint=hint)
+    if isinstance(statement, ast.AugAssign):
+        raise ExpressionError("+= and the like are not allowed: each step assigns a new name", where=where, hint=hint)
+    if not isinstance(statement, ast.Assign):
+        kind = type(statement).__name__.lower()
+        raise ExpressionError(f"a Python {kind} statement is not allowed in a forward", where=where, hint=hint)
+    if len(statement.targets) != 1 or not isinstance(statement.targets[0], ast.Name):
+        raise ExpressionError("a step assigns one name (no tuples, no a = b = ...)", where=where, hint=hint)
+    name = statement.targets[0].id
+    if name in symbols:
+        raise ExpressionError(
+            f"{name!r} is an argument of the op; a step cannot assign it",
+            where=where,
+            hint=f"name the step differently, e.g. {name + '_1'!r}",
+        )
+    if name in KNOWN_NAMES:
+        raise ExpressionError(
+            f"{name!r} is the name of a function or constant in expressions",
+            where=where,
+            hint="name the step differently",
+        )
+    if name in values:
+        raise ExpressionError(
+            f"{name!r} is assigned twice", where=where, hint="give each step a name of its own, e.g. h1, h2"
+        )
+    return name
+
+
+def _tree_size(expr: sympy.Basic, sizes: dict[sympy.Basic, int]) -> int:
+    """The number of parts of ``expr`` written out as a tree, counted once per distinct subexpression."""
+    if expr not in sizes:
+        sizes[expr] = 1 + sum(_tree_size(arg, sizes) for arg in expr.args)
+    return sizes[expr]
 
 
 class _Builder:

@@ -286,7 +286,8 @@ def module_view(
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
-        forward_text=_docstring_text(" ".join(spec.forward.split())),
+        # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
+        forward_text=_docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
         doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
         imports=[IMPORTS[alias] for alias in sorted(code.imports)],
