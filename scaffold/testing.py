@@ -556,7 +556,7 @@ def _backend_unavailable(backend: str, device: str) -> str:
     try:
         with _quiet_torch():
             torch.compile(lambda x: x + 1, backend=backend, fullgraph=True)(torch.ones(2, device=device))
-    except Exception as exc:  # a missing compiler, an unsupported platform: anything but the op
+    except Exception as exc:  # noqa: BLE001 - a missing compiler, an unsupported platform: anything but the op
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return ""
 
