@@ -57,7 +57,12 @@ def _add_new_op(kinds: argparse._SubParsersAction) -> None:
     )
     op.add_argument("name", nargs="?", help="op name, a Python identifier (e.g. leaky_relu)")
     op.add_argument("--spec", metavar="FILE", help="read the op from a TOML spec file instead of flags")
-    op.add_argument("--forward", metavar="EXPR", help='the forward as sympy math, e.g. "x * tanh(log(1 + exp(x)))"')
+    op.add_argument(
+        "--forward",
+        metavar="EXPR",
+        help='the forward as sympy math, e.g. "x * tanh(log(1 + exp(x)))", or in steps separated by ";", '
+        'e.g. "h = x*w + b; h*sigmoid(h)"',
+    )
     _argument_flags(
         op,
         tensor="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[])",
