@@ -56,7 +56,25 @@ def environment() -> jinja2.Environment:
     # Names assigned from a tuple, or a tuple of names to return: one name is (x,).
     env.filters["unpack"] = _unpack
     env.filters["repr"] = repr  # a value as a Python literal
+    env.filters["hanging"] = _hanging
     return env
+
+
+#: Generated lines stay within this width (ruff's line length in scaffold's own style and the project
+#: template's); docstrings are not wrapped by the formatter.
+LINE_WIDTH = 120
+
+
+def _hanging(text: str, first: str, indent: int) -> str:
+    """``first + text`` wrapped at spaces to :data:`LINE_WIDTH`, later lines indented by ``indent``: a long
+    formula in a docstring (a product without spaces stays whole)."""
+    return textwrap.fill(
+        first + text,
+        width=LINE_WIDTH,
+        subsequent_indent=" " * indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def _docstring_text(text: str) -> str:

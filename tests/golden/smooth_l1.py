@@ -3,7 +3,8 @@
 
 Elementwise smooth L1 (Huber-like) loss, as torch.nn.functional.smooth_l1_loss(reduction='none').
 
-    smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta), (Abs(input - target) - 0.5 * beta, True))
+    smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
+        (Abs(input - target) - 0.5 * beta, True))
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ def _differentiating_backward() -> bool:
 
 
 class SmoothL1Function(torch.autograd.Function):
-    """out = Piecewise(((input - target)**2/(2*beta), beta > Abs(input - target)), (-beta/2 + Abs(input - target), True))
+    """out = Piecewise(((input - target)**2/(2*beta), beta > Abs(input - target)), (-beta/2 + Abs(input - target),
+        True))
 
     Partial derivatives, each multiplied by grad_output in backward:
 
         d out / d input = Piecewise(((input - target)/beta, beta > Abs(input - target)), (sign(input - target), True))
-        d out / d target = Piecewise(((-input + target)/beta, beta > Abs(input - target)), (-sign(input - target), True))
+        d out / d target = Piecewise(((-input + target)/beta, beta > Abs(input - target)), (-sign(input - target),
+            True))
 
     At kinks scaffold follows PyTorch's convention: the derivative of a step (DiracDelta) is 0,
     Heaviside steps in derivatives are 0 at 0 and sign(0) = 0, so relu'(0) = 0 and |x|'(0) = 0.
@@ -179,7 +182,9 @@ def _function() -> type[SmoothL1Function]:
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
-    """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta), (Abs(input - target) - 0.5 * beta, True))"""
+    """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
+    (Abs(input - target) - 0.5 * beta, True))
+    """
     return _function().apply(input, target, beta)
 
 
