@@ -69,6 +69,11 @@ def _add_new_op(kinds: argparse._SubParsersAction) -> None:
         learnable="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape",
         scalar="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
     )
+    op.add_argument(
+        "--gradient", metavar="T=EXPR", action="append", default=[],
+        help='a custom gradient: what backward returns for tensor T, over the forward\'s names and grad '
+        '(the upstream gradient), e.g. x="grad" for a straight-through estimator (repeatable)',
+    )  # fmt: skip
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
     _plan_flags(op, fuse_help="run the op's math through torch.compile (fuse = true in a spec)")
     op.add_argument(
@@ -272,7 +277,8 @@ def _count(text: str) -> int:
 def _new_op(args: argparse.Namespace) -> int:
     if args.spec:
         given = [f for f, v in (("NAME", args.name), ("--forward", args.forward), ("--tensor", args.tensor),
-                                ("--scalar", args.scalar), ("--learnable", args.learnable)) if v]  # fmt: skip
+                                ("--scalar", args.scalar), ("--learnable", args.learnable),
+                                ("--gradient", args.gradient)) if v]  # fmt: skip
         if given:
             raise SpecError(
                 f"--spec cannot be combined with {', '.join(given)}",
@@ -302,6 +308,7 @@ def _new_op(args: argparse.Namespace) -> int:
             doc=args.doc,
             fuse=bool(args.fuse),
             policy=args.policy or "memory",
+            gradients=args.gradient,
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -460,7 +467,7 @@ def _record_folder(path: PurePosixPath) -> PurePosixPath:
 
 
 #: Options whose value may start with "-" (a forward of -x * y), which argparse would take for an option.
-_DASHED_VALUES = ("--forward", "--doc")
+_DASHED_VALUES = ("--forward", "--doc", "--gradient")
 
 
 def _attach_dashed_values(argv: Sequence[str]) -> list[str]:

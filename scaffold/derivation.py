@@ -21,7 +21,7 @@ import sympy
 from sympy.core.logic import fuzzy_and
 
 from .errors import DerivationError
-from .expression import ParsedExpression
+from .expression import GRAD, ParsedExpression
 from .functions import sign_preserving_classes, step_classes
 from .stable import accurate_kernels, remove_singularities, stabilize
 
@@ -54,6 +54,9 @@ class Derivation:
     partials: tuple[Partial, ...]
     warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
     removable: tuple[str, ...] = ()  # tensors at whose 0 the forward as written is 0/0 (x/expm1(x))
+    # Custom gradients, in stable primitives: tensor name -> what backward returns for it, over the
+    # arguments and expression.GRAD. Forward mode keeps the forward's own derivative, ``partials``.
+    custom: tuple[tuple[str, sympy.Expr], ...] = ()
 
 
 def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.Expr:
@@ -262,13 +265,19 @@ def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
         Partial(name, differentiate(forward, parsed.symbols[name], tensors, what="the forward", where=where))
         for name in parsed.tensor_names
     )
-    flat = [p.name for p in partials if p.expr == 0 and parsed.symbols[p.name] in forward.free_symbols]
+    custom = tuple((name, stabilize(expr, tensors | {GRAD})) for name, expr in parsed.gradients)
+    flat = [
+        p.name
+        for p in partials
+        if p.expr == 0 and parsed.symbols[p.name] in forward.free_symbols and p.name not in dict(custom)
+    ]
     return Derivation(
         parsed=parsed,
         forward=forward,
         partials=partials,
         warnings=_unused_scalar_warnings(parsed) + _flat_warnings(parsed, flat),
         removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
+        custom=custom,
     )
 
 
@@ -296,8 +305,9 @@ def differentiate(
 
 
 def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
-    """A warning for each scalar argument the forward does not use: it stays an argument of the op."""
-    used = parsed.expr.free_symbols
+    """A warning for each scalar argument neither the forward nor a custom gradient uses: it stays an
+    argument of the op."""
+    used = parsed.expr.free_symbols.union(*(expr.free_symbols for _, expr in parsed.gradients))
     return tuple(
         f"the scalar argument {name!r} is not used in the forward; the op still takes it\n"
         f"  hint: remove it from the spec (or the --scalar flag), or use it in the expression"

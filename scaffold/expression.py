@@ -54,6 +54,11 @@ class NamedStep:
     name: str
     text: str
     line: int
+    value: sympy.Expr  # over the arguments, earlier steps substituted
+
+
+#: The upstream gradient in a custom gradient's expression (``gradients.x = "grad"``).
+GRAD = sympy.Symbol("grad", real=True)
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class ParsedExpression:
     scalar_names: tuple[str, ...]
     steps: tuple[NamedStep, ...] = ()
     output_text: str = ""  # the last line's expression as written, or the name it assigns
+    # Custom gradients: tensor name -> what backward returns for it, over the arguments and GRAD.
+    gradients: tuple[tuple[str, sympy.Expr], ...] = ()
 
     @property
     def written(self) -> str:
@@ -126,6 +133,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
             hint="check for a division by zero or a log of a negative constant",
         )
     _check_constants(expr, spec, symbols, where)
+    gradients = _parse_gradients(spec, symbols, steps)
     return ParsedExpression(
         expr=expr,
         symbols=symbols,
@@ -133,7 +141,33 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
         scalar_names=tuple(s.name for s in spec.scalars),
         steps=steps,
         output_text=output_text,
+        gradients=gradients,
     )
+
+
+def _parse_gradients(
+    spec: OpSpec, symbols: dict[str, sympy.Symbol], steps: tuple[NamedStep, ...]
+) -> tuple[tuple[str, sympy.Expr], ...]:
+    """The custom gradients, parsed over the arguments, the forward's steps and ``grad``."""
+    if not spec.gradients:
+        return ()
+    names: dict[str, sympy.Basic] = {**symbols, **{s.name: s.value for s in steps}}
+    if GRAD.name in names:
+        raise ExpressionError(
+            f"{GRAD.name!r} names the upstream gradient in custom gradients, and also an argument or step",
+            where=f"{spec.source}: gradients",
+            hint=f"rename the argument or step {GRAD.name!r}",
+        )
+    names[GRAD.name] = GRAD
+    parsed = []
+    for name, text in spec.gradients:
+        where = f"{spec.source}: gradients.{name}"
+        expr = parse_expression(text, names, where=where)
+        if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
+            raise ExpressionError(f"the gradient {text!r} is a condition, not a number", where=where)
+        _check_constants(expr, spec, symbols, where)
+        parsed.append((name, expr))
+    return tuple(parsed)
 
 
 def _check_constants(expr: sympy.Basic, spec: OpSpec, symbols: dict[str, sympy.Symbol], where: str) -> None:
@@ -233,7 +267,8 @@ def _build_program(
             continue
         name = _step_name(statement, values, symbols, at)
         values[name] = _Builder(text, values, at).build(statement.value, 0)
-        steps.append(NamedStep(name, ast.get_source_segment(text, statement.value) or "", statement.lineno))
+        segment = ast.get_source_segment(text, statement.value) or ""
+        steps.append(NamedStep(name, segment, statement.lineno, values[name]))
     intermediates = steps
     if expr is None:  # the last line assigns: its name is the result
         expr, output_text, intermediates = values[steps[-1].name], steps[-1].name, steps[:-1]

@@ -33,6 +33,7 @@ import sympy
 
 from . import lowering
 from .derivation import Derivation, differentiate
+from .expression import GRAD
 from .spec import OpSpec
 
 GRAD_OUTPUT = "grad_output"
@@ -124,6 +125,8 @@ class BackwardPlan:
     # what ``scaffold bench`` runs under plain autograd.
     reference_steps: tuple[Step, ...]
     reference_expr: sympy.Expr
+    # Custom gradients as written (over the arguments and expression.GRAD): the generated test's formulas.
+    custom_gradients: tuple[tuple[str, sympy.Expr], ...]
     backward: DerivativeCode
     saved: tuple[str, ...]  # saved for backward, in order: inputs, then masks, then OUTPUT
     masks: tuple[Mask, ...]  # computed in setup_context from the inputs
@@ -245,7 +248,9 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
 
     # Backward: choose what it reads (see the module docstring), then share its subexpressions.
     forward = derivation.forward
-    plain = [grad_output * p.expr for p in derivation.partials]
+    # A custom gradient replaces grad_output times the derived partial (it need not be linear in it).
+    custom = {name: expr.xreplace({GRAD: grad_output}) for name, expr in derivation.custom}
+    plain = [custom.get(p.name, grad_output * p.expr) for p in derivation.partials]
     variants = [plain]
     if not forward.is_Symbol:
         with_output = [e.xreplace({forward: output}) for e in plain]
@@ -273,6 +278,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         forward_expr=forward_expr,
         reference_steps=reference_steps,
         reference_expr=reference_expr,
+        custom_gradients=parsed.gradients,
         backward=backward,
         saved=saved + tuple(m.name for m in used_masks) + ((OUTPUT,) if OUTPUT in backward_names else ()),
         masks=used_masks,

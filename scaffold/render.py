@@ -22,6 +22,7 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError
+from .expression import GRAD
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
@@ -241,6 +242,7 @@ class ModuleView:
     forward_math: str
     stable_note: str
     partials: list[tuple[str, str]]
+    custom_gradients: list[tuple[str, str]]  # as the spec gives them
     kink_note: str
     # the Module
     module_init_params: list[str]
@@ -338,6 +340,7 @@ def module_view(
         forward_math=_docstring_text(_math(derivation.forward)),
         stable_note=_stable_note(derivation),
         partials=[(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
+        custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         kink_note=KINK_CONVENTION if has_kinks else "",
         module_init_params=scalar_params,
         learnables=learnables,
@@ -477,6 +480,7 @@ class TestView:
     inputs: list[InputView]
     scalars: list[tuple[str, object]]  # name, default
     special: bool  # some input has special points
+    gradients: list[tuple[str, str]]  # custom gradients: tensor name, its formula in plain torch
 
 
 def test_view(
@@ -490,6 +494,9 @@ def test_view(
 ) -> TestView:
     code = _CodePrinter(spec)
     reference_lines = _reference_lines(code, plan)
+    code.scope()
+    code.tensors.add(GRAD.name)
+    gradients = [(name, code(expr)) for name, expr in plan.custom_gradients]
     by_name = {d.name: d for d in domains}
     shapes = small_shapes(spec)
     module_shapes = _module_shapes(spec, shapes)
@@ -518,12 +525,13 @@ def test_view(
         testing_module=testing_module,
         own_device_fixture=own_device_fixture,
         imports=[IMPORTS[alias] for alias in sorted(code.imports)],
-        imports_torch=any("torch." in line for line in reference_lines),
+        imports_torch=any("torch." in line for line in [*reference_lines, *(g for _, g in gradients)]),
         reference_params=[a.name for a in spec.arguments],
         reference_lines=reference_lines,
         inputs=inputs,
         scalars=[(s.name, s.default) for s in spec.scalars],
         special=any(by_name[t.name].special for t in spec.tensors),
+        gradients=gradients,
     )
 
 

@@ -183,6 +183,9 @@ class OpSpec:
     policy: str = "memory"
     #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
     source: str = "command-line flags"
+    #: Custom gradients: (tensor name, the expression backward returns for it, over the forward's names
+    #: and ``grad``, the upstream gradient), in place of the derived one.
+    gradients: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         where = self.source
@@ -240,6 +243,25 @@ class OpSpec:
                 raise SpecError(f"argument {arg.name!r} is declared twice", where=arg_where)
             seen.add(arg.name)
         _check_broadcasting(self.tensors, where)
+        tensor_names = {t.name for t in self.tensors}
+        given: set[str] = set()
+        for name, text in self.gradients:
+            key = f"{where}: gradients.{name}"
+            if name not in tensor_names:
+                raise SpecError(
+                    f"{name!r} is not a tensor argument: only tensors have gradients",
+                    where=key,
+                    hint=f"give a gradient for one of {', '.join(sorted(tensor_names))}",
+                )
+            if name in given:
+                raise SpecError(f"the gradient of {name!r} is given twice", where=key)
+            if not isinstance(text, str) or not text.strip():
+                raise SpecError(
+                    "the gradient must be an expression over the forward's names and grad",
+                    where=key,
+                    hint='e.g. "grad" (straight-through) or "grad*Heaviside(1 - Abs(x))"',
+                )
+            given.add(name)
 
     @property
     def camel(self) -> str:
@@ -275,7 +297,7 @@ def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
 
 # --- TOML ------------------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars"}
+_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars", "gradients"}
 _TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
 _SCALAR_KEYS = {"type", "default"}
 
@@ -368,6 +390,11 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
     doc = data.get("doc", "")
     if not isinstance(doc, str):
         raise SpecError("doc must be a string", where=f"{source}: doc")
+    gradients = data.get("gradients", {})
+    if not isinstance(gradients, dict):
+        raise SpecError(
+            'gradients must be a table of expressions, e.g. [gradients] x = "grad"', where=f"{source}: gradients"
+        )
     return OpSpec(
         name=data["name"],
         forward=data["forward"],
@@ -377,6 +404,7 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         fuse=data.get("fuse", False),
         policy=data.get("policy", "memory"),
         source=source,
+        gradients=tuple(gradients.items()),
     )
 
 
@@ -439,14 +467,23 @@ def spec_from_flags(
     doc: str = "",
     fuse: bool = False,
     policy: str = "memory",
+    gradients: Sequence[str] = (),
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
     ``tensors`` items are ``NAME`` or ``NAME=SHAPE`` (``x=4,5``, ``beta=[]``); ``learnable`` items are
     ``NAME`` or ``NAME=INIT`` and declare learnable 0-dim tensors unless also given with ``--tensor``;
-    ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``.
+    ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``; ``gradients`` items ``NAME=EXPR``.
     """
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
+    custom: dict[str, str] = {}
+    for item in gradients:
+        arg, sep, text = item.partition("=")
+        where = f"--gradient {item}"
+        if not sep:
+            raise SpecError("a gradient needs an expression", where=where, hint='write e.g. --gradient x="grad"')
+        _once(arg.strip(), custom, "--gradient", where)
+        custom[arg.strip()] = text
     return spec_from_mapping(
         {
             "name": name,
@@ -456,6 +493,7 @@ def spec_from_flags(
             "policy": policy,
             "tensors": tensor_args,
             "scalars": scalar_args,
+            "gradients": custom,
         },
         source="command-line flags",
     )
@@ -562,7 +600,7 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
         data["fuse"] = True
     if spec.policy != "memory":
         data["policy"] = spec.policy
-    return {**data, "tensors": tensors, "scalars": scalars}
+    return {**data, "tensors": tensors, "scalars": scalars, "gradients": dict(spec.gradients)}
 
 
 def spec_to_toml(spec: OpSpec) -> str:

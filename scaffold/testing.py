@@ -79,7 +79,8 @@ class Input:
 class OpTests:
     """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
     ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
-    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order."""
+    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order. A tensor
+    with a custom gradient (``gradients``) is checked against its formula, not the reference's derivative."""
 
     function: type[torch.autograd.Function]
     op: Callable[..., torch.Tensor]
@@ -87,12 +88,17 @@ class OpTests:
     reference: Callable[..., torch.Tensor]
     inputs: Sequence[Input]
     scalars: Mapping[str, object] = field(default_factory=dict)
+    #: Custom gradients: tensor name -> ``f(grad, *tensors, *scalars)``, what backward returns for it in
+    #: place of the derived gradient, in plain torch (before summing over broadcast dimensions).
+    gradients: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
 
     # -- the checks, one per generated test ------------------------------------------------------------
 
     def check_gradcheck(self, device: str) -> None:
-        """Backward against finite differences, in float64, with broadcasting shapes."""
-        assert gradcheck(self.function.apply, (*self.make_inputs(device), *self._scalars))
+        """Backward against finite differences, in float64, with broadcasting shapes (not for the tensors
+        with custom gradients: check_matches_reference compares those with their formulas)."""
+        inputs = self._without_custom_gradients(self.make_inputs(device))
+        assert gradcheck(self.function.apply, (*inputs, *self._scalars))
 
     def check_gradgradcheck(self, device: str) -> None:
         """Double backward against finite differences of backward. Every tensor has the full broadcast
@@ -100,7 +106,10 @@ class OpTests:
         broadcast dimensions lose the small terms to the rounding of the large ones (lennard-jones near its
         pole); check_gradcheck covers the sums."""
         shapes = [torch.broadcast_shapes(*(i.shape for i in self.inputs))] * len(self.inputs)
-        assert gradgradcheck(self.function.apply, (*self.make_inputs(device, shapes=shapes), *self._scalars))
+        inputs = self.make_inputs(device, shapes=shapes)
+        self._assert_custom_double_backward(inputs)
+        if any(i.name not in self.gradients for i in self.inputs):
+            assert gradgradcheck(self.function.apply, (*self._without_custom_gradients(inputs), *self._scalars))
 
     def check_matches_reference(self, device: str) -> None:
         """Value and every gradient (for a random grad_output) against the reference; gradients have their
@@ -112,7 +121,7 @@ class OpTests:
         generator = torch.Generator().manual_seed(1)
         grad_output = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(device)
         grads = torch.autograd.grad(out, inputs, grad_output)
-        expected_grads = _reference_grads(expected, inputs, grad_output)
+        expected_grads = self._expected_grads(expected, inputs, grad_output)
         for name, tensor, grad, expected_grad in zip(self._names, inputs, grads, expected_grads):
             assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
@@ -149,7 +158,7 @@ class OpTests:
         expected = self.reference(*inputs, *self._scalars)
         torch.testing.assert_close(out32.double(), expected, rtol=1e-4, atol=1e-5)
         grads32 = torch.autograd.grad(out32.sum(), inputs32)
-        for name, grad, expected_grad in zip(self._names, grads32, _reference_grads(expected.sum(), inputs)):
+        for name, grad, expected_grad in zip(self._names, grads32, self._expected_grads(expected, inputs)):
             assert grad.dtype == torch.float32, name
             torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
@@ -170,7 +179,7 @@ class OpTests:
         grads64 = torch.autograd.grad(out64.sum(), inputs64)
         plain32 = [x.detach().requires_grad_() for x in inputs32]
         expected32 = self.reference(*plain32, *self._scalars)
-        plain_grads32 = _reference_grads(expected32.sum(), plain32)
+        plain_grads32 = self._expected_grads(expected32, plain32)
         value_representable = torch.isfinite(out64) & (out64.abs() < 1e30)
         results = zip(
             ["value", *self._names],
@@ -230,6 +239,8 @@ class OpTests:
         the reference's, to rtol 1e-4: second derivatives of the formula as written lose more digits to
         its cancellations than first ones (1 - 1/(1 + exp(-a)) at a = 8 keeps 12 of 16); gradgradcheck
         checks them closely, against the op's own backward."""
+        if self.gradients:
+            pytest.skip("custom gradients: torch.func.hessian differentiates the custom backward, not the forward")
         inputs = tuple(self.make_inputs(device, requires_grad=False))
         argnums = tuple(range(len(inputs)))
         with _quiet_torch():
@@ -252,7 +263,7 @@ class OpTests:
             grads = torch.func.grad(lambda *xs: self._op_of_tensors(*xs).sum(), argnums=argnums)(*samples[0])
         torch.testing.assert_close(out, torch.stack([self._reference_of_tensors(*xs) for xs in samples]), **CLOSE)
         inputs = [x.requires_grad_() for x in samples[0]]
-        expected = _reference_grads(self._reference_of_tensors(*inputs).sum(), inputs)
+        expected = self._expected_grads(self._reference_of_tensors(*inputs), inputs)
         for grad, expected_grad in zip(grads, expected):
             torch.testing.assert_close(grad, expected_grad, **CLOSE)
 
@@ -441,6 +452,8 @@ class OpTests:
             return (above - out) / step, (out - below) / step, (above - below) / (2 * step), rounding, finite
 
         for index, (what, grad) in enumerate(zip(self._names, grads)):
+            if what in self.gradients:  # not the value's derivative by design
+                continue
             step = 1e-6 * inputs[index].detach().abs().clamp(min=1e-3)
             right, left, coarse, _, finite = differences(index, step)
             _, _, central, rounding, finite_too = differences(index, step / 8)
@@ -514,7 +527,54 @@ class OpTests:
         """The reference's value and gradients at ``inputs``, each moved by ``shift``."""
         moved = [(x.detach() + shift).requires_grad_() for x in inputs]
         out = self.reference(*moved, *self._scalars)
-        return [out.detach(), *(g.detach() for g in _reference_grads(out.sum(), moved))]
+        return [out.detach(), *(g.detach() for g in self._expected_grads(out, moved))]
+
+    def _expected_grads(
+        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], grad_output: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """What each input's gradient should be for the reference's output ``out`` (not summed) and
+        ``grad_output`` (default: ones): autograd's, or the custom gradient's formula."""
+        upstream = torch.ones_like(out) if grad_output is None else grad_output
+        grads = _reference_grads(out, inputs, upstream)
+        for index, (i, x) in enumerate(zip(self.inputs, inputs)):
+            if i.name in self.gradients:
+                with torch.no_grad():
+                    value = self.gradients[i.name](upstream, *(t.detach() for t in inputs), *self._scalars)
+                value = torch.as_tensor(value, dtype=out.dtype, device=out.device)
+                grads[index] = torch.broadcast_to(value, out.shape).sum_to_size(x.shape)
+        return grads
+
+    def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
+        are not their gradient); skips the check when none is left."""
+        if all(i.name in self.gradients for i in self.inputs):
+            pytest.skip("every tensor has a custom gradient: check_matches_reference compares them with their formulas")
+        return [x.detach() if i.name in self.gradients else x for i, x in zip(self.inputs, inputs)]
+
+    def _assert_custom_double_backward(self, inputs: list[torch.Tensor]) -> None:
+        """Each custom gradient's own derivative, in grad_output and the inputs, as autograd takes it of its
+        formula: backward is differentiated again, through the custom gradient."""
+        for index, i in enumerate(self.inputs):
+            if i.name not in self.gradients:
+                continue
+            xs = [x.detach().requires_grad_() for x in inputs]
+            out = self.function.apply(*xs, *self._scalars)
+            generator = torch.Generator().manual_seed(3)
+            grad_output = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
+            grad_output.requires_grad_()
+            (grad,) = torch.autograd.grad(out, xs[index], grad_output, create_graph=True)
+            formula = self.gradients[i.name](grad_output, *xs, *self._scalars)
+            formula = torch.broadcast_to(torch.as_tensor(formula, dtype=out.dtype, device=out.device), out.shape)
+            formula = formula.sum_to_size(xs[index].shape)
+            torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
+            weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
+            wrt = [grad_output, *xs]
+            second = _grads_or_zeros(grad, wrt, weights)
+            expected = _grads_or_zeros(formula, wrt, weights)
+            for what, value, expected_value in zip(["grad_output", *self._names], second, expected):
+                torch.testing.assert_close(
+                    value, expected_value, **CLOSE, msg=lambda m, w=what, n=i.name: f"d(gradient of {n})/d {w}: {m}"
+                )
 
     def _row(self, columns: Sequence[torch.Tensor], row: int) -> dict[str, float]:
         return {name: column[row].item() for name, column in zip(self._names, columns)}
@@ -526,6 +586,14 @@ def _reference_grads(out: torch.Tensor, inputs: Sequence[torch.Tensor], grad_out
     if not out.requires_grad:
         return [torch.zeros_like(x) for x in inputs]
     grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True, **kwargs)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+
+def _grads_or_zeros(out: torch.Tensor, inputs: Sequence[torch.Tensor], weights: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of ``(out * weights).sum()``, zeros where ``out`` does not depend on an input."""
+    if not out.requires_grad:
+        return [torch.zeros_like(x) for x in inputs]
+    grads = torch.autograd.grad(out, inputs, weights, allow_unused=True, retain_graph=True)
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
 
 

@@ -90,6 +90,24 @@ MUTATIONS = {
     "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
     # The twin that torch.compile traces must not define jvp: Dynamo refuses one.
     "jvp_under_compile": ("swish", _sub(r"^    jvp = torch\.autograd\.Function\.jvp\n", "")),
+    # A custom gradient is checked against its formula, and so is its own derivative (double backward).
+    "wrong_custom_gradient": (
+        "scaled_sign",
+        _sub(r"torch\.sign\(1 - torch\.abs\(y\)\)", "torch.sign(2 - torch.abs(y))"),
+    ),
+    "derived_instead_of_custom_gradient": (
+        "scaled_sign",
+        _sub(
+            r"grad_y = \(grad_output \* x \* \(1 \+ torch\.sign\(1 - torch\.abs\(y\)\)\) / 2\)",
+            "grad_y = (0 * grad_output)",
+        ),
+    ),
+    "wrong_custom_second_derivative": (
+        "scaled_sign",
+        _sub(
+            r"terms\.append\(grad_grad_y \* grad_output \* tmp0\)", "terms.append(2 * grad_grad_y * grad_output * tmp0)"
+        ),
+    ),
 }
 # Cases that only one generated test can catch.
 CAUGHT_BY = {
@@ -97,6 +115,7 @@ CAUGHT_BY = {
     "wrong_gradient_in_far_branch": "test_extreme_inputs_float64",
     "wrong_value_in_far_branch": "test_extreme_inputs_float64",
     "jvp_under_compile": "test_compile",
+    "wrong_custom_second_derivative": "test_gradgradcheck",
 }
 
 
