@@ -35,6 +35,7 @@ def test_the_examples_generate_ops_whose_tests_pass(tmp_path):
     assert "every tensor has a custom gradient" in result.stdout
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.jit.script.*:DeprecationWarning")  # torch.func's own
 def test_backward_returns_the_custom_gradient_and_forward_mode_the_derivative(tmp_path, monkeypatch):
     import torch
 
