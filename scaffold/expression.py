@@ -197,9 +197,7 @@ def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str 
     if len(text) > MAX_LENGTH:
         raise ExpressionError(f"the expression is longer than {MAX_LENGTH} characters", where=where)
     try:
-        with warnings.catch_warnings():  # "invalid decimal literal" and the like: the error says it better
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(text.strip(), mode="eval")
+        tree = _syntax_tree(text, "eval")
     except SyntaxError as exc:
         pointer = f" at column {exc.offset}" if exc.offset else ""
         raise ExpressionError(
@@ -213,15 +211,21 @@ def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str 
     return _Builder(text.strip(), symbols, where).build(tree.body, 0)
 
 
+def _syntax_tree(text: str, mode: str) -> ast.AST:
+    """``text`` parsed by Python's parser (only parsed: nothing runs). Its SyntaxWarnings ("invalid decimal
+    literal" and the like) are dropped: the error scaffold raises says it better."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(text.strip(), mode=mode)
+
+
 def parse_steps(
     text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward"
 ) -> tuple[sympy.Expr, tuple[NamedStep, ...], str]:
     """Parse a forward written in one expression or in steps: the expression with every step substituted,
     the steps as written, and the last line's expression as written ("" for one expression)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            ast.parse(text.strip(), mode="eval")
+        _syntax_tree(text, "eval")
     except SyntaxError as exc:
         program = _parse_program(text, exc, where)
         if program is not None:
@@ -235,9 +239,7 @@ def _parse_program(text: str, error: SyntaxError, where: str) -> ast.Module | No
     if len(text) > MAX_LENGTH or not text.strip():
         return None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(text.strip(), mode="exec")
+        return _syntax_tree(text, "exec")
     except SyntaxError as exc:
         if "\n" not in text.strip() and ";" not in text:
             return None
