@@ -61,10 +61,12 @@ class Flags:
     learnable: Sequence[str] = ()
     fuse: bool | None = None
     policy: str | None = None
+    gradients: Sequence[str] = ()
 
     def __bool__(self) -> bool:
         given = (self.forward, self.doc, self.fuse, self.policy)
-        return any(v is not None for v in given) or bool(self.tensors or self.scalars or self.learnable)
+        listed = (self.tensors, self.scalars, self.learnable, self.gradients)
+        return any(v is not None for v in given) or any(listed)
 
 
 def new_op_changes(
@@ -235,6 +237,7 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         learnable=flags.learnable,
         fuse=flags.fuse,
         policy=flags.policy,
+        gradients=flags.gradients,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

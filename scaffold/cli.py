@@ -69,11 +69,7 @@ def _add_new_op(kinds: argparse._SubParsersAction) -> None:
         learnable="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape",
         scalar="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
     )
-    op.add_argument(
-        "--gradient", metavar="T=EXPR", action="append", default=[],
-        help='a custom gradient: what backward returns for tensor T, over the forward\'s names and grad '
-        '(the upstream gradient), e.g. x="grad" for a straight-through estimator (repeatable)',
-    )  # fmt: skip
+    _gradient_flag(op)
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
     _plan_flags(op, fuse_help="run the op's math through torch.compile (fuse = true in a spec)")
     op.add_argument(
@@ -140,6 +136,7 @@ def _add_update_op(update_kinds: argparse._SubParsersAction) -> None:
         learnable="add a learnable tensor, or replace the argument of that name",
         scalar="add a non-tensor argument, or replace the argument of that name",
     )
+    _gradient_flag(update_op)
     update_op.add_argument("--doc", help="a new one-line description")
     _plan_flags(update_op, fuse_help="turn fused mode (torch.compile) on or off in the spec", optional=True)
     _dry_run(update_op, inner=True)
@@ -214,6 +211,15 @@ def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: b
     command.add_argument(
         "--policy", choices=POLICIES, default=None,
         help="what backward's plan favours: memory (default; fewest bytes saved) or time (fewest operations)",
+    )  # fmt: skip
+
+
+def _gradient_flag(command: argparse.ArgumentParser) -> None:
+    """--gradient T=EXPR (repeatable): a custom gradient."""
+    command.add_argument(
+        "--gradient", metavar="T=EXPR", action="append", default=[],
+        help='a custom gradient: what backward returns for tensor T, over the forward\'s names and grad '
+        '(the upstream gradient), e.g. x="grad" for a straight-through estimator (repeatable)',
     )  # fmt: skip
 
 
@@ -364,6 +370,7 @@ def _update(args: argparse.Namespace) -> int:
         learnable=getattr(args, "learnable", ()),
         fuse=getattr(args, "fuse", None),
         policy=getattr(args, "policy", None),
+        gradients=getattr(args, "gradient", ()),
     )
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
     return _apply_update(project.root, changes, dry_run=args.dry_run, source="the new generation")

@@ -476,14 +476,7 @@ def spec_from_flags(
     ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``; ``gradients`` items ``NAME=EXPR``.
     """
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
-    custom: dict[str, str] = {}
-    for item in gradients:
-        arg, sep, text = item.partition("=")
-        where = f"--gradient {item}"
-        if not sep:
-            raise SpecError("a gradient needs an expression", where=where, hint='write e.g. --gradient x="grad"')
-        _once(arg.strip(), custom, "--gradient", where)
-        custom[arg.strip()] = text
+    custom = _gradient_table(gradients)
     return spec_from_mapping(
         {
             "name": name,
@@ -509,13 +502,14 @@ def spec_with_flags(
     learnable: Sequence[str] = (),
     fuse: bool | None = None,
     policy: str | None = None,
+    gradients: Sequence[str] = (),
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
     ``forward`` and ``doc`` replace the spec's; an argument given by a flag is added, or changes only what
     the flag names of the argument of that name (``--tensor beta=3`` its shape: a learnable beta stays
     learnable, with its init and domain); one that changes kind (a tensor given as ``--scalar``) is replaced;
-    the other arguments are kept.
+    the other arguments are kept. A ``--gradient T=EXPR`` adds or replaces T's custom gradient.
     """
     data = spec_to_mapping(spec)
     if forward is not None:
@@ -533,7 +527,21 @@ def spec_with_flags(
     for kind, given in (("tensors", tensor_args), ("scalars", scalar_args)):
         for arg, table in given.items():
             data[kind][arg] = {**data[kind].get(arg, {}), **table}
+    data["gradients"] = {**data["gradients"], **_gradient_table(gradients)}
     return spec_from_mapping(data, source=spec.source)
+
+
+def _gradient_table(gradients: Sequence[str]) -> dict[str, str]:
+    """The ``[gradients]`` table the ``--gradient T=EXPR`` flags describe."""
+    custom: dict[str, str] = {}
+    for item in gradients:
+        arg, sep, text = item.partition("=")
+        where = f"--gradient {item}"
+        if not sep:
+            raise SpecError("a gradient needs an expression", where=where, hint='write e.g. --gradient x="grad"')
+        _once(arg.strip(), custom, "--gradient", where)
+        custom[arg.strip()] = text
+    return custom
 
 
 def _argument_tables(

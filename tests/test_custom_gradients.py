@@ -7,8 +7,9 @@ import warnings
 import pytest
 
 from scaffold import generate_op, load_spec, spec_from_flags, write_files
+from scaffold.changes import Flags
 from scaffold.errors import ExpressionError, ScaffoldWarning, SpecError
-from scaffold.spec import spec_to_toml
+from scaffold.spec import spec_to_toml, spec_with_flags
 
 from .conftest import run_pytest
 
@@ -85,3 +86,12 @@ def test_bad_gradients_are_refused(gradients, scalars, error, message):
 def test_an_argument_named_grad_cannot_take_custom_gradients():
     with pytest.raises(ExpressionError, match="'grad' names the upstream gradient"):
         generate_op(spec_from_flags("op", "x*grad", ["x", "grad"], gradients=["x=grad"]))
+
+
+def test_update_flags_add_or_replace_a_custom_gradient():
+    spec = spec_from_flags("op", "x*sign(y)", ["x", "y"], gradients=["y=grad*x"])
+    assert spec_with_flags(spec, gradients=["y=grad"]).gradients == (("y", "grad"),)
+    both = spec_with_flags(spec, gradients=["x=2*grad"])
+    assert dict(both.gradients) == {"y": "grad*x", "x": "2*grad"}
+    assert spec_with_flags(spec, tensors=["x=1,5"]).gradients == spec.gradients
+    assert Flags(gradients=["x=grad"]) and not Flags()
