@@ -50,6 +50,19 @@ def device_fixture():
     return device
 
 
+def _quietly(check: Callable[..., None]) -> Callable[..., None]:
+    """``check`` with torch's own deprecation notices kept out of the user's test output (see
+    :func:`_quiet_torch`): a fused op compiles inside forward, torch.func registers decompositions on first
+    use."""
+
+    @functools.wraps(check)
+    def quiet(*args, **kwargs):
+        with _quiet_torch():
+            return check(*args, **kwargs)
+
+    return quiet
+
+
 @dataclass(frozen=True)
 class Input:
     """One tensor argument of the op, as the tests draw it.
@@ -94,12 +107,14 @@ class OpTests:
 
     # -- the checks, one per generated test ------------------------------------------------------------
 
+    @_quietly
     def check_gradcheck(self, device: str) -> None:
         """Backward against finite differences, in float64, with broadcasting shapes (not for the tensors
         with custom gradients: check_matches_reference compares those with their formulas)."""
         inputs = self._without_custom_gradients(self.make_inputs(device))
         assert gradcheck(self.function.apply, (*inputs, *self._scalars))
 
+    @_quietly
     def check_gradgradcheck(self, device: str) -> None:
         """Double backward against finite differences of backward. Every tensor has the full broadcast
         shape: second derivatives are elementwise, and finite differences of a gradient summed over
@@ -111,6 +126,7 @@ class OpTests:
         if any(i.name not in self.gradients for i in self.inputs):
             assert gradgradcheck(self.function.apply, (*self._without_custom_gradients(inputs), *self._scalars))
 
+    @_quietly
     def check_matches_reference(self, device: str) -> None:
         """Value and every gradient (for a random grad_output) against the reference; gradients have their
         input's shape."""
@@ -126,6 +142,7 @@ class OpTests:
             assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
+    @_quietly
     def check_only_needed_gradients(self, device: str) -> None:
         """With one input requiring grad at a time, backward returns one value per forward argument, a
         gradient of the right shape for that input and None for every other."""
@@ -142,6 +159,7 @@ class OpTests:
                 else:
                     assert grad is None, f"backward computed a gradient nobody needs (argument {i})"
 
+    @_quietly
     def check_ctx_holds_no_tensors(self) -> None:
         """Tensors reach backward through save_for_backward, not as ctx attributes (which leak memory and
         escape the saved-tensor checks)."""
@@ -149,6 +167,7 @@ class OpTests:
         attributes = [k for k, v in vars(out.grad_fn).items() if isinstance(v, torch.Tensor)]
         assert not attributes, f"tensors must go through save_for_backward, not ctx attributes: {attributes}"
 
+    @_quietly
     def check_float32(self, device: str) -> None:
         """float32 in, float32 out, close to the float64 reference."""
         inputs = self.make_inputs(device)
@@ -162,6 +181,7 @@ class OpTests:
             assert grad.dtype == torch.float32, name
             torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
+    @_quietly
     def check_extreme_inputs(self, device: str) -> None:
         """float32 at large and tiny inputs inside the op's support agrees with float64 wherever float64 is
         finite: no intermediate overflows (exp(100) in float32), no inf - inf or 0 * inf.
@@ -206,6 +226,7 @@ class OpTests:
                     f"{self._row(inputs32, row)} ({int(wrong.sum())} such points)"
                 )
 
+    @_quietly
     def check_extreme_inputs_float64(self, device: str) -> None:
         """float64 at the same inputs, so that a nan in float64 cannot hide from check_extreme_inputs, nor a
         value or gradient wrong only where no ordinary input reaches (a branch for |x| > 20). The reference
@@ -216,6 +237,7 @@ class OpTests:
         self.assert_matches_reference(columns, device, "extreme inputs", accurate=accurate)
         self.assert_gradients_match_differences(columns, device, "extreme inputs")
 
+    @_quietly
     def check_special_points(self, device: str) -> None:
         """float64 where the op is hardest, one input at a time, the others at ordinary values: n*x**(n-1)
         written as n*x**n/x is 0/0 at x = 0, and so is x/expm1(x) (there the reference's limit is compared)."""
@@ -224,16 +246,17 @@ class OpTests:
         columns = self._one_at_a_time(special, lambda value: [self._typical])
         self.assert_matches_reference(columns, device, "special points", limits=True)
 
+    @_quietly
     def check_forward_mode(self, device: str) -> None:
         """torch.func.jvp (forward mode, the Function's jvp) against the reference's."""
         primals = tuple(self.make_inputs(device, requires_grad=False))
         tangents = tuple(self.make_inputs(device, requires_grad=False, seed=2))
-        with _quiet_torch():
-            out, tangent = torch.func.jvp(self._op_of_tensors, primals, tangents)
-            expected, expected_tangent = torch.func.jvp(self._reference_of_tensors, primals, tangents)
+        out, tangent = torch.func.jvp(self._op_of_tensors, primals, tangents)
+        expected, expected_tangent = torch.func.jvp(self._reference_of_tensors, primals, tangents)
         torch.testing.assert_close(out, expected, **CLOSE)
         torch.testing.assert_close(tangent, expected_tangent, **CLOSE)
 
+    @_quietly
     def check_hessian(self, device: str) -> None:
         """torch.func.hessian (forward mode over reverse mode) of the summed output, every block, against
         the reference's, to rtol 1e-4: second derivatives of the formula as written lose more digits to
@@ -243,9 +266,8 @@ class OpTests:
             pytest.skip("custom gradients: torch.func.hessian differentiates the custom backward, not the forward")
         inputs = tuple(self.make_inputs(device, requires_grad=False))
         argnums = tuple(range(len(inputs)))
-        with _quiet_torch():
-            hessian = torch.func.hessian(lambda *xs: self._op_of_tensors(*xs).sum(), argnums)(*inputs)
-            expected = torch.func.hessian(lambda *xs: self._reference_of_tensors(*xs).sum(), argnums)(*inputs)
+        hessian = torch.func.hessian(lambda *xs: self._op_of_tensors(*xs).sum(), argnums)(*inputs)
+        expected = torch.func.hessian(lambda *xs: self._reference_of_tensors(*xs).sum(), argnums)(*inputs)
         for i, row in enumerate(expected):
             for j, block in enumerate(row):
                 what = f"d2 out / d {self._names[i]} d {self._names[j]}"
@@ -253,20 +275,21 @@ class OpTests:
                     hessian[i][j], block, rtol=1e-4, atol=1e-6, msg=lambda m, w=what: f"{w}: {m}"
                 )
 
+    @_quietly
     def check_vmap_and_func_grad(self) -> None:
         """torch.func.vmap over a batch of two inputs, and torch.func.grad, against the reference."""
         samples = [self.make_inputs("cpu", requires_grad=False, seed=seed) for seed in (0, 1)]
         batched = [torch.stack(xs) for xs in zip(*samples)]
-        with _quiet_torch():
-            out = torch.func.vmap(self._op_of_tensors)(*batched)
-            argnums = tuple(range(len(self.inputs)))
-            grads = torch.func.grad(lambda *xs: self._op_of_tensors(*xs).sum(), argnums=argnums)(*samples[0])
+        out = torch.func.vmap(self._op_of_tensors)(*batched)
+        argnums = tuple(range(len(self.inputs)))
+        grads = torch.func.grad(lambda *xs: self._op_of_tensors(*xs).sum(), argnums=argnums)(*samples[0])
         torch.testing.assert_close(out, torch.stack([self._reference_of_tensors(*xs) for xs in samples]), **CLOSE)
         inputs = [x.requires_grad_() for x in samples[0]]
         expected = self._expected_grads(self._reference_of_tensors(*inputs), inputs)
         for grad, expected_grad in zip(grads, expected):
             torch.testing.assert_close(grad, expected_grad, **CLOSE)
 
+    @_quietly
     def check_compile(self, device: str) -> None:
         """torch.compile(fullgraph=True) of the op, value and gradients, against the op in eager: the op
         traces as one graph, with no graph break. Skipped where the backend itself cannot compile even
@@ -279,14 +302,14 @@ class OpTests:
             )
         inputs = self.make_inputs(device)
         compiled = torch.compile(self.op, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
-        with _quiet_torch():
-            out = compiled(*inputs, *self._scalars)
-            grads = torch.autograd.grad(out.sum(), inputs)
+        out = compiled(*inputs, *self._scalars)
+        grads = torch.autograd.grad(out.sum(), inputs)
         expected = self.op(*inputs, *self._scalars)
         torch.testing.assert_close(out, expected, **CLOSE)
         for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(expected.sum(), inputs)):
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
+    @_quietly
     def check_module(self, device: str) -> None:
         """The Module, its learnable inputs set to random values, against the reference; every parameter
         receives a finite gradient."""
@@ -622,8 +645,7 @@ class _Overflows(torch.overrides.TorchFunctionMode):
 def _backend_unavailable(backend: str, device: str) -> str:
     """Why torch.compile with ``backend`` cannot compile a trivial function on ``device`` ("" if it can)."""
     try:
-        with _quiet_torch():
-            torch.compile(lambda x: x + 1, backend=backend, fullgraph=True)(torch.ones(2, device=device))
+        torch.compile(lambda x: x + 1, backend=backend, fullgraph=True)(torch.ones(2, device=device))
     except Exception as exc:  # noqa: BLE001 - a missing compiler, an unsupported platform: anything but the op
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     return ""
