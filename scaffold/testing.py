@@ -559,13 +559,17 @@ class OpTests:
         ``grad_output`` (default: ones): autograd's, or the custom gradient's formula."""
         upstream = torch.ones_like(out) if grad_output is None else grad_output
         grads = _reference_grads(out, inputs, upstream)
-        for index, (i, x) in enumerate(zip(self.inputs, inputs)):
+        for index, i in enumerate(self.inputs):
             if i.name in self.gradients:
                 with torch.no_grad():
-                    value = self.gradients[i.name](upstream, *(t.detach() for t in inputs), *self._scalars)
-                value = torch.as_tensor(value, dtype=out.dtype, device=out.device)
-                grads[index] = torch.broadcast_to(value, out.shape).sum_to_size(x.shape)
+                    grads[index] = self._custom_gradient(index, upstream, [t.detach() for t in inputs])
         return grads
+
+    def _custom_gradient(self, index: int, upstream: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The custom gradient of input ``index`` by its formula, summed to the input's shape."""
+        value = self.gradients[self.inputs[index].name](upstream, *inputs, *self._scalars)
+        value = torch.as_tensor(value, dtype=upstream.dtype, device=upstream.device)
+        return torch.broadcast_to(value, upstream.shape).sum_to_size(inputs[index].shape)
 
     def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
@@ -586,9 +590,7 @@ class OpTests:
             grad_output = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
             grad_output.requires_grad_()
             (grad,) = torch.autograd.grad(out, xs[index], grad_output, create_graph=True)
-            formula = self.gradients[i.name](grad_output, *xs, *self._scalars)
-            formula = torch.broadcast_to(torch.as_tensor(formula, dtype=out.dtype, device=out.device), out.shape)
-            formula = formula.sum_to_size(xs[index].shape)
+            formula = self._custom_gradient(index, grad_output, xs)
             torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
             weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
             wrt = [grad_output, *xs]
