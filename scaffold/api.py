@@ -18,6 +18,7 @@ from .errors import ScaffoldWarning
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
+from .program import Program, build_program
 from .render import TESTING_MODULE, render_op
 from .spec import OpSpec
 
@@ -28,6 +29,7 @@ class CompiledOp:
 
     spec: OpSpec
     parsed: ParsedExpression
+    program: Program
     derivation: Derivation
     plan: BackwardPlan
     domains: tuple[InputDomain, ...]
@@ -36,9 +38,10 @@ class CompiledOp:
 def compile_op(spec: OpSpec) -> CompiledOp:
     """Run the pipeline up to (not including) rendering."""
     parsed = parse_forward(spec)
-    derivation = derive(parsed, where=f"{spec.source}: forward")
-    domains = infer_domains(spec, parsed, tuple(p.expr for p in derivation.partials), derivation.removable)
-    return CompiledOp(spec, parsed, derivation, make_plan(derivation, spec), domains)
+    program = build_program(parsed, spec)
+    derivation = derive(program, where=f"{spec.source}: forward")
+    domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)
+    return CompiledOp(spec, parsed, program, derivation, make_plan(derivation, spec), domains)
 
 
 def generate_op(

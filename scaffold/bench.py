@@ -318,8 +318,13 @@ def _native_candidate(native: str | Callable[..., Any], native_name: str | None)
 # --- measuring ---------------------------------------------------------------------------------------
 
 
-def _fwd_bwd(fn: Callable[..., Any], args: tuple, tensors: tuple, grad_out: torch.Tensor) -> None:
-    torch.autograd.grad(fn(*args), tensors, grad_out, allow_unused=True)
+def _fwd_bwd(fn: Callable[..., Any], args: tuple, tensors: tuple, grad_out: tuple[torch.Tensor, ...]) -> None:
+    torch.autograd.grad(_outputs(fn(*args)), tensors, grad_out, allow_unused=True)
+
+
+def _outputs(out: Any) -> tuple[Any, ...]:
+    """An op's outputs as a tuple (an op with several returns one)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def saved_bytes(fn: Callable[..., Any], args: Sequence[Any]) -> int:
@@ -365,7 +370,10 @@ def _warm_up(candidate: _Candidate, args: tuple, tensors: tuple, expected: torch
         try:
             out = fn(*args)
             generator = torch.Generator().manual_seed(SEED + 1)
-            grad_out = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(out.device, out.dtype)
+            grad_out = tuple(
+                torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.device, o.dtype)
+                for o in _outputs(out)
+            )
             for _ in range(WARMUP_CALLS):
                 _fwd_bwd(fn, args, tensors, grad_out)
         except Exception as exc:
@@ -408,8 +416,12 @@ def _finish(r: _Ready, args: tuple) -> BenchRow:
     return BenchRow(r.name, _merged(r.forward), _merged(r.fwd_bwd), saved, "; ".join(r.notes))
 
 
-def _difference(out: Any, expected: torch.Tensor) -> str:
+def _difference(out: Any, expected: torch.Tensor | tuple[torch.Tensor, ...]) -> str:
     """A note when ``out`` is not the plain forward's output, e.g. a native op with other defaults."""
+    if isinstance(expected, tuple):
+        if not isinstance(out, tuple) or len(out) != len(expected):
+            return f"returns {type(out).__name__}, not plain autograd's {len(expected)} outputs"
+        return "; ".join(filter(None, (_difference(o, e) for o, e in zip(out, expected))))
     if not isinstance(out, torch.Tensor) or out.shape != expected.shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return f"output {shape} is not shaped like plain autograd's {tuple(expected.shape)}"
@@ -526,7 +538,8 @@ def _run(
     say: Callable[[str], None],
 ) -> list[BenchRow]:
     """Warm every candidate up, time those that ran in turns, then count what each saves for backward."""
-    expected = reference(*args).detach()
+    expected = reference(*args)
+    expected = tuple(e.detach() for e in expected) if isinstance(expected, tuple) else expected.detach()
     warmed: list[_Ready | BenchRow] = []
     for index, candidate in enumerate(candidates, start=1):
         compiling = " (compiling)" if candidate.compiles else ""

@@ -62,10 +62,11 @@ class Flags:
     fuse: bool | None = None
     policy: str | None = None
     gradients: Sequence[str] = ()
+    outputs: Sequence[str] = ()
 
     def __bool__(self) -> bool:
         given = (self.forward, self.doc, self.fuse, self.policy)
-        listed = (self.tensors, self.scalars, self.learnable, self.gradients)
+        listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs)
         return any(v is not None for v in given) or any(listed)
 
 
@@ -238,6 +239,7 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         fuse=flags.fuse,
         policy=flags.policy,
         gradients=flags.gradients,
+        outputs=flags.outputs,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

@@ -215,11 +215,17 @@ def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: b
 
 
 def _gradient_flag(command: argparse.ArgumentParser) -> None:
-    """--gradient T=EXPR (repeatable): a custom gradient."""
+    """--gradient T=EXPR and --output NAME (repeatable): a custom gradient, an output."""
     command.add_argument(
         "--gradient", metavar="T=EXPR", action="append", default=[],
         help='a custom gradient: what backward returns for tensor T, over the forward\'s names and grad '
-        '(the upstream gradient), e.g. x="grad" for a straight-through estimator (repeatable)',
+        '(the upstream gradient; grad_NAME for each of several outputs), e.g. x="grad" for a straight-through '
+        "estimator (repeatable)",
+    )  # fmt: skip
+    command.add_argument(
+        "--output", metavar="NAME", action="append", default=[],
+        help="a value of the forward (written in steps) that the op returns; repeat it for several outputs, "
+        "returned as a tuple in that order (default: the forward's last line)",
     )  # fmt: skip
 
 
@@ -284,7 +290,7 @@ def _new_op(args: argparse.Namespace) -> int:
     if args.spec:
         given = [f for f, v in (("NAME", args.name), ("--forward", args.forward), ("--tensor", args.tensor),
                                 ("--scalar", args.scalar), ("--learnable", args.learnable),
-                                ("--gradient", args.gradient)) if v]  # fmt: skip
+                                ("--gradient", args.gradient), ("--output", args.output)) if v]  # fmt: skip
         if given:
             raise SpecError(
                 f"--spec cannot be combined with {', '.join(given)}",
@@ -315,6 +321,7 @@ def _new_op(args: argparse.Namespace) -> int:
             fuse=bool(args.fuse),
             policy=args.policy or "memory",
             gradients=args.gradient,
+            outputs=args.output,
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -371,6 +378,7 @@ def _update(args: argparse.Namespace) -> int:
         fuse=getattr(args, "fuse", None),
         policy=getattr(args, "policy", None),
         gradients=getattr(args, "gradient", ()),
+        outputs=getattr(args, "output", ()),
     )
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
     return _apply_update(project.root, changes, dry_run=args.dry_run, source="the new generation")

@@ -21,8 +21,9 @@ import sympy
 from sympy.core.logic import fuzzy_and
 
 from .errors import DerivationError
-from .expression import GRAD, ParsedExpression
+from .expression import ParsedExpression
 from .functions import sign_preserving_classes, step_classes
+from .program import Program
 from .stable import accurate_kernels, remove_singularities, stabilize
 
 #: Nodes a derivative must not contain: sympy could not evaluate it.
@@ -46,17 +47,48 @@ class Partial:
 
 
 @dataclass(frozen=True)
-class Derivation:
-    """The stable forward and its partial derivatives, one per tensor argument in declaration order."""
+class OutputDerivation:
+    """One output of the op: its forward in stable primitives and its partial derivatives, one per tensor
+    argument in declaration order."""
 
-    parsed: ParsedExpression  # the forward as written
-    forward: sympy.Expr  # the same function, in stable primitives
+    name: str  # "" for the one unnamed output of a forward
+    forward: sympy.Expr
     partials: tuple[Partial, ...]
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """The stable forward of each output and its partial derivatives."""
+
+    program: Program  # the forward as written
+    outputs: tuple[OutputDerivation, ...]
     warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
     removable: tuple[str, ...] = ()  # tensors at whose 0 the forward as written is 0/0 (x/expm1(x))
     # Custom gradients, in stable primitives: tensor name -> what backward returns for it, over the
-    # arguments and expression.GRAD. Forward mode keeps the forward's own derivative, ``partials``.
+    # arguments and the upstream gradients (ParsedExpression.grads). Forward mode keeps the forward's own
+    # derivatives, ``partials``.
     custom: tuple[tuple[str, sympy.Expr], ...] = ()
+
+    @property
+    def parsed(self) -> ParsedExpression:
+        return self.program.parsed
+
+    @property
+    def forward(self) -> sympy.Expr:
+        """The stable forward of an op with one output."""
+        (output,) = self.outputs
+        return output.forward
+
+    @property
+    def partials(self) -> tuple[Partial, ...]:
+        """The partial derivatives of an op with one output."""
+        (output,) = self.outputs
+        return output.partials
+
+    @property
+    def all_partials(self) -> tuple[sympy.Expr, ...]:
+        """Every partial derivative of every output."""
+        return tuple(p.expr for o in self.outputs for p in o.partials)
 
 
 def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.Expr:
@@ -257,24 +289,29 @@ def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     return sympy.diff(expr, symbol)
 
 
-def derive(parsed: ParsedExpression, *, where: str = "forward") -> Derivation:
-    """Differentiate the forward with respect to each tensor argument."""
+def derive(program: Program, *, where: str = "forward") -> Derivation:
+    """Differentiate each output of the forward with respect to each tensor argument."""
+    parsed = program.parsed
     tensors = frozenset(parsed.symbols[name] for name in parsed.tensor_names)
-    forward, removable = remove_singularities(stabilize(parsed.expr, tensors), tensors)
-    partials = tuple(
-        Partial(name, differentiate(forward, parsed.symbols[name], tensors, what="the forward", where=where))
-        for name in parsed.tensor_names
-    )
-    custom = tuple((name, stabilize(expr, tensors | {GRAD})) for name, expr in parsed.gradients)
+    outputs, removable = [], set()
+    for output in program.outputs:
+        forward, singular = remove_singularities(stabilize(output.expr, tensors), tensors)
+        removable |= singular
+        what = f"output {output.name!r}" if program.several_outputs else "the forward"
+        partials = tuple(
+            Partial(name, differentiate(forward, parsed.symbols[name], tensors, what=what, where=where))
+            for name in parsed.tensor_names
+        )
+        outputs.append(OutputDerivation(output.name, forward, partials))
+    custom = tuple((name, stabilize(expr, tensors | set(parsed.grads))) for name, expr in parsed.gradients)
     flat = [
-        p.name
-        for p in partials
-        if p.expr == 0 and parsed.symbols[p.name] in forward.free_symbols and p.name not in dict(custom)
+        name
+        for i, name in enumerate(parsed.tensor_names)
+        if all(o.partials[i].expr == 0 for o in outputs) and name not in dict(custom)
     ]
     return Derivation(
-        parsed=parsed,
-        forward=forward,
-        partials=partials,
+        program=program,
+        outputs=tuple(outputs),
         warnings=_unused_scalar_warnings(parsed) + _flat_warnings(parsed, flat),
         removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
         custom=custom,
@@ -307,7 +344,7 @@ def differentiate(
 def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
     """A warning for each scalar argument neither the forward nor a custom gradient uses: it stays an
     argument of the op."""
-    used = parsed.expr.free_symbols.union(*(expr.free_symbols for _, expr in parsed.gradients))
+    used = set().union(*(e.free_symbols for e in parsed.exprs), *(e.free_symbols for _, e in parsed.gradients))
     return tuple(
         f"the scalar argument {name!r} is not used in the forward; the op still takes it\n"
         f"  hint: remove it from the spec (or the --scalar flag), or use it in the expression"
@@ -325,7 +362,7 @@ def _flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]
         steps = sorted(
             {
                 sympy.sstr(n)
-                for n in sympy.preorder_traversal(parsed.expr)
+                for n in sympy.preorder_traversal(sympy.Tuple(*parsed.exprs))
                 if isinstance(n, step_kinds) and n.has(symbol)
             }
         )

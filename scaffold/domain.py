@@ -163,10 +163,10 @@ def infer_domains(
     numbers = _scalar_values(spec, parsed)
     tensors = {parsed.symbols[t.name] for t in spec.tensors}
     # The walk keeps scalars as symbols where it needs to know an int scalar exponent is an integer power.
-    needs = _needs(to_literal(parsed.expr), tensors, numbers)
+    needs = _needs(to_literal(sympy.Tuple(*parsed.exprs)), tensors, numbers)
     bounds = _bounds(needs, tensors, [parsed.symbols[name] for name in removable])
     domains = {t.name: _input_domain(t, bounds[parsed.symbols[t.name]]) for t in spec.tensors}
-    checked = [stabilize(parsed.expr, tensors).xreplace(numbers), *(p.xreplace(numbers) for p in partials)]
+    checked = [stabilize(e, tensors).xreplace(numbers) for e in parsed.exprs] + [p.xreplace(numbers) for p in partials]
     domains = _checked(spec, domains, checked, parsed.symbols)
     return tuple(_with_init(t, d) for t, d in zip(spec.tensors, domains))
 

@@ -6,13 +6,15 @@ bounded so that no input makes sympy compute for ever (``2**10**10``).
 
 A forward may be written in steps, one per line (or separated by ``;``): every line but the last is
 ``name = expression``, the last a bare expression or an assignment, and a name can be used on the lines
-after it (``h = x*w + b`` then ``h*sigmoid(h)``). The steps are substituted into the last expression: the
-stages after this one see one expression, as for a forward written in one line.
+after it (``h = x*w + b`` then ``h*sigmoid(h)``). The op returns the last line's value, or the steps the
+spec's ``outputs`` name (several: a tuple). Each output is the expression of its step with the steps before
+it substituted; :mod:`.program` builds the graph of named values the later stages work on.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ class NamedStep:
     text: str
     line: int
     value: sympy.Expr  # over the arguments, earlier steps substituted
+    expr: sympy.Expr | None = None  # as written: over the arguments and earlier steps' symbols
 
 
 #: The upstream gradient in a custom gradient's expression (``gradients.x = "grad"``).
@@ -64,16 +67,33 @@ GRAD = sympy.Symbol("grad", real=True)
 @dataclass(frozen=True)
 class ParsedExpression:
     """The forward as sympy, with the symbol of every argument (in call order). A forward written in steps
-    has them in ``steps`` (for messages and docstrings); ``expr`` has them substituted."""
+    has them in ``steps`` (for messages and docstrings); ``exprs``, one per output, have them substituted."""
 
-    expr: sympy.Expr
+    exprs: tuple[sympy.Expr, ...]  # one per output, over the arguments
     symbols: dict[str, sympy.Symbol]
     tensor_names: tuple[str, ...]
     scalar_names: tuple[str, ...]
     steps: tuple[NamedStep, ...] = ()
-    output_text: str = ""  # the last line's expression as written, or the name it assigns
-    # Custom gradients: tensor name -> what backward returns for it, over the arguments and GRAD.
+    output_text: str = ""  # the last line's expression as written, the name it assigns, or the outputs' names
+    # Custom gradients: tensor name -> what backward returns for it, over the arguments and ``grads``.
     gradients: tuple[tuple[str, sympy.Expr], ...] = ()
+    #: The names of the outputs, as the spec's ``outputs`` gives them ("" for one unnamed output).
+    output_names: tuple[str, ...] = ("",)
+
+    @property
+    def expr(self) -> sympy.Expr:
+        """The forward of an op with one output."""
+        if len(self.exprs) != 1:
+            raise ValueError(f"the op has {len(self.exprs)} outputs: use exprs")
+        return self.exprs[0]
+
+    @property
+    def grads(self) -> tuple[sympy.Symbol, ...]:
+        """The upstream gradient of each output in a custom gradient's expression: ``grad`` for one output,
+        ``grad_<output>`` for several."""
+        if len(self.exprs) == 1:
+            return (GRAD,)
+        return tuple(sympy.Symbol(f"{GRAD.name}_{name}", real=True) for name in self.output_names)
 
     @property
     def written(self) -> str:
@@ -103,21 +123,32 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 where=where,
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
-    expr, steps, output_text = parse_steps(spec.forward, symbols, where=where)
-    if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
-        raise ExpressionError(
-            f"the forward {spec.forward!r} is a condition, not a number",
-            where=where,
-            hint="use Piecewise((value, condition), (other, True)) for an op defined by cases",
-        )
-    used = expr.free_symbols
+    exprs, steps, output_text = parse_steps(spec.forward, symbols, where=where, outputs=spec.outputs)
     tensor_names = tuple(t.name for t in spec.tensors)
-    if not any(symbols[n] in used for n in tensor_names):
-        raise ExpressionError(
-            f"the forward {spec.forward!r} does not depend on any tensor argument ({', '.join(tensor_names)})",
-            where=where,
-            hint="use the declared tensors in the expression, or declare the names it uses with --tensor",
-        )
+    named = [
+        (f"output {n!r}" if n else f"the forward {spec.forward!r}", e) for n, e in zip(spec.outputs or ("",), exprs)
+    ]
+    for what, expr in named:
+        if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
+            raise ExpressionError(
+                f"{what} is a condition, not a number",
+                where=where,
+                hint="use Piecewise((value, condition), (other, True)) for an op defined by cases",
+            )
+        if not any(symbols[n] in expr.free_symbols for n in tensor_names):
+            raise ExpressionError(
+                f"{what} does not depend on any tensor argument ({', '.join(tensor_names)})",
+                where=where,
+                hint="use the declared tensors in the expression, or declare the names it uses with --tensor",
+            )
+        if expr.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I):
+            raise ExpressionError(
+                f"{what} simplifies to something infinite, undefined or complex",
+                where=where,
+                hint="check for a division by zero or a log of a negative constant",
+            )
+        _check_constants(expr, spec, symbols, where)
+    used = set().union(*(e.free_symbols for e in exprs))
     unused = [n for n in tensor_names if symbols[n] not in used]
     if unused:
         raise ExpressionError(
@@ -126,48 +157,41 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
             where=where,
             hint="remove the declaration or use it in the expression",
         )
-    if expr.has(sympy.zoo, sympy.nan, sympy.oo, -sympy.oo, sympy.I):
-        raise ExpressionError(
-            "the forward simplifies to something infinite, undefined or complex",
-            where=where,
-            hint="check for a division by zero or a log of a negative constant",
-        )
-    _check_constants(expr, spec, symbols, where)
-    gradients = _parse_gradients(spec, symbols, steps)
-    return ParsedExpression(
-        expr=expr,
+    parsed = ParsedExpression(
+        exprs=exprs,
         symbols=symbols,
         tensor_names=tensor_names,
         scalar_names=tuple(s.name for s in spec.scalars),
         steps=steps,
         output_text=output_text,
-        gradients=gradients,
+        output_names=spec.outputs or ("",),
     )
+    return dataclasses.replace(parsed, gradients=_parse_gradients(spec, parsed))
 
 
-def _parse_gradients(
-    spec: OpSpec, symbols: dict[str, sympy.Symbol], steps: tuple[NamedStep, ...]
-) -> tuple[tuple[str, sympy.Expr], ...]:
-    """The custom gradients, parsed over the arguments, the forward's steps and ``grad``."""
+def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str, sympy.Expr], ...]:
+    """The custom gradients, parsed over the arguments, the forward's steps and the upstream gradients
+    (``grad``, or ``grad_<output>`` for each of several outputs)."""
     if not spec.gradients:
         return ()
-    names: dict[str, sympy.Basic] = {**symbols, **{s.name: s.value for s in steps}}
-    if GRAD.name in names:
-        raise ExpressionError(
-            f"{GRAD.name!r} names the upstream gradient in custom gradients, and also an argument or step",
-            where=f"{spec.source}: gradients",
-            hint=f"rename the argument or step {GRAD.name!r}",
-        )
-    names[GRAD.name] = GRAD
-    parsed = []
+    names: dict[str, sympy.Basic] = {**parsed.symbols, **{s.name: s.value for s in parsed.steps}}
+    for grad in parsed.grads:
+        if grad.name in names:
+            raise ExpressionError(
+                f"{grad.name!r} names the upstream gradient in custom gradients, and also an argument or step",
+                where=f"{spec.source}: gradients",
+                hint=f"rename the argument or step {grad.name!r}",
+            )
+        names[grad.name] = grad
+    gradients = []
     for name, text in spec.gradients:
         where = f"{spec.source}: gradients.{name}"
         expr = parse_expression(text, names, where=where)
         if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
             raise ExpressionError(f"the gradient {text!r} is a condition, not a number", where=where)
-        _check_constants(expr, spec, symbols, where)
-        parsed.append((name, expr))
-    return tuple(parsed)
+        _check_constants(expr, spec, parsed.symbols, where)
+        gradients.append((name, expr))
+    return tuple(gradients)
 
 
 def _check_constants(expr: sympy.Basic, spec: OpSpec, symbols: dict[str, sympy.Symbol], where: str) -> None:
@@ -220,17 +244,24 @@ def _syntax_tree(text: str, mode: str) -> ast.AST:
 
 
 def parse_steps(
-    text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward"
-) -> tuple[sympy.Expr, tuple[NamedStep, ...], str]:
-    """Parse a forward written in one expression or in steps: the expression with every step substituted,
-    the steps as written, and the last line's expression as written ("" for one expression)."""
+    text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward", outputs: tuple[str, ...] = ()
+) -> tuple[tuple[sympy.Expr, ...], tuple[NamedStep, ...], str]:
+    """Parse a forward written in one expression or in steps: the value of each output (the steps
+    ``outputs`` names, or else the last line) with every step substituted, the steps as written, and the
+    returned value as written ("" for one expression)."""
     try:
         _syntax_tree(text, "eval")
     except SyntaxError as exc:
         program = _parse_program(text, exc, where)
         if program is not None:
-            return _build_program(text.strip(), program, symbols, where)
-    return parse_expression(text, symbols, where=where), (), ""
+            return _build_program(text.strip(), program, symbols, where, outputs)
+    if outputs:
+        raise ExpressionError(
+            f"outputs names {', '.join(map(repr, outputs))}, but the forward is one expression and names nothing",
+            where=where,
+            hint=f"write the forward in steps, one per line, e.g. {outputs[0]} = ..., or remove outputs",
+        )
+    return (parse_expression(text, symbols, where=where),), (), ""
 
 
 def _parse_program(text: str, error: SyntaxError, where: str) -> ast.Module | None:
@@ -252,43 +283,67 @@ def _parse_program(text: str, error: SyntaxError, where: str) -> ast.Module | No
 
 
 def _build_program(
-    text: str, program: ast.Module, symbols: dict[str, sympy.Symbol], where: str
-) -> tuple[sympy.Expr, tuple[NamedStep, ...], str]:
-    """The statements of a forward written in steps, checked and substituted into the last one."""
+    text: str, program: ast.Module, symbols: dict[str, sympy.Symbol], where: str, outputs: tuple[str, ...]
+) -> tuple[tuple[sympy.Expr, ...], tuple[NamedStep, ...], str]:
+    """The statements of a forward written in steps, checked, and the value of each output."""
     if sum(1 for _ in ast.walk(program)) > MAX_NODES:
         raise ExpressionError(f"the forward has more than {MAX_NODES} parts", where=where)
     values: dict[str, sympy.Basic] = dict(symbols)
+    local: dict[str, sympy.Basic] = dict(symbols)  # the steps as symbols of their own
     steps: list[NamedStep] = []
-    expr, output_text = None, ""
+    last, output_text = None, ""
     statements = program.body
     for i, statement in enumerate(statements):
         at = f"{where}, line {statement.lineno}"
         if isinstance(statement, ast.Expr) and i == len(statements) - 1:
-            expr = _Builder(text, values, at).build(statement.value, 0)
+            last = _Builder(text, values, at).build(statement.value, 0)
             output_text = ast.get_source_segment(text, statement.value) or ""
+            if outputs:
+                raise ExpressionError(
+                    "the last line is a bare expression, but the op returns the steps outputs names",
+                    where=at,
+                    hint="name its value (value = ...) and list it in outputs, or remove the line",
+                )
             continue
         name = _step_name(statement, values, symbols, at)
         values[name] = _Builder(text, values, at).build(statement.value, 0)
+        written = _Builder(text, local, at).build(statement.value, 0)
+        local[name] = sympy.Symbol(name, real=True)
         segment = ast.get_source_segment(text, statement.value) or ""
-        steps.append(NamedStep(name, segment, statement.lineno, values[name]))
-    intermediates = steps
-    if expr is None:  # the last line assigns: its name is the result
-        expr, output_text, intermediates = values[steps[-1].name], steps[-1].name, steps[:-1]
+        steps.append(NamedStep(name, segment, statement.lineno, values[name], written))
+    if outputs:
+        assigned = [s.name for s in steps]
+        for name in outputs:
+            if name not in assigned:
+                raise ExpressionError(
+                    f"output {name!r} is not assigned in the forward (its steps: {', '.join(assigned)})",
+                    where=where,
+                    hint=f"add a line {name} = ..., or list only the steps the forward has",
+                )
+        exprs = tuple(values[name] for name in outputs)
+        output_text = ", ".join(outputs)
+    elif last is None:  # the last line assigns: its name is the result
+        exprs, output_text = (values[steps[-1].name],), steps[-1].name
+    else:
+        exprs = (last,)
+    returned = set(outputs) if outputs else ({steps[-1].name} if last is None else set())
     used = {n.id for s in statements for n in ast.walk(s.value) if isinstance(n, ast.Name)}
-    for step in intermediates:
-        if step.name not in used:
+    listed = ", or list it in outputs" if outputs else ""
+    for step in steps:
+        if step.name not in used and step.name not in returned:
             raise ExpressionError(
                 f"{step.name!r} is assigned but never used",
                 where=f"{where}, line {step.line}",
-                hint=f"use {step.name} on a later line, or remove the line",
+                hint=f"use {step.name} on a later line{listed}, or remove the line",
             )
-    if _tree_size(expr, {}) > MAX_SUBSTITUTED_NODES:
+    sizes: dict[sympy.Basic, int] = {}
+    if sum(_tree_size(e, sizes) for e in exprs) > MAX_SUBSTITUTED_NODES:
         raise ExpressionError(
             f"the forward has more than {MAX_SUBSTITUTED_NODES} parts once its steps are substituted",
             where=where,
             hint="each use of a step copies it: use a step fewer times, or write the op in fewer steps",
         )
-    return expr, tuple(steps), output_text
+    return exprs, tuple(steps), output_text
 
 
 def _step_name(

@@ -2,13 +2,14 @@
 
 Decides what the generated backward (and jvp) compute and what the forward must leave them:
 
-* each gradient is ``grad_output * partial``, reduced to its input's shape; each jvp term is
-  ``partial * tangent``;
+* each gradient is ``grad_output * partial`` (with several outputs, the sum over the outputs of each one's
+  upstream gradient times its partial), reduced to its input's shape; each jvp term is ``partial *
+  tangent``, and each output's tangent the sum of its terms;
 * common subexpressions are shared (sympy's ``cse``) across all terms; a temporary used by one term is
   computed inside that term's guard (``needs_input_grad``, or "this tangent is not None"), one used by
   several is computed once, guarded by "any of them is needed";
-* what backward reads is chosen by a small cost model. The candidates: the inputs; the output, where a
-  partial contains the whole forward (d/dx exp(x) = exp(x), d/dx tanh(x) = 1 - tanh(x)**2); and boolean
+* what backward reads is chosen by a small cost model. The candidates: the inputs; the outputs, where a
+  partial contains the whole forward of one (d/dx exp(x) = exp(x), d/dx tanh(x) = 1 - tanh(x)**2); and boolean
   masks for the conditions of steps and case distinctions (relu, leaky_relu, clamp), one byte per element
   instead of the four or eight of the float input they are computed from. Each choice is costed in
   bytes saved (relative to the example shapes of the spec) and in tensor operations in backward (plus the
@@ -18,7 +19,7 @@ Decides what the generated backward (and jvp) compute and what the forward must 
 * before CSE, each formula is lowered (:mod:`.lowering`): a branch's input kept inside its region,
   powers of a quotient computed as such, ``x * exp(y)`` as 0 where x = 0.
 
-Intermediates of the forward other than its output are never saved: saving them would need them
+Intermediates of the forward other than its outputs are never saved: saving them would need them
 returned as extra outputs for double backward to stay correct, so backward recomputes them instead.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,8 +35,8 @@ import sympy
 
 from . import lowering
 from .derivation import Derivation, differentiate
-from .expression import GRAD
-from .spec import OpSpec
+from .program import Program, broadcast
+from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -57,6 +59,7 @@ class Term:
     name: str
     steps: tuple[Step, ...]  # temporaries only this term uses
     expr: sympy.Expr  # in terms of the temporaries
+    output: int = 0  # jvp: the output whose tangent the term is part of
 
     @property
     def is_zero(self) -> bool:
@@ -67,7 +70,7 @@ class Term:
 class SharedSteps:
     """Temporaries used by several terms, computed when any of them is needed."""
 
-    users: tuple[int, ...]  # indices of the terms that use them
+    users: tuple[int, ...]  # the arguments (Term.index) of the terms that use them
     steps: tuple[Step, ...]
 
 
@@ -118,17 +121,27 @@ class DoubleBackward:
 
 
 @dataclass(frozen=True)
+class OutputNames:
+    """The names of one output in the generated code."""
+
+    name: str  # the user's ("" for a forward's one unnamed output)
+    value: str  # the output in backward's formulas and setup_context (OUTPUT for one output)
+    grad: str  # its upstream gradient, a parameter of backward (GRAD_OUTPUT for one output)
+
+
+@dataclass(frozen=True)
 class BackwardPlan:
+    outputs: tuple[OutputNames, ...]
     forward_steps: tuple[Step, ...]
-    forward_expr: sympy.Expr
+    forward_exprs: tuple[sympy.Expr, ...]  # one per output
     # The forward as written (not its stable rewrite), straight-lined: the generated test's reference and
     # what ``scaffold bench`` runs under plain autograd.
     reference_steps: tuple[Step, ...]
-    reference_expr: sympy.Expr
-    # Custom gradients as written (over the arguments and expression.GRAD): the generated test's formulas.
+    reference_exprs: tuple[sympy.Expr, ...]
+    # Custom gradients as written (over the arguments and ParsedExpression.grads): the test's formulas.
     custom_gradients: tuple[tuple[str, sympy.Expr], ...]
     backward: DerivativeCode
-    saved: tuple[str, ...]  # saved for backward, in order: inputs, then masks, then OUTPUT
+    saved: tuple[str, ...]  # saved for backward, in order: inputs, then masks, then outputs
     masks: tuple[Mask, ...]  # computed in setup_context from the inputs
     ctx_scalars: tuple[str, ...]  # scalar arguments backward or jvp read from ctx
     backward_scalars: tuple[str, ...]  # those backward reads
@@ -140,6 +153,10 @@ class BackwardPlan:
     baseline: Cost  # saving the inputs the formulas use, as written, without masks or the output
     double_backward: DoubleBackward | None  # None: autograd differentiates backward's code (too many terms)
 
+    @property
+    def output_values(self) -> tuple[str, ...]:
+        return tuple(o.value for o in self.outputs)
+
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
     for i in range(10**6):
@@ -148,9 +165,16 @@ def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
 
 
 def _share(
-    exprs: list[sympy.Expr], names: list[str], taken: set[str], scalars: frozenset[sympy.Symbol]
+    exprs: list[sympy.Expr],
+    names: list[str],
+    taken: set[str],
+    scalars: frozenset[sympy.Symbol],
+    keys: list[tuple[int, int]] | None = None,
 ) -> DerivativeCode:
-    """CSE across ``exprs``; place each temporary with the one term that uses it, or in a shared block."""
+    """CSE across ``exprs``; place each temporary with the one term that uses it, or in a shared block.
+
+    ``keys``: each term's (argument index, output index); default: the i-th term is argument i's."""
+    keys = keys or [(i, 0) for i in range(len(exprs))]
     replacements, reduced = _eliminate(exprs, taken, scalars)
     users: dict[sympy.Symbol, set[int]] = {s: set() for s, _ in replacements}
     for i, expr in enumerate(reduced):
@@ -165,25 +189,29 @@ def _share(
     for s, expr in replacements:
         step = Step(str(s), expr)
         who = tuple(sorted(users[s]))
+        arguments = tuple(sorted({keys[i][0] for i in who}))
         if len(who) == 1:
             own[who[0]].append(step)
-        elif shared and shared[-1].users == who:
-            shared[-1] = SharedSteps(who, shared[-1].steps + (step,))
+        elif shared and shared[-1].users == arguments:
+            shared[-1] = SharedSteps(arguments, shared[-1].steps + (step,))
         elif who:
-            shared.append(SharedSteps(who, (step,)))
-    terms = tuple(Term(i, name, tuple(own[i]), reduced[i]) for i, name in enumerate(names))
+            shared.append(SharedSteps(arguments, (step,)))
+    terms = tuple(
+        Term(index, name, tuple(own[i]), reduced[i], output)
+        for i, (name, (index, output)) in enumerate(zip(names, keys))
+    )
     return DerivativeCode(tuple(shared), terms)
 
 
 def straight_line(
-    expr: sympy.Expr, taken: set[str], scalars: frozenset[sympy.Symbol] | None = None
-) -> tuple[tuple[Step, ...], sympy.Expr]:
-    """``expr`` as assignments of its repeated subexpressions and a final expression over them.
+    exprs: list[sympy.Expr], taken: set[str], scalars: frozenset[sympy.Symbol] | None = None
+) -> tuple[tuple[Step, ...], tuple[sympy.Expr, ...]]:
+    """``exprs`` as assignments of their repeated subexpressions and final expressions over them.
 
-    ``scalars``: the symbols that are not tensors; None for the expression as written (a test's
+    ``scalars``: the symbols that are not tensors; None for the expressions as written (a test's
     reference), without the :mod:`.lowering` rewrites."""
-    replacements, (reduced,) = _eliminate([expr], taken, scalars)
-    return tuple(Step(str(s), e) for s, e in replacements), reduced
+    replacements, reduced = _eliminate(list(exprs), taken, scalars)
+    return tuple(Step(str(s), e) for s, e in replacements), tuple(reduced)
 
 
 Replacements = list[tuple[sympy.Symbol, sympy.Expr]]
@@ -233,54 +261,63 @@ def _in_order(steps: Replacements) -> Replacements:
 
 def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPlan:
     parsed = derivation.parsed
+    program = derivation.program
     where = f"{spec.source}: forward" if spec is not None else "forward"
     policy = spec.policy if spec is not None else "memory"
-    shapes = {t.name: t.shape for t in spec.tensors} if spec is not None else {}
-    names = [p.name for p in derivation.partials]
+    names = list(parsed.tensor_names)
     taken = set(parsed.symbols) | {GRAD_OUTPUT, OUTPUT} | {n + TANGENT_SUFFIX for n in names}
-    grad_output = sympy.Symbol(GRAD_OUTPUT, real=True)
-    output = sympy.Symbol(OUTPUT, real=True)
+    outputs = _output_names(program, taken)
+    taken |= {n for o in outputs for n in (o.value, o.grad)}
+    grads = [sympy.Symbol(o.grad, real=True) for o in outputs]
+    values = [sympy.Symbol(o.value, real=True) for o in outputs]
 
-    # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x).
+    # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x), across the outputs.
     scalars = frozenset(parsed.symbols[n] for n in parsed.scalar_names)
-    forward_steps, forward_expr = straight_line(derivation.forward, taken, scalars)
-    reference_steps, reference_expr = straight_line(parsed.expr, set(parsed.symbols) | {OUTPUT})
+    forward_steps, forward_exprs = straight_line([o.forward for o in derivation.outputs], taken, scalars)
+    reference_steps, reference_exprs = straight_line(list(parsed.exprs), set(parsed.symbols) | {OUTPUT} | taken)
 
-    # Backward: choose what it reads (see the module docstring), then share its subexpressions.
-    forward = derivation.forward
-    # A custom gradient replaces grad_output times the derived partial (it need not be linear in it).
-    custom = {name: expr.xreplace({GRAD: grad_output}) for name, expr in derivation.custom}
-    plain = [custom.get(p.name, grad_output * p.expr) for p in derivation.partials]
+    # Backward: each gradient is the sum over the outputs of their upstream gradient times the partial (or the
+    # custom gradient, which need not be linear in them); choose what it reads (see the module docstring),
+    # then share its subexpressions.
+    custom = {name: expr.xreplace(dict(zip(parsed.grads, grads))) for name, expr in derivation.custom}
+    plain = [
+        custom.get(name, sympy.Add(*(g * o.partials[i].expr for g, o in zip(grads, derivation.outputs))))
+        for i, name in enumerate(names)
+    ]
     variants = [plain]
-    if not forward.is_Symbol:
-        with_output = [e.xreplace({forward: output}) for e in plain]
-        if with_output != plain:
-            variants.append(with_output)
-    sizes = _Sizes(parsed.tensor_names, shapes)
+    for chosen in _output_subsets(derivation, values):
+        with_outputs = [e.xreplace(chosen) for e in plain]
+        if with_outputs not in variants:
+            variants.append(with_outputs)
+    sizes = _Sizes(program, outputs)
     candidates = [_with_masks(v, subset, taken, sizes) for v in variants for subset in _mask_subsets(v, parsed)]
     exprs, masks, cost = min(candidates, key=lambda c: _rank(c[2], policy))
     backward = _share(exprs, names, taken | {m.name for m in masks}, scalars)
-    # jvp: partial * tangent per argument, from the inputs alone (the output has no tangent there).
-    tangents = [sympy.Symbol(p.name + TANGENT_SUFFIX, real=True) for p in derivation.partials]
-    jvp = _share([p.expr * t for p, t in zip(derivation.partials, tangents)], names, taken, scalars)
+    # jvp: each output's tangent is the sum of partial * tangent over the arguments, from the inputs alone
+    # (the outputs have no tangent there).
+    tangents = [sympy.Symbol(n + TANGENT_SUFFIX, real=True) for n in names]
+    keys = [(i, k) for k in range(len(outputs)) for i in range(len(names))]
+    jvp_terms = [derivation.outputs[k].partials[i].expr * tangents[i] for i, k in keys]
+    jvp = _share(jvp_terms, [names[i] for i, _ in keys], taken, scalars, keys)
 
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
     used_masks = tuple(m for m in masks if m.name in backward_names)
-    differentiable = [grad_output, *(parsed.symbols[n] for n in saved)]
-    differentiable += [output] if OUTPUT in backward_names else []
-    tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | {grad_output, output}
+    saved_outputs = tuple(o.value for o in outputs if o.value in backward_names)
+    differentiable = [*grads, *(parsed.symbols[n] for n in saved), *(sympy.Symbol(v, real=True) for v in saved_outputs)]
+    tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | set(grads) | set(values)
     double_backward = _double_backward(
         exprs, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
     )
     return BackwardPlan(
+        outputs=outputs,
         forward_steps=forward_steps,
-        forward_expr=forward_expr,
+        forward_exprs=forward_exprs,
         reference_steps=reference_steps,
-        reference_expr=reference_expr,
+        reference_exprs=reference_exprs,
         custom_gradients=parsed.gradients,
         backward=backward,
-        saved=saved + tuple(m.name for m in used_masks) + ((OUTPUT,) if OUTPUT in backward_names else ()),
+        saved=saved + tuple(m.name for m in used_masks) + saved_outputs,
         masks=used_masks,
         ctx_scalars=tuple(n for n in parsed.scalar_names if n in backward_names | jvp_names),
         backward_scalars=tuple(n for n in parsed.scalar_names if n in backward_names),
@@ -292,6 +329,44 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         baseline=candidates[0][2],
         double_backward=double_backward,
     )
+
+
+#: Outputs whose subsets are each costed as what backward reads (beyond: all of them or none).
+MAX_OUTPUT_SUBSETS = 3
+
+
+def _output_names(program: Program, taken: set[str]) -> tuple[OutputNames, ...]:
+    """The generated code's names of each output: OUTPUT and GRAD_OUTPUT for one output; for several the
+    user's names and ``grad_<name>``, renamed where they would shadow a name of the generated code: ``out_``
+    in front of a name that starts as its temporaries do (tmp0, grad_x, mask), a trailing ``_`` after one it
+    uses (ctx, output, an argument's name)."""
+    if not program.several_outputs:
+        return (OutputNames(program.outputs[0].name, OUTPUT, GRAD_OUTPUT),)
+    # "out" is free: the generated code names no value so when there are several outputs.
+    taken = (set(taken) - {OUTPUT}) | (RESERVED_ARGUMENT_NAMES - {OUTPUT})
+    result = []
+    for output in program.outputs:
+        value = output.name
+        if value.startswith(RESERVED_PREFIXES) or re.fullmatch(r"mask\d*", value):
+            value = f"{OUTPUT}_{value}"
+        while value in taken or value.endswith(RESERVED_SUFFIXES):
+            value += "_"
+        taken.add(value)
+        grad = f"grad_{value}"
+        while grad in taken:
+            grad += "_"
+        taken.add(grad)
+        result.append(OutputNames(output.name, value, grad))
+    return tuple(result)
+
+
+def _output_subsets(derivation: Derivation, values: list[sympy.Symbol]) -> list[dict[sympy.Expr, sympy.Symbol]]:
+    """The outputs backward may read in place of their formulas: every non-empty subset of them (all of them
+    only, beyond :data:`MAX_OUTPUT_SUBSETS`), each as the replacements it makes."""
+    candidates = [(o.forward, v) for o, v in zip(derivation.outputs, values) if not o.forward.is_Symbol]
+    if len(candidates) > MAX_OUTPUT_SUBSETS:
+        return [dict(candidates)]
+    return [dict(c) for k in range(len(candidates), 0, -1) for c in itertools.combinations(candidates, k)]
 
 
 #: Second partials derived for a double backward, at most: beyond, autograd differentiates backward's code
@@ -338,19 +413,16 @@ MASK_WEIGHT = 0.25
 
 
 class _Sizes:
-    """Elements of the tensors backward may read, from the spec's example shapes (1 where unknown)."""
+    """Elements of the tensors backward may read, from the example shapes of the program's values."""
 
-    def __init__(self, tensor_names: tuple[str, ...], shapes: dict[str, tuple[int, ...]]) -> None:
-        self.shapes = {n: shapes.get(n, ()) for n in tensor_names}
+    def __init__(self, program: Program, names: tuple[OutputNames, ...]) -> None:
+        self.shapes = {n: program.value(n).shape for n in program.tensor_names}
+        self.outputs = {n.value: math.prod(o.shape) for n, o in zip(names, program.outputs)}
+        self.upstream = {n.grad for n in names}
 
     def of(self, names: set[str]) -> int:
-        """Elements of the broadcast of the named tensors' shapes (the output: all of them)."""
-        dims: list[int] = []
-        for shape in (self.shapes[n] for n in sorted(names) if n in self.shapes):
-            shape = (1,) * (len(dims) - len(shape)) + tuple(shape)
-            dims = [1] * (len(shape) - len(dims)) + dims
-            dims = [max(a, b) for a, b in zip(dims, shape)]
-        return math.prod(dims)
+        """Elements of the broadcast of the named tensors' shapes."""
+        return math.prod(broadcast([self.shapes[n] for n in sorted(names) if n in self.shapes]))
 
 
 def _rank(cost: Cost, policy: str) -> tuple[float, float]:
@@ -431,9 +503,9 @@ def _with_masks(
     read = {s.name for e in exprs for s in e.free_symbols}
     tensors = set(sizes.shapes)
     elements = sum(sizes.of({n}) for n in read & tensors)
-    if OUTPUT in read:
-        elements += sizes.of(tensors)
-    operations = sum(_operations(e, tensors | {OUTPUT, GRAD_OUTPUT} | set(symbols.values())) for e in exprs)
+    elements += sum(size for name, size in sizes.outputs.items() if name in read)
+    extra = set(sizes.outputs) | sizes.upstream | set(symbols.values())
+    operations = sum(_operations(e, tensors | extra) for e in exprs)
     for m in masks:
         if m.name in read:
             condition_tensors = {s.name for s in m.condition.free_symbols} & tensors

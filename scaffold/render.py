@@ -22,7 +22,6 @@ from ._version import __version__
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError
-from .expression import GRAD
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
@@ -98,9 +97,10 @@ class _CodePrinter:
     backward and the test's reference each start a fresh :meth:`scope`: their temporaries share names.
     """
 
-    def __init__(self, spec: OpSpec) -> None:
+    def __init__(self, spec: OpSpec, plan: BackwardPlan | None = None) -> None:
         names = {t.name for t in spec.tensors}
-        self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT})
+        outputs = {n for o in plan.outputs for n in (o.value, o.grad)} if plan is not None else set()
+        self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT} | outputs)
         self.tensors = set(self.base)
         self.bools: set[str] = set()  # the tensors that are bool masks
         self.where = f"{spec.source}: forward"
@@ -148,11 +148,12 @@ class GradientCode:
 
 @dataclass(frozen=True)
 class TangentCode:
-    """One term of jvp: the partial derivative times the tangent ``name``, when that tangent is given."""
+    """The terms of jvp from the tangent ``name``, when it is given: each partial derivative times it,
+    ``appends`` adding each to its output's terms."""
 
     name: str
     lines: list[str]
-    value: str
+    appends: list[str]
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class DoubleBackwardView:
     blocks: list[Block]
     targets: list[GradGradTarget]
     returns: list[str]
+    passes_upstream: str  # "a gradient is an upstream gradient itself", as a condition on ``grad``
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,16 @@ class ModuleView:
     name: str
     camel: str
     forward_text: str  # the forward as the user wrote it, safe in a docstring
+    returns_type: str  # the functional's and the Module's return annotation
+    # How the docstrings and comments name the upstream gradients: grad_output, or one per output.
+    backward_comment: list[str]
+    upstream_phrase_short: str
+    upstream_docs: str
+    custom_grad_names: str
+    jvp_note: str
+    upstream: list[str]  # backward's upstream gradients, one per output
+    output_unpack: list[str]  # setup_context's names for the outputs (several), "_" for those it does not use
+    output_shapes: list[tuple[str, str]]  # ctx attribute, the output it is the shape of
     doc: str
     fuse: bool
     imports: list[str]
@@ -237,11 +249,13 @@ class ModuleView:
     jvp_scalars: list[str]
     jvp_blocks: list[Block]
     tangents: list[TangentCode]
+    jvp_terms: str  # the empty lists jvp collects each output's terms in
+    jvp_return: str
     double: DoubleBackwardView | None
     # docstrings
-    forward_math: str
+    forward_math: list[tuple[str, str]]  # output, its formula
     stable_note: str
-    partials: list[tuple[str, str]]
+    partials: list[tuple[str, str]]  # "d out / d x", the formula
     custom_gradients: list[tuple[str, str]]  # as the spec gives them
     kink_note: str
     # the Module
@@ -255,12 +269,14 @@ class ModuleView:
 def module_view(
     spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]
 ) -> ModuleView:
-    code = _CodePrinter(spec)
+    code = _CodePrinter(spec, plan)
     tensor_names = [t.name for t in spec.tensors]
+    several = len(plan.outputs) > 1
+    upstream = [o.grad for o in plan.outputs]
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
 
-    forward_lines = code.steps(plan.forward_steps) + [f"return {code(plan.forward_expr)}"]
+    forward_lines = code.steps(plan.forward_steps) + [f"return {', '.join(code(e) for e in plan.forward_exprs)}"]
     needed_scalars = set(plan.ctx_scalars)
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
@@ -275,7 +291,7 @@ def module_view(
         shape = f"{g.name}_shape"
         lines = code.steps(g.steps)  # first: it records which temporaries are tensors
         if g.is_zero:
-            value = f"{GRAD_OUTPUT}.new_zeros({shape})"
+            value = f"{upstream[0]}.new_zeros({shape})"
             comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
         else:
             value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
@@ -285,20 +301,32 @@ def module_view(
     code.scope()
     jvp = _blocks(code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names))
     tangents = []
-    for t in plan.jvp.terms:
-        tangent = t.name + TANGENT_SUFFIX
-        lines = code.steps(t.steps)
-        # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device.
-        value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
-        tangents.append(TangentCode(tangent, lines, value))
+    for index, name in enumerate(tensor_names):
+        tangent, lines, appends = name + TANGENT_SUFFIX, [], []
+        for t in (t for t in plan.jvp.terms if t.index == index):
+            lines += code.steps(t.steps)
+            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device.
+            value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
+            appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
+        tangents.append(TangentCode(tangent, lines, appends))
+    if several:
+        jvp_terms = "(" + ", ".join("[]" for _ in plan.outputs) + ")"
+        jvp_return = ", ".join(
+            f"torch.broadcast_to(sum(terms[{k}]), ctx.{o.value}_shape)" for k, o in enumerate(plan.outputs)
+        )
+        output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs]
+    else:
+        jvp_terms, jvp_return = "[]", "torch.broadcast_to(sum(terms), ctx.output_shape)"
+        output_shapes = [("output_shape", "output")]
 
-    has_kinks = any(derivation.forward.has(cls) for cls in (*kink_classes(), sympy.Piecewise))
+    forwards = [o.forward for o in derivation.outputs]
+    has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
     learnables = [Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable]
-    backward_params = ["needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+    backward_params = ["needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
     backward_params += [f"{n}_shape" for n in tensor_names]
-    backward_args = ["ctx.needs_input_grad", GRAD_OUTPUT, *plan.saved, *plan.backward_scalars]
+    backward_args = ["ctx.needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
     backward_args += [f"ctx.{n}_shape" for n in tensor_names]
     double = _double_backward_view(code, plan, tensor_names, backward_params) if plan.double_backward else None
     return ModuleView(
@@ -308,6 +336,11 @@ def module_view(
         camel=spec.camel,
         # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
         forward_text=_docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
+        returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.outputs)}]" if several else "torch.Tensor",
+        upstream=upstream,
+        **_upstream_phrases(plan),
+        output_unpack=list(plan.output_values) if several else [],
+        output_shapes=output_shapes,
         doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
         imports=[IMPORTS[alias] for alias in sorted(code.imports)],
@@ -318,7 +351,7 @@ def module_view(
         forward_lines=forward_lines,
         unpack=[n if n in tensor_names or n in needed_scalars else "_" for n in all_names],
         mask_lines=mask_lines,
-        saved_args=[("output" if n == OUTPUT else n) for n in plan.saved],
+        saved_args=[("output" if n == OUTPUT and not several else n) for n in plan.saved],
         saved_comment=_saved_comment(plan),
         jvp_saved=list(plan.saved_for_forward),
         ctx_scalars=list(plan.ctx_scalars),
@@ -336,10 +369,16 @@ def module_view(
         jvp_scalars=list(plan.jvp_scalars),
         jvp_blocks=jvp,
         tangents=tangents,
+        jvp_terms=jvp_terms,
+        jvp_return=jvp_return,
         double=double,
-        forward_math=_docstring_text(_math(derivation.forward)),
+        forward_math=[(o.name or "out", _docstring_text(_math(o.forward))) for o in derivation.outputs],
         stable_note=_stable_note(derivation),
-        partials=[(p.name, _docstring_text(_math(p.expr))) for p in derivation.partials],
+        partials=[
+            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(_math(p.expr)))
+            for o in derivation.outputs
+            for p in o.partials
+        ],
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         kink_note=KINK_CONVENTION if has_kinks else "",
         module_init_params=scalar_params,
@@ -351,15 +390,57 @@ def module_view(
     )
 
 
+def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
+    """How the docstrings and comments name the upstream gradients."""
+    custom = ", or the custom gradient the spec gives," if plan.custom_gradients else ""
+    if len(plan.outputs) == 1:
+        return {
+            "backward_comment": [
+                "Each gradient is grad_output times a partial derivative, or the custom gradient the spec gives,",
+                "summed over the dimensions broadcasting added so that it has its input's shape.",
+            ]
+            if custom
+            else [
+                "Each gradient is grad_output times a partial derivative, summed over the dimensions",
+                "broadcasting added so that it has its input's shape.",
+            ],
+            "upstream_phrase_short": "grad_output",
+            "upstream_docs": "grad_output",
+            "custom_grad_names": "grad is grad_output",
+            "jvp_note": "",
+        }
+    grads = ", ".join(o.grad for o in plan.outputs)
+    named = ", ".join(f"{o.grad} is {o.name}'s" for o in plan.outputs)
+    comment = (
+        f"Each gradient is the sum over the outputs of each one's gradient ({grads}) times a partial "
+        f"derivative{custom}, summed over the dimensions broadcasting added so that it has its input's shape."
+    )
+    return {
+        "backward_comment": textwrap.wrap(comment, COMMENT_WIDTH),
+        "upstream_phrase_short": "an upstream gradient",
+        "upstream_docs": f"its output's gradient ({grads})",
+        "custom_grad_names": f"{named} gradient",
+        "jvp_note": ", summed per output",
+    }
+
+
 def _double_backward_view(
     code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str]
 ) -> DoubleBackwardView:
     """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
     one per gradient of the op that depends on it."""
     double = plan.double_backward
+    upstream = [o.grad for o in plan.outputs]
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
-    result = {name: f"grad_{name}" for name in double.inputs}
+    # The gradient of each input: grad_<input>, unless that is already a name here (grad_s, the upstream
+    # gradient of an output s, when s is saved too).
+    result, taken = {}, set(params) | set(grad_grads)
+    for name in double.inputs:
+        result[name] = f"grad_{name}"
+        while result[name] in taken:
+            result[name] += "_"
+        taken.add(result[name])
 
     code.scope()
     code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
@@ -379,13 +460,13 @@ def _double_backward_view(
                 terms.append(GradGradTerm(grad_grads[i], lines, value))
         if not terms:
             continue
-        # grad_output has the output's shape, which every term broadcasts to without being larger.
-        if name == GRAD_OUTPUT:
+        # An upstream gradient has its output's shape, which every term broadcasts to without being larger.
+        if name in upstream:
             value = f"torch.broadcast_to(sum(terms), {name}.shape)"
         else:
             value = f"sum(terms).sum_to_size({name}.shape)"
         targets.append(GradGradTarget(position[name], result[name], terms, value))
-    saved = [GRAD_OUTPUT, *plan.saved]
+    saved = [*upstream, *plan.saved]
     names = {t.name for t in targets}
     return DoubleBackwardView(
         unpack=[p if p in saved or p in plan.backward_scalars else "_" for p in params],
@@ -395,15 +476,17 @@ def _double_backward_view(
         blocks=blocks,
         targets=targets,
         returns=[result[p] if p in result and result[p] in names else "None" for p in params],
+        passes_upstream=" or ".join(f"grad is {g}" for g in upstream),
     )
 
 
 def _stable_note(derivation: Derivation) -> str:
-    if derivation.forward == derivation.parsed.expr:
+    forwards = tuple(o.forward for o in derivation.outputs)
+    if forwards == derivation.parsed.exprs:
         return ""
     # The stable primitives in the forward, sorted by name.
     kinds = stable_classes()
-    used = sorted({type(e).__name__ for e in sympy.preorder_traversal(derivation.forward) if isinstance(e, kinds)})
+    used = sorted({type(e).__name__ for e in sympy.preorder_traversal(sympy.Tuple(*forwards)) if isinstance(e, kinds)})
     if not used:
         return ""
     return (
@@ -436,13 +519,14 @@ def _unpack(names: list[str]) -> str:
 def _saved_comment(plan: BackwardPlan) -> str:
     """One line on what backward reads and why: the plan's choice, in words."""
     masks = {m.name for m in plan.masks}
-    what = ["the output" if n == OUTPUT else n for n in plan.saved]
+    outputs = set(plan.output_values)
+    what = [("the output" if n == OUTPUT else f"the output {n}") if n in outputs else n for n in plan.saved]
     if not what:
         return "The gradients need no tensors: nothing is saved."
     listed = ", ".join(what[:-1]) + (" and " if len(what) > 1 else "") + what[-1]
     reasons = []
-    if OUTPUT in plan.saved:
-        reasons.append("the derivative is cheaper in terms of the output")
+    if outputs & set(plan.saved):
+        reasons.append(f"the derivative is cheaper in terms of the output{'s' if len(outputs) > 1 else ''}")
     if masks:
         reasons.append("bool masks, 1 byte per element" if len(masks) > 1 else "a bool mask, 1 byte per element")
     if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:
@@ -481,10 +565,13 @@ class TestView:
     scalars: list[tuple[str, object]]  # name, default
     special: bool  # some input has special points
     gradients: list[tuple[str, str]]  # custom gradients: tensor name, its formula in plain torch
+    upstream: list[str]  # the parameters of a custom gradient's formula for each output's upstream gradient
+    outputs: list[str]  # the outputs' names, where there are several
 
 
 def test_view(
     spec: OpSpec,
+    derivation: Derivation,
     plan: BackwardPlan,
     domains: tuple[InputDomain, ...],
     *,
@@ -495,7 +582,8 @@ def test_view(
     code = _CodePrinter(spec)
     reference_lines = _reference_lines(code, plan)
     code.scope()
-    code.tensors.add(GRAD.name)
+    upstream = [g.name for g in derivation.parsed.grads]
+    code.tensors |= set(upstream)
     gradients = [(name, code(expr)) for name, expr in plan.custom_gradients]
     by_name = {d.name: d for d in domains}
     shapes = small_shapes(spec)
@@ -532,6 +620,8 @@ def test_view(
         scalars=[(s.name, s.default) for s in spec.scalars],
         special=any(by_name[t.name].special for t in spec.tensors),
         gradients=gradients,
+        upstream=upstream,
+        outputs=list(spec.outputs) if len(plan.outputs) > 1 else [],
     )
 
 
@@ -585,7 +675,7 @@ def _reference_lines(code: _CodePrinter, plan: BackwardPlan) -> list[str]:
     The generated test compares the op with it (which checks the rewrite as well as the backward) and
     ``scaffold bench`` times autograd through it.
     """
-    return code.steps(plan.reference_steps) + [f"return {code(plan.reference_expr)}"]
+    return code.steps(plan.reference_steps) + [f"return {', '.join(code(e) for e in plan.reference_exprs)}"]
 
 
 def reference_module(spec: OpSpec, plan: BackwardPlan) -> str:
@@ -694,6 +784,7 @@ def render_op(
     module = env.get_template(TEMPLATES["module"]).render(view=module_view(spec, derivation, plan, domains))
     tests = test_view(
         spec,
+        derivation,
         plan,
         domains,
         module_import=module_import or spec.name,

@@ -186,6 +186,9 @@ class OpSpec:
     #: Custom gradients: (tensor name, the expression backward returns for it, over the forward's names
     #: and ``grad``, the upstream gradient), in place of the derived one.
     gradients: tuple[tuple[str, str], ...] = ()
+    #: The names of the forward's values the op returns, in order (several: a tuple); empty: the forward's
+    #: last line.
+    outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = self.source
@@ -262,6 +265,25 @@ class OpSpec:
                     hint='e.g. "grad" (straight-through) or "grad*Heaviside(1 - Abs(x))"',
                 )
             given.add(name)
+        self._check_outputs(where, seen)
+
+    def _check_outputs(self, where: str, arguments: set[str]) -> None:
+        if not isinstance(self.outputs, tuple) or not all(isinstance(o, str) for o in self.outputs):
+            raise SpecError(
+                "outputs must be a list of names", where=f"{where}: outputs", hint='e.g. outputs = ["y", "s"]'
+            )
+        seen: set[str] = set()
+        for name in self.outputs:
+            check_identifier(name, what="output name", where=f"{where}: outputs")
+            if name in arguments:
+                raise SpecError(
+                    f"output {name!r} is an argument of the op: an op returns values it computes",
+                    where=f"{where}: outputs",
+                    hint=f"compute it in the forward, e.g. a line {name}_out = ..., and name that",
+                )
+            if name in seen:
+                raise SpecError(f"output {name!r} is listed twice", where=f"{where}: outputs")
+            seen.add(name)
 
     @property
     def camel(self) -> str:
@@ -297,7 +319,7 @@ def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
 
 # --- TOML ------------------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars", "gradients"}
+_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars", "gradients", "outputs"}
 _TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
 _SCALAR_KEYS = {"type", "default"}
 
@@ -395,6 +417,13 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         raise SpecError(
             'gradients must be a table of expressions, e.g. [gradients] x = "grad"', where=f"{source}: gradients"
         )
+    outputs = data.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise SpecError(
+            f"outputs must be a list of names, got {outputs!r}",
+            where=f"{source}: outputs",
+            hint='e.g. outputs = ["y", "s"]: the forward\'s values the op returns, in order',
+        )
     return OpSpec(
         name=data["name"],
         forward=data["forward"],
@@ -405,6 +434,7 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         policy=data.get("policy", "memory"),
         source=source,
         gradients=tuple(gradients.items()),
+        outputs=tuple(outputs),
     )
 
 
@@ -468,6 +498,7 @@ def spec_from_flags(
     fuse: bool = False,
     policy: str = "memory",
     gradients: Sequence[str] = (),
+    outputs: Sequence[str] = (),
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
@@ -487,6 +518,7 @@ def spec_from_flags(
             "tensors": tensor_args,
             "scalars": scalar_args,
             "gradients": custom,
+            "outputs": list(outputs),
         },
         source="command-line flags",
     )
@@ -503,13 +535,15 @@ def spec_with_flags(
     fuse: bool | None = None,
     policy: str | None = None,
     gradients: Sequence[str] = (),
+    outputs: Sequence[str] | None = None,
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
     ``forward`` and ``doc`` replace the spec's; an argument given by a flag is added, or changes only what
     the flag names of the argument of that name (``--tensor beta=3`` its shape: a learnable beta stays
     learnable, with its init and domain); one that changes kind (a tensor given as ``--scalar``) is replaced;
-    the other arguments are kept. A ``--gradient T=EXPR`` adds or replaces T's custom gradient.
+    the other arguments are kept. A ``--gradient T=EXPR`` adds or replaces T's custom gradient; ``outputs``
+    (the ``--output`` flags), where given, replace the spec's.
     """
     data = spec_to_mapping(spec)
     if forward is not None:
@@ -528,6 +562,8 @@ def spec_with_flags(
         for arg, table in given.items():
             data[kind][arg] = {**data[kind].get(arg, {}), **table}
     data["gradients"] = {**data["gradients"], **_gradient_table(gradients)}
+    if outputs:
+        data["outputs"] = list(outputs)
     return spec_from_mapping(data, source=spec.source)
 
 
@@ -608,13 +644,15 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
         data["fuse"] = True
     if spec.policy != "memory":
         data["policy"] = spec.policy
+    if spec.outputs:
+        data["outputs"] = list(spec.outputs)
     return {**data, "tensors": tensors, "scalars": scalars, "gradients": dict(spec.gradients)}
 
 
 def spec_to_toml(spec: OpSpec) -> str:
     """Write ``spec`` back as TOML, in the format :func:`load_spec` reads."""
     document = spec_to_mapping(spec)
-    return dumps({key: value for key, value in document.items() if value != {}})
+    return dumps({key: value for key, value in document.items() if value not in ({}, [])})
 
 
 __all__ = [

@@ -92,8 +92,9 @@ class Input:
 class OpTests:
     """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
     ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
-    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order. A tensor
-    with a custom gradient (``gradients``) is checked against its formula, not the reference's derivative."""
+    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order, and returns
+    one tensor, or a tuple of the ``outputs`` where those are named. A tensor with a custom gradient
+    (``gradients``) is checked against its formula, not the reference's derivative."""
 
     function: type[torch.autograd.Function]
     op: Callable[..., torch.Tensor]
@@ -101,9 +102,12 @@ class OpTests:
     reference: Callable[..., torch.Tensor]
     inputs: Sequence[Input]
     scalars: Mapping[str, object] = field(default_factory=dict)
-    #: Custom gradients: tensor name -> ``f(grad, *tensors, *scalars)``, what backward returns for it in
-    #: place of the derived gradient, in plain torch (before summing over broadcast dimensions).
+    #: Custom gradients: tensor name -> ``f(grad, *tensors, *scalars)`` (one upstream gradient per output),
+    #: what backward returns for it in place of the derived gradient, in plain torch (before summing over
+    #: broadcast dimensions).
     gradients: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    #: The names of the op's outputs, where it returns several (a tuple), in order.
+    outputs: Sequence[str] = ()
 
     # -- the checks, one per generated test ------------------------------------------------------------
 
@@ -131,16 +135,36 @@ class OpTests:
         """Value and every gradient (for a random grad_output) against the reference; gradients have their
         input's shape."""
         inputs = self.make_inputs(device)
-        out = self.op(*inputs, *self._scalars)
-        expected = self.reference(*inputs, *self._scalars)
-        torch.testing.assert_close(out, expected, **CLOSE)
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        expected = self._outputs(self.reference(*inputs, *self._scalars))
+        self._assert_values_close(outs, expected, **CLOSE)
         generator = torch.Generator().manual_seed(1)
-        grad_output = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(device)
-        grads = torch.autograd.grad(out, inputs, grad_output)
-        expected_grads = self._expected_grads(expected, inputs, grad_output)
+        upstream = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(device) for o in outs]
+        grads = torch.autograd.grad(outs, inputs, upstream)
+        expected_grads = self._expected_grads(expected, inputs, upstream)
         for name, tensor, grad, expected_grad in zip(self._names, inputs, grads, expected_grads):
             assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    @_quietly
+    def check_partly_used_outputs(self, device: str) -> None:
+        """With several outputs, each used alone (the others' gradients never computed: backward receives
+        zeros for them): the gradients are that output's alone, as the reference's."""
+        assert len(self.outputs) > 1, "the op has one output: remove this test"
+        inputs = self.make_inputs(device)
+        generator = torch.Generator().manual_seed(4)
+        for k, name in enumerate(self.outputs):
+            out = self._outputs(self.op(*inputs, *self._scalars))[k]
+            expected_outs = self._outputs(self.reference(*inputs, *self._scalars))
+            upstream = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(device)
+            grads = torch.autograd.grad(out, inputs, upstream, allow_unused=True)
+            zeros = [torch.zeros_like(o) for o in expected_outs]
+            expected = self._expected_grads(expected_outs, inputs, [*zeros[:k], upstream, *zeros[k + 1 :]])
+            for arg, x, grad, expected_grad in zip(self._names, inputs, grads, expected):
+                grad = torch.zeros_like(x) if grad is None else grad
+                torch.testing.assert_close(
+                    grad, expected_grad, **CLOSE, msg=lambda m, a=arg, n=name: f"gradient of {a} from {n} alone: {m}"
+                )
 
     @_quietly
     def check_only_needed_gradients(self, device: str) -> None:
@@ -149,9 +173,9 @@ class OpTests:
         for index in range(len(self.inputs)):
             inputs = self.make_inputs(device, requires_grad=False)
             inputs[index].requires_grad_(True)
-            out = self.function.apply(*inputs, *self._scalars)
+            outs = self._outputs(self.function.apply(*inputs, *self._scalars))
             # grad_fn.apply calls the Function's backward with this call's ctx.
-            grads = out.grad_fn.apply(torch.ones_like(out))
+            grads = outs[0].grad_fn.apply(*(torch.ones_like(o) for o in outs))
             assert len(grads) == len(inputs) + len(self.scalars), "backward must return one value per argument"
             for i, grad in enumerate(grads):
                 if i == index:
@@ -163,7 +187,7 @@ class OpTests:
     def check_ctx_holds_no_tensors(self) -> None:
         """Tensors reach backward through save_for_backward, not as ctx attributes (which leak memory and
         escape the saved-tensor checks)."""
-        out = self.function.apply(*self.make_inputs("cpu"), *self._scalars)
+        out = self._outputs(self.function.apply(*self.make_inputs("cpu"), *self._scalars))[0]
         attributes = [k for k, v in vars(out.grad_fn).items() if isinstance(v, torch.Tensor)]
         assert not attributes, f"tensors must go through save_for_backward, not ctx attributes: {attributes}"
 
@@ -172,11 +196,11 @@ class OpTests:
         """float32 in, float32 out, close to the float64 reference."""
         inputs = self.make_inputs(device)
         inputs32 = [x.detach().float().requires_grad_() for x in inputs]
-        out32 = self.op(*inputs32, *self._scalars)
-        assert out32.dtype == torch.float32
-        expected = self.reference(*inputs, *self._scalars)
-        torch.testing.assert_close(out32.double(), expected, rtol=1e-4, atol=1e-5)
-        grads32 = torch.autograd.grad(out32.sum(), inputs32)
+        outs32 = self._outputs(self.op(*inputs32, *self._scalars))
+        assert all(o.dtype == torch.float32 for o in outs32)
+        expected = self._outputs(self.reference(*inputs, *self._scalars))
+        self._assert_values_close([o.double() for o in outs32], expected, rtol=1e-4, atol=1e-5)
+        grads32 = torch.autograd.grad(_total(outs32), inputs32)
         for name, grad, expected_grad in zip(self._names, grads32, self._expected_grads(expected, inputs)):
             assert grad.dtype == torch.float32, name
             torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
@@ -194,18 +218,21 @@ class OpTests:
         columns = self.extreme_columns()
         inputs32 = [x.float().to(device).requires_grad_() for x in columns]
         inputs64 = [x.detach().double().requires_grad_() for x in inputs32]
-        out32, out64 = self.op(*inputs32, *self._scalars), self.op(*inputs64, *self._scalars)
-        grads32 = torch.autograd.grad(out32.sum(), inputs32)
-        grads64 = torch.autograd.grad(out64.sum(), inputs64)
+        outs32 = self._outputs(self.op(*inputs32, *self._scalars))
+        outs64 = self._outputs(self.op(*inputs64, *self._scalars))
+        grads32 = torch.autograd.grad(_total(outs32), inputs32)
+        grads64 = torch.autograd.grad(_total(outs64), inputs64)
         plain32 = [x.detach().requires_grad_() for x in inputs32]
-        expected32 = self.reference(*plain32, *self._scalars)
+        expected32 = self._outputs(self.reference(*plain32, *self._scalars))
         plain_grads32 = self._expected_grads(expected32, plain32)
-        value_representable = torch.isfinite(out64) & (out64.abs() < 1e30)
+        value_representable = functools.reduce(
+            torch.logical_and, [torch.isfinite(o) & (o.abs() < 1e30) for o in outs64]
+        )
         results = zip(
-            ["value", *self._names],
-            [out32, *grads32],
-            [out64, *grads64],
-            [expected32, *plain_grads32],
+            [*self._value_names, *self._names],
+            [*outs32, *grads32],
+            [*outs64, *grads64],
+            [*expected32, *plain_grads32],
             self.float32_rounding(columns),
         )
         for what, value32, value64, plain, allowance in results:
@@ -266,8 +293,10 @@ class OpTests:
             pytest.skip("custom gradients: torch.func.hessian differentiates the custom backward, not the forward")
         inputs = tuple(self.make_inputs(device, requires_grad=False))
         argnums = tuple(range(len(inputs)))
-        hessian = torch.func.hessian(lambda *xs: self._op_of_tensors(*xs).sum(), argnums)(*inputs)
-        expected = torch.func.hessian(lambda *xs: self._reference_of_tensors(*xs).sum(), argnums)(*inputs)
+        hessian = torch.func.hessian(lambda *xs: _total(self._outputs(self._op_of_tensors(*xs))), argnums)(*inputs)
+        expected = torch.func.hessian(lambda *xs: _total(self._outputs(self._reference_of_tensors(*xs))), argnums)(
+            *inputs
+        )
         for i, row in enumerate(expected):
             for j, block in enumerate(row):
                 what = f"d2 out / d {self._names[i]} d {self._names[j]}"
@@ -280,10 +309,12 @@ class OpTests:
         """torch.func.vmap over a batch of two inputs, and torch.func.grad, against the reference."""
         samples = [self.make_inputs("cpu", requires_grad=False, seed=seed) for seed in (0, 1)]
         batched = [torch.stack(xs) for xs in zip(*samples)]
-        out = torch.func.vmap(self._op_of_tensors)(*batched)
+        outs = self._outputs(torch.func.vmap(self._op_of_tensors)(*batched))
         argnums = tuple(range(len(self.inputs)))
-        grads = torch.func.grad(lambda *xs: self._op_of_tensors(*xs).sum(), argnums=argnums)(*samples[0])
-        torch.testing.assert_close(out, torch.stack([self._reference_of_tensors(*xs) for xs in samples]), **CLOSE)
+        total = lambda *xs: _total(self._outputs(self._op_of_tensors(*xs)))  # noqa: E731
+        grads = torch.func.grad(total, argnums=argnums)(*samples[0])
+        expected_outs = zip(*(self._outputs(self._reference_of_tensors(*xs)) for xs in samples))
+        self._assert_values_close(outs, [torch.stack(e) for e in expected_outs], **CLOSE)
         inputs = [x.requires_grad_() for x in samples[0]]
         expected = self._expected_grads(self._reference_of_tensors(*inputs), inputs)
         for grad, expected_grad in zip(grads, expected):
@@ -302,11 +333,11 @@ class OpTests:
             )
         inputs = self.make_inputs(device)
         compiled = torch.compile(self.op, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
-        out = compiled(*inputs, *self._scalars)
-        grads = torch.autograd.grad(out.sum(), inputs)
-        expected = self.op(*inputs, *self._scalars)
-        torch.testing.assert_close(out, expected, **CLOSE)
-        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(expected.sum(), inputs)):
+        outs = self._outputs(compiled(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._outputs(self.op(*inputs, *self._scalars))
+        self._assert_values_close(outs, expected, **CLOSE)
+        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
     @_quietly
@@ -325,9 +356,9 @@ class OpTests:
                     parameter.copy_(x)
                 x = parameter
             args.append(x)
-        out = module(*(x for i, x in zip(self.inputs, inputs) if not i.learnable))
-        torch.testing.assert_close(out, self.reference(*args, *self._scalars), **CLOSE)
-        out.sum().backward()
+        outs = self._outputs(module(*(x for i, x in zip(self.inputs, inputs) if not i.learnable)))
+        self._assert_values_close(outs, self._outputs(self.reference(*args, *self._scalars)), **CLOSE)
+        _total(outs).backward()
         for i, x in zip(self.inputs, args):
             assert x.grad is not None, f"{i.name} received no gradient"
             assert torch.isfinite(x.grad).all(), f"{i.name}'s gradient is not finite"
@@ -353,9 +384,9 @@ class OpTests:
         best = None
         for scale in (1.0, 0.5, 0.25, 0.125):
             inputs = [x.requires_grad_() for x in self._draw(device, shapes, seed, scale)]
-            out = self.reference(*inputs, *self._scalars)
-            grads = torch.autograd.grad(out.sum(), inputs, allow_unused=True) if out.requires_grad else []
-            size = max(float(t.detach().abs().max()) for t in [out, *grads] if t is not None)
+            outs = self._outputs(self.reference(*inputs, *self._scalars))
+            grads = _reference_grads(_total(outs), inputs)
+            size = max(float(t.detach().abs().max()) for t in [*outs, *grads])
             size = size if math.isfinite(size) else math.inf
             if best is None or size < best[0]:
                 best = (size, inputs)
@@ -418,26 +449,27 @@ class OpTests:
         (x/expm1(x) at x = 0) it is replaced by its limit: the mean of its values at the inputs moved by
         -1e-4 and +1e-4."""
         inputs = [x.to(device).requires_grad_() for x in columns]
-        out = self.op(*inputs, *self._scalars)
-        grads = torch.autograd.grad(out.sum(), inputs)
-        expected, *expected_grads = self._reference_values(inputs)
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected_values = self._reference_values(inputs)
+        count = len(outs)
         if limits:
             below, above = self._reference_values(inputs, -1e-4), self._reference_values(inputs, 1e-4)
-            removable = expected.isnan()
-            expected, *expected_grads = [
-                torch.where(removable, (b + a) / 2, e) for e, b, a in zip([expected, *expected_grads], below, above)
-            ]
+            removable = functools.reduce(torch.logical_or, [e.isnan() for e in expected_values[:count]])
+            expected_values = [torch.where(removable, (b + a) / 2, e) for e, b, a in zip(expected_values, below, above)]
+        expected_outs, expected_grads = expected_values[:count], expected_values[count:]
+        values_finite = functools.reduce(torch.logical_and, [torch.isfinite(e) for e in expected_outs])
         # Where two inputs are equal or opposite, a kink between them (Max, Min, Abs, a comparison) may sit,
         # whose derivative is a convention (torch.maximum splits the gradient at a tie): only finiteness is
         # checked there.
         magnitudes = torch.stack(inputs).detach().abs().sort(dim=0).values
         tie = (magnitudes[1:] == magnitudes[:-1]).any(dim=0)
-        compare = [~tie] * (1 + len(inputs))
+        compare = [~tie] * (count + len(inputs))
         if accurate is not None:
-            compare = [~tie & accurate.to(tie.device)] + [torch.zeros_like(tie)] * len(inputs)
-        results = zip(["value", *self._names], [out, *grads], [expected, *expected_grads], compare)
+            compare = [~tie & accurate.to(tie.device)] * count + [torch.zeros_like(tie)] * len(inputs)
+        results = zip([*self._value_names, *self._names], [*outs, *grads], [*expected_outs, *expected_grads], compare)
         for what, value, expected_value, compared in results:
-            finite = torch.isfinite(expected) & torch.isfinite(expected_value)
+            finite = values_finite & torch.isfinite(expected_value)
             broken = (finite & ~torch.isfinite(value)).nonzero().flatten().tolist()
             if broken:
                 pytest.fail(
@@ -461,14 +493,14 @@ class OpTests:
         wrong only in a branch that ordinary inputs never reach (|x - y| > w in a wing loss) is caught there,
         whatever the reference as written does at those inputs."""
         inputs = [x.to(device).requires_grad_() for x in columns]
-        out = self.op(*inputs, *self._scalars)
+        out = _sum(self._outputs(self.op(*inputs, *self._scalars)))
         grads = torch.autograd.grad(out.sum(), inputs)
         out = out.detach()
 
         def differences(index: int, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
             with torch.no_grad():
                 moved = [[*inputs[:index], inputs[index] + s, *inputs[index + 1 :]] for s in (step, -step)]
-                above, below = [self.op(*args, *self._scalars) for args in moved]
+                above, below = [_sum(self._outputs(self.op(*args, *self._scalars))) for args in moved]
             # What rounding each value to float64 (a few units in its last place) can do to a difference.
             rounding = 64 * 2.0**-52 * (above.abs() + out.abs() + below.abs()) / step
             finite = torch.isfinite(above) & torch.isfinite(below) & torch.isfinite(out)
@@ -500,9 +532,12 @@ class OpTests:
         log(1 + exp(x)) is 0 at x = 1e4 in both). Elsewhere the formula as written cancels (1 - sigmoid(30)
         is 0 in float32 and keeps 3 of its digits in float64) or overflows."""
         with _Overflows(len(columns[0])) as overflows:
-            value64 = self.reference(*columns, *self._scalars)
-        value32 = self.reference(*(x.float() for x in columns), *self._scalars).double()
-        return ~overflows.rows & ((value32 - value64).abs() <= 1e-2 * value64.abs() + 1e-6)
+            values64 = self._outputs(self.reference(*columns, *self._scalars))
+        values32 = self._outputs(self.reference(*(x.float() for x in columns), *self._scalars))
+        accurate = ~overflows.rows
+        for value32, value64 in zip(values32, values64):
+            accurate &= (value32.double() - value64).abs() <= 1e-2 * value64.abs() + 1e-6
+        return accurate
 
     def float32_rounding(self, columns: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """How far float32 may be off at ``columns`` however carefully it computes, for the value and each
@@ -510,7 +545,7 @@ class OpTests:
         float64 derivatives (0 where they are not finite). A result that cancels (S * ndtr(d1) - K * ...
         in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be."""
         inputs = [x.detach().double().requires_grad_() for x in columns]
-        grads = _reference_grads(self.reference(*inputs, *self._scalars).sum(), inputs, create_graph=True)
+        outs = self._outputs(self.reference(*inputs, *self._scalars))
         sizes = [x.detach().abs() for x in inputs]
 
         def condition(derivatives: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -518,7 +553,11 @@ class OpTests:
             total = sum(terms)
             return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
 
-        rounding = [condition(grads)]
+        rounding = []
+        for out in outs:
+            grads = _reference_grads(out.sum(), inputs, create_graph=True)
+            rounding.append(condition(grads))
+        grads = _reference_grads(_total(outs), inputs, create_graph=True)
         for grad in grads:
             second: Sequence[torch.Tensor | None] = [None] * len(inputs)
             if grad.requires_grad:
@@ -531,6 +570,23 @@ class OpTests:
     @property
     def _names(self) -> list[str]:
         return [i.name for i in self.inputs]
+
+    @property
+    def _value_names(self) -> list[str]:
+        """How messages name each output's value."""
+        return [f"value of {name}" for name in self.outputs] if self.outputs else ["value"]
+
+    def _outputs(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The op's (or the reference's) outputs as a tuple, checking that there are as many as named."""
+        outs = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        assert len(outs) == max(1, len(self.outputs)), f"{len(outs)} outputs, expected {len(self.outputs) or 1}"
+        return outs
+
+    def _assert_values_close(
+        self, values: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance
+    ) -> None:
+        for what, value, expected_value in zip(self._value_names, values, expected, strict=True):
+            torch.testing.assert_close(value, expected_value, **tolerance, msg=lambda m, w=what: f"{w}: {m}")
 
     @property
     def _scalars(self) -> tuple[object, ...]:
@@ -547,29 +603,37 @@ class OpTests:
         return self.reference(*tensors, *self._scalars)
 
     def _reference_values(self, inputs: Sequence[torch.Tensor], shift: float = 0.0) -> list[torch.Tensor]:
-        """The reference's value and gradients at ``inputs``, each moved by ``shift``."""
+        """The reference's values and gradients at ``inputs``, each moved by ``shift``."""
         moved = [(x.detach() + shift).requires_grad_() for x in inputs]
-        out = self.reference(*moved, *self._scalars)
-        return [out.detach(), *(g.detach() for g in self._expected_grads(out, moved))]
+        outs = self._outputs(self.reference(*moved, *self._scalars))
+        return [*(o.detach() for o in outs), *(g.detach() for g in self._expected_grads(outs, moved))]
 
     def _expected_grads(
-        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], grad_output: torch.Tensor | None = None
+        self,
+        outs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        upstream: Sequence[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
-        """What each input's gradient should be for the reference's output ``out`` (not summed) and
-        ``grad_output`` (default: ones): autograd's, or the custom gradient's formula."""
-        upstream = torch.ones_like(out) if grad_output is None else grad_output
-        grads = _reference_grads(out, inputs, upstream)
+        """What each input's gradient should be for the reference's outputs ``outs`` (not summed) and their
+        ``upstream`` gradients (default: ones): autograd's, or the custom gradient's formula."""
+        outs = self._outputs(outs)
+        upstream = [torch.ones_like(o) for o in outs] if upstream is None else list(upstream)
+        grads = _reference_grads(outs, inputs, upstream)
         for index, i in enumerate(self.inputs):
             if i.name in self.gradients:
                 with torch.no_grad():
                     grads[index] = self._custom_gradient(index, upstream, [t.detach() for t in inputs])
         return grads
 
-    def _custom_gradient(self, index: int, upstream: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The custom gradient of input ``index`` by its formula, summed to the input's shape."""
-        value = self.gradients[self.inputs[index].name](upstream, *inputs, *self._scalars)
-        value = torch.as_tensor(value, dtype=upstream.dtype, device=upstream.device)
-        return torch.broadcast_to(value, upstream.shape).sum_to_size(inputs[index].shape)
+    def _custom_gradient(
+        self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """The custom gradient of input ``index`` by its formula (over each output's upstream gradient),
+        summed to the input's shape."""
+        value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
+        value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
+        shape = torch.broadcast_shapes(*(u.shape for u in upstream))
+        return torch.broadcast_to(value, shape).sum_to_size(inputs[index].shape)
 
     def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
@@ -585,18 +649,20 @@ class OpTests:
             if i.name not in self.gradients:
                 continue
             xs = [x.detach().requires_grad_() for x in inputs]
-            out = self.function.apply(*xs, *self._scalars)
+            outs = self._outputs(self.function.apply(*xs, *self._scalars))
             generator = torch.Generator().manual_seed(3)
-            grad_output = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(out.device)
-            grad_output.requires_grad_()
-            (grad,) = torch.autograd.grad(out, xs[index], grad_output, create_graph=True)
-            formula = self._custom_gradient(index, grad_output, xs)
+            upstream = [
+                torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device).requires_grad_() for o in outs
+            ]
+            (grad,) = torch.autograd.grad(outs, xs[index], upstream, create_graph=True)
+            formula = self._custom_gradient(index, upstream, xs)
             torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
             weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
-            wrt = [grad_output, *xs]
+            wrt = [*upstream, *xs]
             second = _grads_or_zeros(grad, wrt, weights)
             expected = _grads_or_zeros(formula, wrt, weights)
-            for what, value, expected_value in zip(["grad_output", *self._names], second, expected):
+            names = [f"grad_{n}" for n in self.outputs] if self.outputs else ["grad_output"]
+            for what, value, expected_value in zip([*names, *self._names], second, expected):
                 torch.testing.assert_close(
                     value, expected_value, **CLOSE, msg=lambda m, w=what, n=i.name: f"d(gradient of {n})/d {w}: {m}"
                 )
@@ -605,13 +671,30 @@ class OpTests:
         return {name: column[row].item() for name, column in zip(self._names, columns)}
 
 
-def _reference_grads(out: torch.Tensor, inputs: Sequence[torch.Tensor], grad_output=None, **kwargs) -> list:
-    """Autograd's gradients of the reference: 0 for an input it uses only in a comparison (x > t), where
-    autograd has none."""
-    if not out.requires_grad:
+def _reference_grads(outs, inputs: Sequence[torch.Tensor], upstream=None, **kwargs) -> list:
+    """Autograd's gradients of the reference's outputs ``outs`` (a tensor or a sequence) for their ``upstream``
+    gradients: 0 for an input it uses only in a comparison (x > t), where autograd has none."""
+    outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
+    upstream = (
+        [None] * len(outs) if upstream is None else [upstream] if isinstance(upstream, torch.Tensor) else upstream
+    )
+    pairs = [(o, u) for o, u in zip(outs, upstream) if o.requires_grad]
+    if not pairs:
         return [torch.zeros_like(x) for x in inputs]
-    grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True, **kwargs)
+    outs, upstream = [o for o, _ in pairs], [u for _, u in pairs]
+    upstream = None if all(u is None for u in upstream) else upstream
+    grads = torch.autograd.grad(outs, inputs, upstream, allow_unused=True, **kwargs)
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+
+def _total(outs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum of every element of every output: what the checks that need one number differentiate."""
+    return sum(o.sum() for o in outs)
+
+
+def _sum(outs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The outputs added elementwise (the columns of the extreme-input checks all have one shape)."""
+    return functools.reduce(torch.add, outs)
 
 
 def _grads_or_zeros(out: torch.Tensor, inputs: Sequence[torch.Tensor], weights: torch.Tensor) -> list[torch.Tensor]:

@@ -108,6 +108,29 @@ MUTATIONS = {
             r"terms\.append\(grad_grad_y \* grad_output \* tmp0\)", "terms.append(2 * grad_grad_y * grad_output * tmp0)"
         ),
     ),
+    # Several outputs: each has its own gradient and tangent, and the op returns them in order.
+    "wrong_gradient_of_second_output": (
+        "split_and_transform",
+        _sub(r"torch\.where\(mask1, -grad_neg, 0\)", "torch.where(mask1, grad_neg, 0)"),
+    ),
+    "backward_ignores_second_output": (
+        "split_and_transform",
+        _sub(r"torch\.where\(mask1, -grad_neg, 0\)", "torch.where(mask1, 0 * grad_neg, 0)"),
+    ),
+    "swapped_outputs": (
+        "split_and_transform",
+        _sub(
+            r"return torch\.clamp\(x, min=0\), torch\.clamp\(-x, min=0\)",
+            "return torch.clamp(-x, min=0), torch.clamp(x, min=0)",
+        ),
+    ),
+    "wrong_tangent_of_second_output": (
+        "split_and_transform",
+        _sub(
+            r"terms\[1\]\.append\(torch\.where\(x < 0, -x_tangent, 0\)\)",
+            "terms[1].append(torch.where(x < 0, x_tangent, 0))",
+        ),
+    ),
 }
 # Cases that only one generated test can catch.
 CAUGHT_BY = {
@@ -116,6 +139,8 @@ CAUGHT_BY = {
     "wrong_value_in_far_branch": "test_extreme_inputs_float64",
     "jvp_under_compile": "test_compile",
     "wrong_custom_second_derivative": "test_gradgradcheck",
+    "wrong_tangent_of_second_output": "test_forward_mode",
+    "backward_ignores_second_output": "test_partly_used_outputs",
 }
 
 
