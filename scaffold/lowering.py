@@ -38,6 +38,19 @@ class within(sympy.Function):  # noqa: N801 - sympy's convention: functions prin
     nargs = 3
 
 
+class sum_to(sympy.Function):  # noqa: N801 - sympy's convention: functions print by class name
+    """``part`` summed over the dimensions broadcasting added, to the shape named by the symbol ``shape``:
+    one output's part of a gradient when an op has several outputs (of shapes that may differ, so that each
+    part is reduced before the parts are added). Printed as ``(part).sum_to_size(shape)``."""
+
+    nargs = 2
+
+
+def without_sum_to(expr: sympy.Basic) -> sympy.Basic:
+    """``expr`` with each :class:`sum_to` replaced by its part: the elementwise formula, to differentiate."""
+    return expr.replace(lambda e: isinstance(e, sum_to), lambda e: e.args[0])
+
+
 def needs_guard(value: sympy.Basic, is_tensor: Callable[[sympy.Basic], bool]) -> bool:
     """Whether a Piecewise branch must see its input kept inside its region: the branch's functions of
     tensors are undefined (log, sqrt, ...), infinite (1/x) or overflow (exp, x**3) elsewhere, and the

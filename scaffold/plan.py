@@ -280,10 +280,16 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     # custom gradient, which need not be linear in them); choose what it reads (see the module docstring),
     # then share its subexpressions.
     custom = {name: expr.xreplace(dict(zip(parsed.grads, grads))) for name, expr in derivation.custom}
-    plain = [
-        custom.get(name, sympy.Add(*(g * o.partials[i].expr for g, o in zip(grads, derivation.outputs))))
-        for i, name in enumerate(names)
-    ]
+    plain = []
+    for i, name in enumerate(names):
+        if name in custom:
+            parts = _parts_by_upstream(custom[name], grads)
+        else:
+            parts = [g * o.partials[i].expr for g, o in zip(grads, derivation.outputs)]
+        if len(outputs) > 1:  # outputs may differ in shape: each part is reduced to the input's on its own
+            shape = sympy.Symbol(f"{name}_shape")
+            parts = [lowering.sum_to(p, shape) for p in parts if p != 0]
+        plain.append(sympy.Add(*parts))
     variants = [plain]
     for chosen in _output_subsets(derivation, values):
         with_outputs = [e.xreplace(chosen) for e in plain]
@@ -329,6 +335,15 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         baseline=candidates[0][2],
         double_backward=double_backward,
     )
+
+
+def _parts_by_upstream(expr: sympy.Expr, grads: list[sympy.Symbol]) -> list[sympy.Expr]:
+    """A custom gradient's terms grouped by the upstream gradients each holds (one group per output, where
+    the formula is a sum of such terms)."""
+    groups: dict[frozenset, list[sympy.Expr]] = {}
+    for term in sympy.Add.make_args(expr):
+        groups.setdefault(frozenset(term.free_symbols & set(grads)), []).append(term)
+    return [sympy.Add(*terms) for terms in groups.values()]
 
 
 #: Outputs whose subsets are each costed as what backward reads (beyond: all of them or none).
@@ -385,13 +400,24 @@ def _double_backward(
     where: str,
 ) -> DoubleBackward | None:
     """The :class:`DoubleBackward` of backward's formulas ``exprs`` (one per tensor argument in ``names``)."""
-    pairs = [(a, i) for a, v in enumerate(differentiable) for i, e in enumerate(exprs) if v in e.free_symbols]
+    # A gradient of an op with several outputs is a sum of parts each reduced on its own (lowering.sum_to):
+    # each part's derivative is a term of its own, reduced on its own in turn.
+    parts = [
+        [lowering.without_sum_to(p) for p in sympy.Add.make_args(e)] if e.has(lowering.sum_to) else [e] for e in exprs
+    ]
+    pairs = [
+        (a, i, p)
+        for a, v in enumerate(differentiable)
+        for i, terms in enumerate(parts)
+        for p in terms
+        if v in p.free_symbols
+    ]
     if not pairs or len(pairs) > MAX_SECOND_PARTIALS:
         return None
     terms, kept = [], []
-    for a, i in pairs:
+    for a, i, p in pairs:
         what = f"the gradient of {names[i]}"
-        second = differentiate(exprs[i], differentiable[a], tensors, what=what, where=where)
+        second = differentiate(p, differentiable[a], tensors, what=what, where=where)
         if second != 0:
             terms.append(second)
             kept.append((a, i))
@@ -399,7 +425,7 @@ def _double_backward(
         return None
     # The terms are the partials dB_i/dv; each is multiplied by its grad_grad_i where it is printed, so
     # that no shared temporary reads a grad_grad_i that may be None.
-    taken = taken | {GRAD_GRAD_PREFIX + n for n in names}
+    taken = taken | {GRAD_GRAD_PREFIX + n for n in names} | {f"{n}_shape" for n in names}
     code = _share(terms, [f"{differentiable[a]}/{names[i]}" for a, i in kept], taken, scalars)
     return DoubleBackward(tuple(str(v) for v in differentiable), tuple(kept), code)
 

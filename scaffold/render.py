@@ -276,7 +276,11 @@ def module_view(
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
 
-    forward_lines = code.steps(plan.forward_steps) + [f"return {', '.join(code(e) for e in plan.forward_exprs)}"]
+    # An output that is an input itself leaves as a view of it: a Function may not return as-is an input
+    # that it also saves (one of the other gradients, or a custom one, may read it).
+    forward_lines = code.steps(plan.forward_steps)  # first: it records which temporaries are tensors
+    returned = [f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e) for e in plan.forward_exprs]
+    forward_lines.append(f"return {', '.join(returned)}")
     needed_scalars = set(plan.ctx_scalars)
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
@@ -293,6 +297,8 @@ def module_view(
         if g.is_zero:
             value = f"{upstream[0]}.new_zeros({shape})"
             comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
+        elif several:  # a sum of parts, each reduced to the input's shape (lowering.sum_to)
+            value, comment = code(g.expr), ""
         else:
             value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
             comment = ""
@@ -305,8 +311,13 @@ def module_view(
         tangent, lines, appends = name + TANGENT_SUFFIX, [], []
         for t in (t for t in plan.jvp.terms if t.index == index):
             lines += code.steps(t.steps)
-            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device.
-            value = f"torch.zeros_like({tangent})" if t.is_zero else code(t.expr)
+            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device (and
+            # has the output's shape: an output may not depend on the argument at all).
+            if t.is_zero:
+                zeros = f"{tangent}.new_zeros(ctx.{plan.outputs[t.output].value}_shape)"
+                value = zeros if several else f"torch.zeros_like({tangent})"
+            else:
+                value = code(t.expr)
             appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
         tangents.append(TangentCode(tangent, lines, appends))
     if several:
@@ -463,6 +474,8 @@ def _double_backward_view(
         # An upstream gradient has its output's shape, which every term broadcasts to without being larger.
         if name in upstream:
             value = f"torch.broadcast_to(sum(terms), {name}.shape)"
+        elif len(upstream) > 1:  # terms from outputs of different shapes: each reduced on its own
+            value = f"sum(term.sum_to_size({name}.shape) for term in terms)"
         else:
             value = f"sum(terms).sum_to_size({name}.shape)"
         targets.append(GradGradTarget(position[name], result[name], terms, value))
