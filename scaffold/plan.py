@@ -25,6 +25,7 @@ returned as extra outputs for double backward to stay correct, so backward recom
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -37,6 +38,7 @@ from . import lowering
 from .derivation import Derivation, differentiate
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
+from .stable import DerivativeKernel
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -127,6 +129,7 @@ class OutputNames:
     name: str  # the user's ("" for a forward's one unnamed output)
     value: str  # the output in backward's formulas and setup_context (OUTPUT for one output)
     grad: str  # its upstream gradient, a parameter of backward (GRAD_OUTPUT for one output)
+    hidden: bool = False  # an intermediate forward returns only for backward to read (the op does not)
 
 
 @dataclass(frozen=True)
@@ -152,10 +155,22 @@ class BackwardPlan:
     cost: Cost
     baseline: Cost  # saving the inputs the formulas use, as written, without masks or the output
     double_backward: DoubleBackward | None  # None: autograd differentiates backward's code (too many terms)
+    # The gradients that reach the hidden outputs (only in a second derivative, through what backward read):
+    # a term per (argument, hidden output), grad_<hidden> times the intermediate's partial derivative.
+    hidden_backward: tuple[Term, ...] = ()
 
     @property
     def output_values(self) -> tuple[str, ...]:
         return tuple(o.value for o in self.outputs)
+
+    @property
+    def visible(self) -> tuple[OutputNames, ...]:
+        """The outputs the op returns."""
+        return tuple(o for o in self.outputs if not o.hidden)
+
+    @property
+    def hidden(self) -> tuple[OutputNames, ...]:
+        return tuple(o for o in self.outputs if o.hidden)
 
 
 def _temp_names(taken: set[str]) -> Iterator[sympy.Symbol]:
@@ -296,22 +311,51 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         if with_outputs not in variants:
             variants.append(with_outputs)
     sizes = _Sizes(program, outputs)
-    candidates = [_with_masks(v, subset, taken, sizes) for v in variants for subset in _mask_subsets(v, parsed)]
-    exprs, masks, cost = min(candidates, key=lambda c: _rank(c[2], policy))
+    kept = _Intermediates(derivation, names, scalars, taken, where) if len(outputs) == 1 else None
+    candidates = []
+    for variant in variants:
+        for chosen in kept.subsets(variant) if kept is not None else [()]:
+            replaced = [e.xreplace(kept.replacements(chosen)) for e in variant] if chosen else variant
+            for subset in _mask_subsets(replaced, parsed):
+                exprs, masks, cost = _with_masks(replaced, subset, taken, sizes)
+                if chosen:
+                    if not kept.readable(chosen, exprs):
+                        continue
+                    cost = kept.cost(chosen, exprs, cost, sizes)
+                candidates.append((exprs, masks, cost, chosen))
+    exprs, masks, cost, chosen = min(candidates, key=lambda c: _rank(c[2], policy))
+    if chosen:  # the kept intermediates named saved, saved1, ... in order
+        renamed = kept.rename(chosen)
+        exprs = [e.xreplace(renamed) for e in exprs]
+    hidden = tuple(OutputNames("", str(kept.symbol(t)), f"grad_{kept.symbol(t)}", hidden=True) for t in chosen)
+    outputs += hidden
+    taken |= {n for o in hidden for n in (o.value, o.grad)}
+    if hidden:
+        # forward computes the kept intermediates too, sharing what it can with the output
+        forward_steps, forward_exprs = straight_line(
+            [o.forward for o in derivation.outputs] + list(chosen), taken, scalars
+        )
     backward = _share(exprs, names, taken | {m.name for m in masks}, scalars)
     # jvp: each output's tangent is the sum of partial * tangent over the arguments, from the inputs alone
-    # (the outputs have no tangent there).
+    # (the outputs have no tangent there); a hidden output's too (torch.func's forward-over-reverse reads it).
     tangents = [sympy.Symbol(n + TANGENT_SUFFIX, real=True) for n in names]
+    partials = [[p.expr for p in o.partials] for o in derivation.outputs]
+    partials += [kept.partials(t) for t in chosen] if chosen else []
     keys = [(i, k) for k in range(len(outputs)) for i in range(len(names))]
-    jvp_terms = [derivation.outputs[k].partials[i].expr * tangents[i] for i, k in keys]
+    jvp_terms = [partials[k][i] * tangents[i] for i, k in keys]
     jvp = _share(jvp_terms, [names[i] for i, _ in keys], taken, scalars, keys)
+    hidden_backward = kept.backward(chosen, taken) if chosen else ()
 
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
+    backward_names |= {
+        s.name for t in hidden_backward for e in [t.expr, *(s.expr for s in t.steps)] for s in e.free_symbols
+    }
     saved = tuple(n for n in parsed.tensor_names if n in backward_names)
     used_masks = tuple(m for m in masks if m.name in backward_names)
     saved_outputs = tuple(o.value for o in outputs if o.value in backward_names)
     differentiable = [*grads, *(parsed.symbols[n] for n in saved), *(sympy.Symbol(v, real=True) for v in saved_outputs)]
     tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | set(grads) | set(values)
+    tensors |= {sympy.Symbol(o.value, real=True) for o in hidden}
     double_backward = _double_backward(
         exprs, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
     )
@@ -334,7 +378,131 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         cost=cost,
         baseline=candidates[0][2],
         double_backward=double_backward,
+        hidden_backward=hidden_backward,
     )
+
+
+#: Forward intermediates considered for saving, at most (the most expensive to recompute first), and how
+#: many of them one plan may keep.
+MAX_INTERMEDIATES = 3
+MAX_KEPT = 2
+
+
+class _Intermediates:
+    """Intermediates of the forward that backward may read instead of recomputing them: forward returns them
+    as hidden outputs (PyTorch's documented way to save an intermediate so that double backward stays right:
+    a second derivative reaches them through the Function's own backward, see BackwardPlan.hidden_backward).
+
+    Candidates are subexpressions of backward's formulas over the inputs and scalars: a function of a tensor
+    (exp(x), sigmoid(beta*x)) or a sum of several (input - target). A choice is valid where the hidden
+    outputs' own gradients read only what backward saves anyway; it costs the intermediates' elements and
+    the forward's work to compute those the output does not already compute.
+    """
+
+    def __init__(self, derivation: Derivation, names: list[str], scalars, taken: set[str], where: str) -> None:
+        parsed = derivation.parsed
+        self.inputs = frozenset(parsed.symbols[n] for n in names)
+        self.scalars = scalars
+        self.names = names
+        self.where = where
+        self.forwards = [o.forward for o in derivation.outputs]
+        self.taken = taken
+        self.symbols = (sympy.Symbol(f"_candidate{i}", real=True) for i in range(10**6))
+        self._named: dict[sympy.Expr, sympy.Symbol] = {}
+        self._partials: dict[sympy.Expr, list[sympy.Expr]] = {}
+
+    def candidates(self, exprs: list[sympy.Expr]) -> list[sympy.Expr]:
+        found: dict[sympy.Expr, None] = {}
+        for expr in exprs:
+            for node in sympy.preorder_traversal(lowering.without_sum_to(expr)):
+                if node.is_Atom or not isinstance(node, sympy.Expr):
+                    continue
+                symbols = node.free_symbols
+                if not symbols & self.inputs or not symbols <= self.inputs | self.scalars:
+                    continue
+                if isinstance(node, (sympy.Piecewise, sympy.Heaviside, sympy.sign, DerivativeKernel, lowering.within)):
+                    continue
+                tensor_terms = sum(1 for a in node.args if a.free_symbols & self.inputs) if node.is_Add else 0
+                if node in self.forwards or -node in self.forwards:  # the output itself: saved as such
+                    continue
+                if (isinstance(node, sympy.Function) or tensor_terms >= 2) and -node not in found:
+                    found.setdefault(node)
+        tensors = {s.name for s in self.inputs}
+        ranked = sorted(found, key=lambda n: -_operations(n, tensors))
+        return ranked[:MAX_INTERMEDIATES]
+
+    def subsets(self, exprs: list[sympy.Expr]) -> list[tuple[sympy.Expr, ...]]:
+        """The empty choice, then each set of at most MAX_KEPT candidates."""
+        found = self.candidates(exprs)
+        chosen = [c for k in range(1, MAX_KEPT + 1) for c in itertools.combinations(found, k)]
+        # nested candidates (sigmoid(x) inside exp(sigmoid(x))): keeping the outer one only is the same choice
+        chosen = [c for c in chosen if not any(a != b and a.has(b) for a in c for b in c)]
+        return [(), *chosen]
+
+    def replacements(self, chosen: tuple[sympy.Expr, ...]) -> dict[sympy.Expr, sympy.Expr]:
+        """Each intermediate by its hidden output, and its negation (target - input of input - target) by
+        the hidden output's."""
+        replacements: dict[sympy.Expr, sympy.Expr] = {t: self.symbol(t) for t in chosen}
+        for t in chosen:
+            replacements.setdefault(-t, -self.symbol(t))
+        return replacements
+
+    def rename(self, chosen: tuple[sympy.Expr, ...]) -> dict[sympy.Symbol, sympy.Symbol]:
+        """Names for the chosen intermediates' hidden outputs, saved, saved1, ... (from now on)."""
+        fresh = (f"saved{i}" if i else "saved" for i in range(10**6))
+        names = (sympy.Symbol(n, real=True) for n in fresh if n not in self.taken)
+        renamed = {self.symbol(t): next(names) for t in chosen}
+        self._named.update({t: renamed[self._named[t]] for t in chosen})
+        return renamed
+
+    def symbol(self, intermediate: sympy.Expr) -> sympy.Symbol:
+        if intermediate not in self._named:
+            self._named[intermediate] = next(self.symbols)
+        return self._named[intermediate]
+
+    def partials(self, intermediate: sympy.Expr) -> list[sympy.Expr]:
+        """d intermediate / d input, per input, in stable primitives."""
+        if intermediate not in self._partials:
+            self._partials[intermediate] = [
+                differentiate(intermediate, s, self.inputs, what="a saved intermediate", where=self.where)
+                if s in intermediate.free_symbols
+                else sympy.S.Zero
+                for s in (sympy.Symbol(n, real=True) for n in self.names)
+            ]
+        return self._partials[intermediate]
+
+    def _gradients(self, chosen: tuple[sympy.Expr, ...]) -> list[list[sympy.Expr]]:
+        """Per hidden output, per input: grad_<hidden> * its partial, reading the hidden outputs."""
+        replacements = self.replacements(chosen)
+        return [
+            [sympy.Symbol(f"grad_{self.symbol(t)}", real=True) * p.xreplace(replacements) for p in self.partials(t)]
+            for t in chosen
+        ]
+
+    def readable(self, chosen: tuple[sympy.Expr, ...], exprs: list[sympy.Expr]) -> bool:
+        """Whether the hidden outputs' gradients read only what backward's formulas ``exprs`` save."""
+        hidden = {self.symbol(t) for t in chosen}
+        read = {s for e in exprs for s in e.free_symbols} | hidden
+        needed = {s for row in self._gradients(chosen) for e in row for s in e.free_symbols}
+        return needed & (self.inputs | hidden) <= read
+
+    def cost(self, chosen: tuple[sympy.Expr, ...], exprs: list[sympy.Expr], cost: Cost, sizes) -> Cost:
+        """``cost`` (of ``exprs``, which read the hidden outputs) with the hidden outputs' elements and the
+        forward's extra work."""
+        tensors = {s.name for s in self.inputs}
+        elements = cost.elements + sum(sizes.of({s.name for s in t.free_symbols}) for t in chosen)
+        extra = sum(_operations(t, tensors) for t in chosen if not any(f.has(t) for f in self.forwards))
+        return Cost(elements, cost.operations + extra)
+
+    def backward(self, chosen: tuple[sympy.Expr, ...], taken: set[str]) -> tuple[Term, ...]:
+        """A term per (input, hidden output), each with its own temporaries (a rare path: no sharing)."""
+        terms = []
+        for k, row in enumerate(self._gradients(chosen)):
+            for i, expr in enumerate(row):
+                if expr != 0:
+                    (term,) = _share([expr], [self.names[i]], taken, self.scalars).terms
+                    terms.append(dataclasses.replace(term, index=i, output=k))
+        return tuple(terms)
 
 
 def _parts_by_upstream(expr: sympy.Expr, grads: list[sympy.Symbol]) -> list[sympy.Expr]:

@@ -157,6 +157,18 @@ class TangentCode:
 
 
 @dataclass(frozen=True)
+class HiddenTerm:
+    """A hidden output's gradient (``grad``, not None) times its partial in the input at ``index``, added to
+    that input's gradient ``target``."""
+
+    grad: str
+    index: int
+    target: str
+    lines: list[str]
+    value: str
+
+
+@dataclass(frozen=True)
 class GradGradTerm:
     """``grad_grad`` (the gradient arriving at one of backward's outputs) times a second partial."""
 
@@ -215,7 +227,14 @@ class ModuleView:
     upstream_docs: str
     custom_grad_names: str
     jvp_note: str
-    upstream: list[str]  # backward's upstream gradients, one per output
+    upstream: list[str]  # the returned outputs' gradients, one per output
+    backward_upstream: list[str]  # backward's parameters: those, then the hidden outputs'
+    apply_suffix: str  # what the functional and the Module take of apply's result (without the hidden outputs)
+    hidden_grads: list[str]
+    hidden_comment: list[str]
+    upstream_given: str  # "some returned output's gradient is not None"
+    hidden_names: list[str]
+    hidden_terms: list[HiddenTerm]
     output_unpack: list[str]  # setup_context's names for the outputs (several), "_" for those it does not use
     output_shapes: list[tuple[str, str]]  # ctx attribute, the output it is the shape of
     doc: str
@@ -230,7 +249,7 @@ class ModuleView:
     unpack: list[str]  # the inputs, "_" for those it does not use
     mask_lines: list[str]
     saved_args: list[str]
-    saved_comment: str
+    saved_comment: list[str]  # lines
     jvp_saved: list[str]
     ctx_scalars: list[str]
     # backward and _backward
@@ -271,8 +290,8 @@ def module_view(
 ) -> ModuleView:
     code = _CodePrinter(spec, plan)
     tensor_names = [t.name for t in spec.tensors]
-    several = len(plan.outputs) > 1
-    upstream = [o.grad for o in plan.outputs]
+    several = len(plan.outputs) > 1  # forward returns a tuple (outputs, then hidden ones)
+    upstream = [o.grad for o in plan.visible]  # what _backward takes: the returned outputs' gradients
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
 
@@ -297,7 +316,7 @@ def module_view(
         if g.is_zero:
             value = f"{upstream[0]}.new_zeros({shape})"
             comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
-        elif several:  # a sum of parts, each reduced to the input's shape (lowering.sum_to)
+        elif len(plan.visible) > 1:  # a sum of parts, each reduced to the input's shape (lowering.sum_to)
             value, comment = code(g.expr), ""
         else:
             value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
@@ -332,6 +351,15 @@ def module_view(
 
     forwards = [o.forward for o in derivation.outputs]
     has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
+
+    # The gradients reaching the hidden outputs (a second derivative through what backward read).
+    code.scope()
+    code.tensors |= {o.grad for o in plan.hidden}
+    hidden_terms = []
+    for t in plan.hidden_backward:
+        lines = code.steps(t.steps)
+        value = f"{_parenthesized(code, t.expr)}.sum_to_size(ctx.{t.name}_shape)"
+        hidden_terms.append(HiddenTerm(plan.hidden[t.output].grad, t.index, f"grad_{t.name}", lines, value))
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
     learnables = [Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable]
@@ -347,8 +375,17 @@ def module_view(
         camel=spec.camel,
         # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
         forward_text=_docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
-        returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.outputs)}]" if several else "torch.Tensor",
+        returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]"
+        if len(plan.visible) > 1
+        else "torch.Tensor",
+        apply_suffix=("[0]" if len(plan.visible) == 1 else f"[:{len(plan.visible)}]") if plan.hidden else "",
         upstream=upstream,
+        backward_upstream=[o.grad for o in plan.outputs],
+        hidden_grads=[o.grad for o in plan.hidden],
+        upstream_given=" or ".join(f"{g} is not None" for g in upstream),
+        hidden_names=[o.value for o in plan.hidden],
+        hidden_comment=_hidden_comment(plan),
+        hidden_terms=hidden_terms,
         **_upstream_phrases(plan),
         output_unpack=list(plan.output_values) if several else [],
         output_shapes=output_shapes,
@@ -363,7 +400,7 @@ def module_view(
         unpack=[n if n in tensor_names or n in needed_scalars else "_" for n in all_names],
         mask_lines=mask_lines,
         saved_args=[("output" if n == OUTPUT and not several else n) for n in plan.saved],
-        saved_comment=_saved_comment(plan),
+        saved_comment=textwrap.wrap(_saved_comment(plan), COMMENT_WIDTH + 8),
         jvp_saved=list(plan.saved_for_forward),
         ctx_scalars=list(plan.ctx_scalars),
         backward_function="_fused_backward" if spec.fuse else "_backward",
@@ -401,10 +438,24 @@ def module_view(
     )
 
 
+def _hidden_comment(plan: BackwardPlan) -> list[str]:
+    """Why forward returns the hidden outputs, and why their gradients are not materialized."""
+    if not plan.hidden:
+        return []
+    one = len(plan.hidden) == 1
+    it, arrives = ("it", "its gradient arrives") if one else ("them", "their gradients arrive")
+    text = (
+        f"{' and '.join(o.value for o in plan.hidden)}: forward returns {it} besides the op's result, for "
+        "backward to read (a Function's intermediates are saved that way, so that a second derivative reaches "
+        f"them); nothing else uses {it}: {arrives} as None, not as zeros."
+    )
+    return textwrap.wrap(text, COMMENT_WIDTH)
+
+
 def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
-    """How the docstrings and comments name the upstream gradients."""
+    """How the docstrings and comments name the upstream gradients of the returned outputs."""
     custom = ", or the custom gradient the spec gives," if plan.custom_gradients else ""
-    if len(plan.outputs) == 1:
+    if len(plan.visible) == 1:
         return {
             "backward_comment": [
                 "Each gradient is grad_output times a partial derivative, or the custom gradient the spec gives,",
@@ -420,8 +471,8 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
             "custom_grad_names": "grad is grad_output",
             "jvp_note": "",
         }
-    grads = ", ".join(o.grad for o in plan.outputs)
-    named = ", ".join(f"{o.grad} is {o.name}'s" for o in plan.outputs)
+    grads = ", ".join(o.grad for o in plan.visible)
+    named = ", ".join(f"{o.grad} is {o.name}'s" for o in plan.visible)
     comment = (
         f"Each gradient is the sum over the outputs of each one's gradient ({grads}) times a partial "
         f"derivative{custom}, summed over the dimensions broadcasting added so that it has its input's shape."
@@ -441,7 +492,7 @@ def _double_backward_view(
     """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
     one per gradient of the op that depends on it."""
     double = plan.double_backward
-    upstream = [o.grad for o in plan.outputs]
+    upstream = [o.grad for o in plan.visible]
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
     # The gradient of each input: grad_<input>, unless that is already a name here (grad_s, the upstream
@@ -532,14 +583,24 @@ def _unpack(names: list[str]) -> str:
 def _saved_comment(plan: BackwardPlan) -> str:
     """One line on what backward reads and why: the plan's choice, in words."""
     masks = {m.name for m in plan.masks}
-    outputs = set(plan.output_values)
-    what = [("the output" if n == OUTPUT else f"the output {n}") if n in outputs else n for n in plan.saved]
+    outputs = {o.value for o in plan.visible}
+    hidden = {o.value for o in plan.hidden}
+    what = [
+        ("the output" if n == OUTPUT else f"the output {n}")
+        if n in outputs
+        else f"the intermediate {n}"
+        if n in hidden
+        else n
+        for n in plan.saved
+    ]
     if not what:
         return "The gradients need no tensors: nothing is saved."
     listed = ", ".join(what[:-1]) + (" and " if len(what) > 1 else "") + what[-1]
     reasons = []
     if outputs & set(plan.saved):
         reasons.append(f"the derivative is cheaper in terms of the output{'s' if len(outputs) > 1 else ''}")
+    if hidden:
+        reasons.append("an intermediate kept from forward instead of recomputed")
     if masks:
         reasons.append("bool masks, 1 byte per element" if len(masks) > 1 else "a bool mask, 1 byte per element")
     if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:

@@ -173,7 +173,7 @@ class OpTests:
         for index in range(len(self.inputs)):
             inputs = self.make_inputs(device, requires_grad=False)
             inputs[index].requires_grad_(True)
-            outs = self._outputs(self.function.apply(*inputs, *self._scalars))
+            outs = _as_tuple(self.function.apply(*inputs, *self._scalars))  # with any hidden outputs
             # grad_fn.apply calls the Function's backward with this call's ctx.
             grads = outs[0].grad_fn.apply(*(torch.ones_like(o) for o in outs))
             assert len(grads) == len(inputs) + len(self.scalars), "backward must return one value per argument"
@@ -187,7 +187,7 @@ class OpTests:
     def check_ctx_holds_no_tensors(self) -> None:
         """Tensors reach backward through save_for_backward, not as ctx attributes (which leak memory and
         escape the saved-tensor checks)."""
-        out = self._outputs(self.function.apply(*self.make_inputs("cpu"), *self._scalars))[0]
+        out = _as_tuple(self.function.apply(*self.make_inputs("cpu"), *self._scalars))[0]
         attributes = [k for k, v in vars(out.grad_fn).items() if isinstance(v, torch.Tensor)]
         assert not attributes, f"tensors must go through save_for_backward, not ctx attributes: {attributes}"
 
@@ -582,6 +582,11 @@ class OpTests:
         assert len(outs) == max(1, len(self.outputs)), f"{len(outs)} outputs, expected {len(self.outputs) or 1}"
         return outs
 
+    def _returned(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The outputs the op returns, of what its Function's apply returns: after them, forward may return
+        intermediates for backward to read (hidden outputs, which the functional and the Module drop)."""
+        return self._outputs(_as_tuple(value)[: max(1, len(self.outputs))])
+
     def _assert_values_close(
         self, values: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance
     ) -> None:
@@ -649,7 +654,7 @@ class OpTests:
             if i.name not in self.gradients:
                 continue
             xs = [x.detach().requires_grad_() for x in inputs]
-            outs = self._outputs(self.function.apply(*xs, *self._scalars))
+            outs = self._returned(self.function.apply(*xs, *self._scalars))
             generator = torch.Generator().manual_seed(3)
             upstream = [
                 torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device).requires_grad_() for o in outs
@@ -685,6 +690,10 @@ def _reference_grads(outs, inputs: Sequence[torch.Tensor], upstream=None, **kwar
     upstream = None if all(u is None for u in upstream) else upstream
     grads = torch.autograd.grad(outs, inputs, upstream, allow_unused=True, **kwargs)
     return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+
+
+def _as_tuple(value: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def _total(outs: Sequence[torch.Tensor]) -> torch.Tensor:

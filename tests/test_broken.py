@@ -62,7 +62,7 @@ MUTATIONS = {
     ),
     "wrong_kink_side": (
         "smooth_l1",
-        _sub(r"torch\.where\(tmp2, tmp0 \* tmp1, tmp3\)", "torch.where(tmp2, tmp3, tmp0 * tmp1)"),
+        _sub(r"torch\.where\(tmp1, tmp0, tmp2\)", "torch.where(tmp1, tmp2, tmp0)"),
     ),
     # The textbook formulas agree at ordinary inputs; only the extreme-input test can tell.
     "unstable_forward": (
@@ -80,7 +80,7 @@ MUTATIONS = {
     # the gradient by differences of the op's own value, the value by the reference where it is accurate.
     "wrong_gradient_in_far_branch": (
         "wing_loss",
-        _sub(r"torch\.where\(tmp2, -tmp4, -tmp5\)", "torch.where(tmp2, -tmp4, 0 * tmp5)"),
+        _sub(r"torch\.where\(tmp1, -tmp3, -tmp4\)", "torch.where(tmp1, -tmp3, 0 * tmp4)"),
     ),
     "wrong_value_in_far_branch": (
         "wing_loss",
@@ -107,6 +107,16 @@ MUTATIONS = {
         _sub(
             r"terms\.append\(grad_grad_y \* grad_output \* tmp0\)", "terms.append(2 * grad_grad_y * grad_output * tmp0)"
         ),
+    ),
+    # A saved intermediate (input - target, returned by forward as a hidden output): a second derivative
+    # through it reaches backward as its gradient, which must add to the inputs'.
+    "wrong_hidden_output_gradient": (
+        "smooth_l1",
+        _sub(r"term = \(-grad_saved\)\.sum_to_size", "term = grad_saved.sum_to_size"),
+    ),
+    "hidden_output_gradient_dropped": (
+        "smooth_l1",
+        _sub(r"grad_input = term if grad_input is None else grad_input \+ term", "pass"),
     ),
     # Several outputs: each has its own gradient and tangent, and the op returns them in order.
     "wrong_gradient_of_second_output": (

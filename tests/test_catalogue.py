@@ -82,7 +82,9 @@ def test_matches_native(op: CatalogueOp, tmp_path: Path):
 
     values, scalars = _sample(op)
     inputs = [v.clone().requires_grad_() for v in values]
-    out = function.apply(*inputs, *scalars)
+    # apply returns the output, then any intermediates forward keeps for backward (hidden outputs)
+    returned = function.apply(*inputs, *scalars)
+    out, hidden = (returned[0], len(returned) - 1) if isinstance(returned, tuple) else (returned, 0)
     assert out.dtype == torch.float64
     assert torch.isfinite(out).all(), f"non-finite output for inputs drawn from the op's domain: {out}"
     grad_output = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -106,7 +108,7 @@ def test_matches_native(op: CatalogueOp, tmp_path: Path):
     # The backward's contract, inspected at run time: grad_fn.apply calls the op's backward with its ctx.
     tensor_attributes = [k for k, v in vars(out.grad_fn).items() if isinstance(v, torch.Tensor)]
     assert not tensor_attributes, f"tensors kept as ctx attributes: {tensor_attributes}"
-    raw = out.grad_fn.apply(grad_output)
+    raw = out.grad_fn.apply(grad_output, *[None] * hidden)
     count = len(spec.tensors) + len(spec.scalars)
     assert isinstance(raw, tuple), f"backward must return a tuple of {count} values, got {type(raw).__name__}"
     assert len(raw) == count, f"backward returned {len(raw)} values for {count} forward arguments"

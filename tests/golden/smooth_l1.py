@@ -15,19 +15,18 @@ from torch import nn
 __all__ = ["SmoothL1", "SmoothL1Function", "smooth_l1"]
 
 
-def _backward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape):
+def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape):
     """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward)."""
     # Each gradient is grad_output times a partial derivative, summed over the dimensions
     # broadcasting added so that it has its input's shape.
     grad_input = grad_target = None
-    tmp0 = 1 / beta
-    tmp1 = input - target
-    tmp2 = beta > torch.abs(tmp1)
-    tmp3 = torch.sign(tmp1)
+    tmp0 = 1 / beta * saved
+    tmp1 = beta > torch.abs(saved)
+    tmp2 = torch.sign(saved)
     if needs_input_grad[0]:
-        grad_input = (grad_output * torch.where(tmp2, tmp0 * tmp1, tmp3)).sum_to_size(input_shape)
+        grad_input = (grad_output * torch.where(tmp1, tmp0, tmp2)).sum_to_size(input_shape)
     if needs_input_grad[1]:
-        grad_target = (grad_output * torch.where(tmp2, -tmp0 * tmp1, -tmp3)).sum_to_size(target_shape)
+        grad_target = (grad_output * torch.where(tmp1, -tmp0, -tmp2)).sum_to_size(target_shape)
     return grad_input, grad_target
 
 
@@ -63,33 +62,50 @@ class SmoothL1Function(torch.autograd.Function):
     def forward(input, target, beta):
         tmp0 = input - target
         tmp1 = torch.abs(tmp0)
-        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1)
+        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, target, beta = inputs
-        # Saves input and target, what the gradient formulas read; policy 'memory'.
-        ctx.save_for_backward(input, target)
+        out, saved = output
+        # saved: forward returns it besides the op's result, for backward to read (a Function's intermediates
+        # are saved that way, so that a second derivative reaches them); nothing else uses it: its gradient
+        # arrives as None, not as zeros.
+        ctx.set_materialize_grads(False)
+        # Saves the intermediate saved (an intermediate kept from forward instead of recomputed; 0.5x the bytes of
+        # saving the inputs); policy 'memory'.
+        ctx.save_for_backward(saved)
         # jvp reads input, target (forward mode saves separately from backward).
         ctx.save_for_forward(input, target)
         ctx.beta = beta
         ctx.input_shape = input.shape
         ctx.target_shape = target.shape
-        ctx.output_shape = output.shape
+        ctx.out_shape = out.shape
+        ctx.saved_shape = saved.shape
 
     @staticmethod
-    def backward(ctx, grad_output):
-        input, target = ctx.saved_tensors
+    def backward(ctx, grad_output, grad_saved):
+        (saved,) = ctx.saved_tensors
         beta = ctx.beta
-        if _differentiating_backward():
-            # The gradients are differentiated again: through _SmoothL1Backward, whose backward is derived.
-            grad_input, grad_target = _SmoothL1Backward.apply(
-                ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape
-            )
-        else:
-            grad_input, grad_target = _backward(
-                ctx.needs_input_grad, grad_output, input, target, beta, ctx.input_shape, ctx.target_shape
-            )
+        grad_input = grad_target = None
+        if grad_output is not None:
+            if _differentiating_backward():
+                # The gradients are differentiated again: through _SmoothL1Backward, whose backward is derived.
+                grad_input, grad_target = _SmoothL1Backward.apply(
+                    ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
+                )
+            else:
+                grad_input, grad_target = _backward(
+                    ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
+                )
+        if grad_saved is not None and ctx.needs_input_grad[0]:
+            # Only in a second derivative: the gradient reaching the saved intermediate adds to input's.
+            term = grad_saved.sum_to_size(ctx.input_shape)
+            grad_input = term if grad_input is None else grad_input + term
+        if grad_saved is not None and ctx.needs_input_grad[1]:
+            # Only in a second derivative: the gradient reaching the saved intermediate adds to target's.
+            term = (-grad_saved).sum_to_size(ctx.target_shape)
+            grad_target = term if grad_target is None else grad_target + term
         return grad_input, grad_target, None
 
     @staticmethod
@@ -97,16 +113,18 @@ class SmoothL1Function(torch.autograd.Function):
         # Forward mode: each partial derivative times its input's tangent (None: no tangent).
         input, target = ctx.saved_tensors
         beta = ctx.beta
-        terms = []
+        terms = ([], [])
         tmp0 = 1 / beta
         tmp1 = input - target
         tmp2 = beta > torch.abs(tmp1)
         tmp3 = torch.sign(tmp1)
         if input_tangent is not None:
-            terms.append(input_tangent * torch.where(tmp2, tmp0 * tmp1, tmp3))
+            terms[0].append(input_tangent * torch.where(tmp2, tmp0 * tmp1, tmp3))
+            terms[1].append(input_tangent)
         if target_tangent is not None:
-            terms.append(target_tangent * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
-        return torch.broadcast_to(sum(terms), ctx.output_shape)
+            terms[0].append(target_tangent * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
+            terms[1].append(-target_tangent)
+        return torch.broadcast_to(sum(terms[0]), ctx.out_shape), torch.broadcast_to(sum(terms[1]), ctx.saved_shape)
 
 
 class _SmoothL1Backward(torch.autograd.Function):
@@ -118,55 +136,46 @@ class _SmoothL1Backward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape):
-        grads = _backward(needs_input_grad, grad_output, input, target, beta, input_shape, target_shape)
+    def forward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape):
+        grads = _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape)
         # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
         # may not return as-is an input it saves.
         return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, grad_output, input, target, beta, _, _ = inputs
-        ctx.save_for_backward(grad_output, input, target)
+        _, grad_output, saved, beta, _, _ = inputs
+        ctx.save_for_backward(grad_output, saved)
         ctx.beta = beta
         # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, grad_grad_input, grad_grad_target):
-        grad_output, input, target = ctx.saved_tensors
+        grad_output, saved = ctx.saved_tensors
         beta = ctx.beta
         # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
         # arriving at each) times that gradient's partial derivative in the input.
-        grad_grad_output = grad_input = grad_target = None
+        grad_grad_output = grad_saved = None
         tmp0 = 1 / beta
-        tmp1 = input - target
-        tmp2 = beta > torch.abs(tmp1)
-        tmp3 = torch.sign(tmp1)
-        tmp4 = torch.where(tmp2, tmp0 * grad_output, 0)
-        tmp5 = torch.where(tmp2, -tmp0 * grad_output, 0)
+        tmp1 = tmp0 * saved
+        tmp2 = beta > torch.abs(saved)
+        tmp3 = torch.sign(saved)
         if ctx.needs_input_grad[1]:
             terms = []
             if grad_grad_input is not None:
-                terms.append(grad_grad_input * torch.where(tmp2, tmp0 * tmp1, tmp3))
+                terms.append(grad_grad_input * torch.where(tmp2, tmp1, tmp3))
             if grad_grad_target is not None:
-                terms.append(grad_grad_target * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
+                terms.append(grad_grad_target * torch.where(tmp2, -tmp1, -tmp3))
             grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
         if ctx.needs_input_grad[2]:
             terms = []
             if grad_grad_input is not None:
-                terms.append(grad_grad_input * tmp4)
+                terms.append(torch.where(tmp2, tmp0 * grad_grad_input * grad_output, 0))
             if grad_grad_target is not None:
-                terms.append(grad_grad_target * tmp5)
-            grad_input = sum(terms).sum_to_size(input.shape) if terms else None
-        if ctx.needs_input_grad[3]:
-            terms = []
-            if grad_grad_input is not None:
-                terms.append(grad_grad_input * tmp5)
-            if grad_grad_target is not None:
-                terms.append(grad_grad_target * tmp4)
-            grad_target = sum(terms).sum_to_size(target.shape) if terms else None
-        return None, grad_grad_output, grad_input, grad_target, None, None, None
+                terms.append(torch.where(tmp2, -tmp0 * grad_grad_target * grad_output, 0))
+            grad_saved = sum(terms).sum_to_size(saved.shape) if terms else None
+        return None, grad_grad_output, grad_saved, None, None, None
 
 
 class _SmoothL1FunctionNoJvp(SmoothL1Function):
@@ -185,7 +194,7 @@ def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> t
     """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
     (Abs(input - target) - 0.5 * beta, True))
     """
-    return _function().apply(input, target, beta)
+    return _function().apply(input, target, beta)[0]
 
 
 class SmoothL1(nn.Module):
@@ -196,7 +205,7 @@ class SmoothL1(nn.Module):
         self.beta = beta
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return _function().apply(input, target, self.beta)
+        return _function().apply(input, target, self.beta)[0]
 
     def extra_repr(self) -> str:
         return f"beta={self.beta!r}"
