@@ -307,7 +307,9 @@ class silu(StableFunction):  # noqa: N801
         return x / (1 + sympy.exp(-x))
 
     def fdiff(self, argindex=1):
-        return silu_grad(self.args[0])
+        x = self.args[0]
+        s = sigmoid(x)
+        return s * (1 + x * (1 - s))
 
 
 class gelu(StableFunction):  # noqa: N801
@@ -387,23 +389,6 @@ class tanh_grad(DerivativeKernel):  # noqa: N801
             return cls.expanded(t)
         u = t.args[0]
         return 4 * sigmoid(2 * u) * sigmoid(-2 * u)
-
-
-class silu_grad(DerivativeKernel):  # noqa: N801
-    """d silu(x) / dx = sigmoid(x) * (1 + x * (1 - sigmoid(x))), PyTorch's silu_backward: one pass instead of
-    recomputing sigmoid(x) (and sigmoid(-x)) beside the other factors."""
-
-    nargs = 1
-
-    @classmethod
-    def expanded(cls, x):
-        return sigmoid(x) * (1 + x * sigmoid(-x))
-
-    @classmethod
-    def accurate(cls, x):
-        # The kernel is accurate in both tails: 1 - sigmoid(x) rounds to 0 only where x * (1 - sigmoid(x))
-        # is negligible beside 1, and for x -> -inf it is sigmoid(x) * (1 + x), accurate relative to itself.
-        return cls(x)
 
 
 class gelu_grad(DerivativeKernel):  # noqa: N801
