@@ -205,6 +205,8 @@ ENTRIES: tuple[Function, ...] = (
     # -- internal: introduced by the rewrites (stable.py) and lowering
     _F("silu", stable.silu, torch="torch.nn.functional.silu", stable=True,
        mpmath=lambda x: x / (1 + mpmath.exp(-x))),
+    _F("mish", stable.mish, torch="torch.nn.functional.mish", stable=True,
+       mpmath=lambda x: x * mpmath.tanh(mpmath.log1p(mpmath.exp(x)))),
     _F("gelu", stable.gelu, torch="torch.nn.functional.gelu", stable=True,
        mpmath=lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
     _F("xexpy", stable.xexpy, arity=(2,), growing=True, stable=True,  # lowering writes it x * finite_at_zero(...)

@@ -312,6 +312,23 @@ class silu(StableFunction):  # noqa: N801
         return s * (1 + x * (1 - s))
 
 
+class mish(StableFunction):  # noqa: N801
+    """Mish, x * tanh(softplus(x)) (torch.nn.functional.mish)."""
+
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return x * sympy.tanh(sympy.log(1 + sympy.exp(x)))
+
+    def fdiff(self, argindex=1):
+        # PyTorch's mish_backward has no forward-mode rule (torch.func.hessian needs one) nor a batching
+        # rule (vmap): the formula, in stable primitives.
+        x = self.args[0]
+        t = sympy.tanh(softplus(x))
+        return t + x * sigmoid(x) * tanh_grad(t)
+
+
 class gelu(StableFunction):  # noqa: N801
     """The exact GELU, x * ndtr(x) (torch.nn.functional.gelu's default)."""
 
@@ -860,8 +877,14 @@ class _Rewriter:
         return None
 
     def _silu_gelu(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
-        """u * sigmoid(u) = silu(u); u * ndtr(u) = gelu(u): one kernel each, with their own derivatives."""
+        """u * sigmoid(u) = silu(u); u * ndtr(u) = gelu(u); u * tanh(softplus(u)) = mish(u): one kernel each,
+        with their own derivatives."""
         for f in factors:
+            if isinstance(f, sympy.tanh) and isinstance(f.args[0], softplus) and f.args[0].args[0] != 0:
+                u = f.args[0].args[0]
+                scale, rest = _factor_out(coefficient, factors, f, u)
+                if rest is not None:
+                    return scale * mish(u) * rest
             if isinstance(f, (sigmoid, ndtr)) and f.args[0] != 0:
                 u = f.args[0]
                 scale, rest = _factor_out(coefficient, factors, f, u)

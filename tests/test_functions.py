@@ -7,6 +7,7 @@ import ast
 import builtins
 import math
 import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -189,3 +190,15 @@ def test_the_registry_depends_on_no_stage():
             for alias in node.names
         }
         assert local <= allowed, module
+
+
+@pytest.mark.parametrize("entry", [e for e in functions.ENTRIES if e.kernel], ids=lambda e: e.name)
+def test_fused_kernels_work_under_forward_mode_and_vmap(entry):
+    # A kernel the printer uses in backward is differentiated in forward mode by torch.func.hessian
+    # (forward-over-reverse) and batched by vmap: aten's silu_backward and mish_backward can do neither.
+    kernel = eval(entry.kernel, {"torch": torch})  # noqa: S307 - a name from the registry, not user text
+    grad, x = torch.rand(2, 3, dtype=torch.float64), torch.rand(2, 3, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "not yet implemented the batching rule"
+        torch.func.jvp(kernel, (grad, x), (grad, x))
+        torch.func.vmap(kernel)(grad, x)
