@@ -61,7 +61,7 @@ class Term:
     name: str
     steps: tuple[Step, ...]  # temporaries only this term uses
     expr: sympy.Expr  # in terms of the temporaries
-    output: int = 0  # jvp: the output whose tangent the term is part of
+    output: int = 0  # the output whose tangent (jvp) or gradient (backward, several outputs) it is part of
 
     @property
     def is_zero(self) -> bool:
@@ -335,7 +335,19 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         forward_steps, forward_exprs = straight_line(
             [o.forward for o in derivation.outputs] + list(chosen), taken, scalars
         )
-    backward = _share(exprs, names, taken | {m.name for m in masks}, scalars)
+    if len(outputs) > 1:
+        # A term per (input, output): each is reduced to the input's shape on its own, and skipped where
+        # nobody used the output (its gradient is None); -1 for a custom gradient's term that mixes several.
+        flat, keys = [], []
+        for i, e in enumerate(exprs):
+            for part in sympy.Add.make_args(e):
+                inner = lowering.without_sum_to(part)
+                read = [k for k, g in enumerate(grads) if g in inner.free_symbols]
+                flat.append(inner)
+                keys.append((i, read[0] if len(read) == 1 else -1))
+        backward = _share(flat, [names[i] for i, _ in keys], taken | {m.name for m in masks}, scalars, keys)
+    else:
+        backward = _share(exprs, names, taken | {m.name for m in masks}, scalars)
     # jvp: each output's tangent is the sum of partial * tangent over the arguments, from the inputs alone
     # (the outputs have no tangent there); a hidden output's too (torch.func's forward-over-reverse reads it).
     tangents = [sympy.Symbol(n + TANGENT_SUFFIX, real=True) for n in names]

@@ -77,8 +77,16 @@ class TorchPrinter(StrPrinter):
     other symbol is a Python number, and expressions over those alone are printed as plain Python.
     """
 
-    def __init__(self, tensors: frozenset[str] | set[str], bools: frozenset[str] | set[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        tensors: frozenset[str] | set[str],
+        bools: frozenset[str] | set[str] = frozenset(),
+        anchor: str = "grad_output",
+        anchor_text: str | None = None,
+    ) -> None:
         super().__init__()
+        self.anchor = anchor
+        self.anchor_text = anchor_text or anchor
         self.tensors = frozenset(tensors)
         self.bools = frozenset(bools)  # those of the tensors that are bool (saved masks)
         self.imports: set[str] = set()  # keys of IMPORTS
@@ -406,10 +414,10 @@ class TorchPrinter(StrPrinter):
         text = branches[-1][0]
         if not any_tensor_value and not self._dtype_anchored:
             # Both values are numbers: anchor the dtype on a float tensor of the condition, else on
-            # grad_output (a bool mask's new_tensor(0) is bool, and where(mask, 1, False) int64: times a
-            # float scalar, float32 inside a float64 gradient).
+            # the upstream gradient (a bool mask's new_tensor(0) is bool, and where(mask, 1, False) int64: times
+            # a float scalar, float32 inside a float64 gradient).
             floats = sorted(s.name for s in expr.free_symbols if s.name in self.tensors - self.bools)
-            anchor = floats[0] if floats else "grad_output" if "grad_output" in self.tensors else None
+            anchor = floats[0] if floats else self.anchor_text if self.anchor in self.tensors else None
             if anchor is None:
                 raise DerivationError(
                     f"{sympy.sstr(expr)} has no float tensor to take its dtype from",
@@ -440,12 +448,20 @@ class TorchPrinter(StrPrinter):
 
 
 def print_torch(
-    expr: sympy.Basic, tensors: frozenset[str] | set[str], *, where: str, bools: frozenset[str] | set[str] = frozenset()
+    expr: sympy.Basic,
+    tensors: frozenset[str] | set[str],
+    *,
+    where: str,
+    bools: frozenset[str] | set[str] = frozenset(),
+    anchor: str = "grad_output",
+    anchor_text: str | None = None,
 ) -> tuple[str, frozenset[str]]:
     """Print ``expr`` as torch code; return the code and the module aliases it uses (keys of IMPORTS).
-    ``bools``: those of ``tensors`` that are bool masks."""
+    ``bools``: those of ``tensors`` that are bool masks; ``anchor``: a float tensor a case distinction
+    between numbers takes its dtype from where its condition has none (backward's upstream gradient), used
+    where it is one of ``tensors``, as ``anchor_text`` if given (the first of several that is not None)."""
     check_printable(expr, where=where)
-    printer = TorchPrinter(tensors, bools)
+    printer = TorchPrinter(tensors, bools, anchor, anchor_text)
     # The printer's own errors name the sub-expression; the caller knows which formula it is.
     with error_context(where):
         text = printer.doprint(expr)

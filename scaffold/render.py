@@ -8,6 +8,7 @@ deterministic: the same spec gives the same bytes.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import textwrap
 from collections.abc import Callable, Mapping
@@ -100,6 +101,10 @@ class _CodePrinter:
     def __init__(self, spec: OpSpec, plan: BackwardPlan | None = None) -> None:
         names = {t.name for t in spec.tensors}
         outputs = {n for o in plan.outputs for n in (o.value, o.grad)} if plan is not None else set()
+        # what a case distinction between numbers takes its dtype from: an upstream gradient (with several
+        # outputs, the first that is not None)
+        grads = [o.grad for o in plan.visible] if plan is not None else [GRAD_OUTPUT]
+        self.anchor, self.anchor_text = grads[0], _first_given(grads)
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT} | outputs)
         self.tensors = set(self.base)
         self.bools: set[str] = set()  # the tensors that are bool masks
@@ -110,7 +115,9 @@ class _CodePrinter:
         self.tensors = set(self.base)
 
     def __call__(self, expr: sympy.Basic) -> str:
-        text, imports = print_torch(expr, self.tensors, where=self.where, bools=self.bools)
+        text, imports = print_torch(
+            expr, self.tensors, where=self.where, bools=self.bools, anchor=self.anchor, anchor_text=self.anchor_text
+        )
         self.imports |= imports
         return text
 
@@ -136,14 +143,58 @@ class Block:
 
 
 @dataclass(frozen=True)
+class PartCode:
+    """One output's part of a gradient (an op with several outputs): computed where ``guard`` holds (that
+    output's gradient is not None; None: always), after its own ``lines``."""
+
+    guard: str | None
+    lines: list[str]
+    value: str
+
+
+@dataclass(frozen=True)
 class GradientCode:
-    """One gradient of backward: computed when ``needs_input_grad[index]``, after its own ``lines``."""
+    """One gradient of backward: computed when ``needs_input_grad[index]``, after its own ``lines``; with
+    several outputs, as the sum of its ``parts``."""
 
     index: int
     name: str
     lines: list[str]
     value: str
     comment: str
+    parts: list[PartCode] = dataclasses.field(default_factory=list)
+
+
+def _first_given(grads: list[str]) -> str:
+    """The first of ``grads`` that is not None, as an expression (at least one is: backward runs)."""
+    text = grads[-1]
+    for grad in reversed(grads[:-1]):
+        text = f"{grad} if {grad} is not None else {text}"
+    return f"({text})" if len(grads) > 1 else text
+
+
+class _OptionalGrads:
+    """The upstream gradients that may be None (an op with several outputs, where some were not used), and
+    which temporaries read them, directly or through other temporaries."""
+
+    def __init__(self, grads: list[str]) -> None:
+        self.grads = list(grads)
+        self.reads: dict[str, set[str]] = {}
+
+    def of(self, expr: sympy.Basic, steps: tuple[Step, ...] = ()) -> list[str]:
+        """The optional gradients ``expr`` reads (after ``steps``, which are recorded)."""
+        for step in steps:
+            self.reads[step.name] = self._direct(step.expr)
+        found = self._direct(expr)
+        return [g for g in self.grads if g in found]
+
+    def _direct(self, expr: sympy.Basic) -> set[str]:
+        names = {s.name for s in expr.free_symbols}
+        return (names & set(self.grads)).union(*(self.reads.get(n, set()) for n in names))
+
+    def guard(self, expr: sympy.Basic, steps: tuple[Step, ...] = ()) -> str | None:
+        read = self.of(expr, steps)
+        return " and ".join(f"{g} is not None" for g in read) or None
 
 
 @dataclass(frozen=True)
@@ -170,9 +221,10 @@ class HiddenTerm:
 
 @dataclass(frozen=True)
 class GradGradTerm:
-    """``grad_grad`` (the gradient arriving at one of backward's outputs) times a second partial."""
+    """The gradient arriving at one of backward's outputs times a second partial, where ``condition`` holds
+    (that gradient, and any upstream gradient the partial reads, is not None)."""
 
-    grad_grad: str
+    condition: str
     lines: list[str]
     value: str
 
@@ -231,6 +283,8 @@ class ModuleView:
     backward_upstream: list[str]  # backward's parameters: those, then the hidden outputs'
     apply_suffix: str  # what the functional and the Module take of apply's result (without the hidden outputs)
     hidden_grads: list[str]
+    optional_outputs: bool  # several outputs: a gradient nobody needs stays None
+    no_gradients: str  # what backward returns where no output was used
     hidden_comment: list[str]
     upstream_given: str  # "some returned output's gradient is not None"
     hidden_names: list[str]
@@ -308,20 +362,28 @@ def module_view(
     code.scope()
     code.tensors |= {m.name for m in plan.masks}
     code.bools = {m.name for m in plan.masks}
-    backward = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names))
+    optional = _OptionalGrads(upstream if len(plan.visible) > 1 else [])
+    backward = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names), optional)
     gradients = []
-    for g in plan.backward.terms:
-        shape = f"{g.name}_shape"
-        lines = code.steps(g.steps)  # first: it records which temporaries are tensors
-        if g.is_zero:
-            value = f"{upstream[0]}.new_zeros({shape})"
-            comment = f"The forward is flat in {g.name} (away from kinks): its gradient is zero."
-        elif len(plan.visible) > 1:  # a sum of parts, each reduced to the input's shape (lowering.sum_to)
-            value, comment = code(g.expr), ""
+    for index, name in enumerate(tensor_names):
+        shape = f"{name}_shape"
+        terms = [g for g in plan.backward.terms if g.index == index]
+        if all(g.is_zero for g in terms):
+            value = f"{_first_given(upstream)}.new_zeros({shape})"
+            comment = f"The forward is flat in {name} (away from kinks): its gradient is zero."
+            gradients.append(GradientCode(index, name, code.steps(terms[0].steps), value, comment))
+        elif len(plan.visible) > 1:  # a part per output, each reduced on its own, where the output was used
+            parts = []
+            for g in (g for g in terms if not g.is_zero):
+                lines = code.steps(g.steps)
+                guard = optional.guard(g.expr, g.steps)
+                parts.append(PartCode(guard, lines, f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"))
+            gradients.append(GradientCode(index, name, [], "", "", parts))
         else:
+            (g,) = terms
+            lines = code.steps(g.steps)  # first: it records which temporaries are tensors
             value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
-            comment = ""
-        gradients.append(GradientCode(g.index, g.name, lines, value, comment))
+            gradients.append(GradientCode(index, name, lines, value, ""))
 
     code.scope()
     jvp = _blocks(code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names))
@@ -382,6 +444,9 @@ def module_view(
         upstream=upstream,
         backward_upstream=[o.grad for o in plan.outputs],
         hidden_grads=[o.grad for o in plan.hidden],
+        # not where a custom gradient mixes several outputs' gradients: it reads them all (zeros if unused)
+        optional_outputs=len(plan.visible) > 1 and all(t.output >= 0 for t in plan.backward.terms),
+        no_gradients=", ".join(["None"] * len(all_names)) + ("," if len(all_names) == 1 else ""),
         upstream_given=" or ".join(f"{g} is not None" for g in upstream),
         hidden_names=[o.value for o in plan.hidden],
         hidden_comment=_hidden_comment(plan),
@@ -508,8 +573,10 @@ def _double_backward_view(
     code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
     code.bools = {m.name for m in plan.masks}
     # Backward's backward runs only for a second derivative: temporaries shared by several terms are
-    # computed unguarded (none reads a grad_grad_*, which may be None).
-    blocks = [Block(None, code.steps(b.steps)) for b in double.code.shared]
+    # computed unguarded (none reads a grad_grad_*, which may be None; with several outputs, one that reads
+    # an upstream gradient is computed where that is not None).
+    optional = _OptionalGrads(upstream if len(upstream) > 1 else [])
+    blocks = _blocks(code, double.code.shared, None, 0, optional)
     targets = []
     for a, name in enumerate(double.inputs):
         terms = []
@@ -519,7 +586,9 @@ def _double_backward_view(
                 # printed as one product, so that a case distinction between numbers takes its dtype
                 # from grad_grad_* (not from a bool mask)
                 value = code(sympy.Symbol(grad_grads[i], real=True) * term.expr)
-                terms.append(GradGradTerm(grad_grads[i], lines, value))
+                read = optional.guard(term.expr, term.steps)
+                condition = f"{grad_grads[i]} is not None" + (f" and {read}" if read else "")
+                terms.append(GradGradTerm(condition, lines, value))
         if not terms:
             continue
         # An upstream gradient has its output's shape, which every term broadcasts to without being larger.
@@ -560,14 +629,27 @@ def _stable_note(derivation: Derivation) -> str:
 
 
 def _blocks(
-    code: _CodePrinter, shared: tuple[SharedSteps, ...], guard: Callable[[int], str], count: int
+    code: _CodePrinter,
+    shared: tuple[SharedSteps, ...],
+    guard: Callable[[int], str] | None,
+    count: int,
+    optional: _OptionalGrads | None = None,
 ) -> list[Block]:
     """Shared temporaries, guarded by "any user is needed"; backward and jvp only run when one of their
-    terms is needed, so temporaries every term uses need no guard."""
-    return [
-        Block(None if len(b.users) == count else " or ".join(guard(i) for i in b.users), code.steps(b.steps))
-        for b in shared
-    ]
+    terms is needed, so temporaries every term uses need no guard (nor any, without ``guard``). With
+    ``optional`` gradients, a temporary that reads one is computed only where it is not None."""
+    blocks = []
+    for b in shared:
+        users = None if guard is None or len(b.users) == count else " or ".join(guard(i) for i in b.users)
+        for step in b.steps:
+            read = optional.guard(step.expr, (step,)) if optional is not None and optional.grads else None
+            condition = " and ".join(f"({c})" if " or " in c and read else c for c in (users, read) if c) or None
+            line = code.steps((step,))
+            if blocks and blocks[-1].guard == condition:
+                blocks[-1].lines.extend(line)
+            else:
+                blocks.append(Block(condition, line))
+    return blocks
 
 
 def _parenthesized(code: _CodePrinter, expr: sympy.Expr) -> str:

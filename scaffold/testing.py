@@ -493,14 +493,22 @@ class OpTests:
         wrong only in a branch that ordinary inputs never reach (|x - y| > w in a wing loss) is caught there,
         whatever the reference as written does at those inputs."""
         inputs = [x.to(device).requires_grad_() for x in columns]
-        out = _sum(self._outputs(self.op(*inputs, *self._scalars)))
-        grads = torch.autograd.grad(out.sum(), inputs)
-        out = out.detach()
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        # each output on its own: a sum of outputs can be smooth where each has a kink (Max(x, y) + Min(x, y))
+        for k, (value_name, out) in enumerate(zip(self._value_names, outs)):
+            # an output that does not depend on an input gives it no gradient (None), as plain autograd does
+            grads = torch.autograd.grad(out.sum(), inputs, retain_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+            of = f" ({value_name[len('value of ') :]})" if self.outputs else ""
+            self._assert_output_matches_differences(inputs, k, out.detach(), grads, where + of)
 
+    def _assert_output_matches_differences(
+        self, inputs: list[torch.Tensor], k: int, out: torch.Tensor, grads: Sequence[torch.Tensor], where: str
+    ) -> None:
         def differences(index: int, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
             with torch.no_grad():
                 moved = [[*inputs[:index], inputs[index] + s, *inputs[index + 1 :]] for s in (step, -step)]
-                above, below = [_sum(self._outputs(self.op(*args, *self._scalars))) for args in moved]
+                above, below = [self._outputs(self.op(*args, *self._scalars))[k] for args in moved]
             # What rounding each value to float64 (a few units in its last place) can do to a difference.
             rounding = 64 * 2.0**-52 * (above.abs() + out.abs() + below.abs()) / step
             finite = torch.isfinite(above) & torch.isfinite(below) & torch.isfinite(out)
@@ -699,11 +707,6 @@ def _as_tuple(value: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tenso
 def _total(outs: Sequence[torch.Tensor]) -> torch.Tensor:
     """The sum of every element of every output: what the checks that need one number differentiate."""
     return sum(o.sum() for o in outs)
-
-
-def _sum(outs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The outputs added elementwise (the columns of the extreme-input checks all have one shape)."""
-    return functools.reduce(torch.add, outs)
 
 
 def _grads_or_zeros(out: torch.Tensor, inputs: Sequence[torch.Tensor], weights: torch.Tensor) -> list[torch.Tensor]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -33,6 +34,16 @@ def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") 
         timeout=600,
         env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
     )
+
+
+def import_generated(directory: Path, spec):
+    """Generate ``spec`` into ``directory`` and import its module (by the op's name)."""
+    write_files(generate_op(spec), directory)
+    sys.path.insert(0, str(directory))
+    try:
+        return importlib.import_module(spec.name)
+    finally:
+        sys.path.remove(str(directory))
 
 
 @pytest.fixture

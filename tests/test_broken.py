@@ -112,11 +112,11 @@ MUTATIONS = {
     # through it reaches backward as its gradient, which must add to the inputs'.
     "wrong_hidden_output_gradient": (
         "smooth_l1",
-        _sub(r"term = \(-grad_saved\)\.sum_to_size", "term = grad_saved.sum_to_size"),
+        _sub(r"_part = \(-grad_saved\)\.sum_to_size", "_part = grad_saved.sum_to_size"),
     ),
     "hidden_output_gradient_dropped": (
         "smooth_l1",
-        _sub(r"grad_input = term if grad_input is None else grad_input \+ term", "pass"),
+        _sub(r"grad_input = _part if grad_input is None else grad_input \+ _part", "pass"),
     ),
     # Several outputs: each has its own gradient and tangent, and the op returns them in order.
     "wrong_gradient_of_second_output": (

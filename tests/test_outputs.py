@@ -6,9 +6,7 @@ check every output, and each used alone.
 
 from __future__ import annotations
 
-import importlib
 import re
-import sys
 
 import pytest
 import torch
@@ -17,22 +15,13 @@ from scaffold import compile_op, generate_op, load_spec, spec_from_flags, write_
 from scaffold.cli import main
 from scaffold.errors import ExpressionError, SpecError
 
-from .conftest import SPECS, make_spec, run_pytest
+from .conftest import SPECS, import_generated, make_spec, run_pytest
 
 X = {"x": {"shape": [3, 4]}}
 
 
-def _load(tmp_path, spec):
-    write_files(generate_op(spec), tmp_path)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        return importlib.import_module(spec.name)
-    finally:
-        sys.path.remove(str(tmp_path))
-
-
 def test_textbook_split_and_transform_matches_its_hand_written_backward(tmp_path):
-    module = _load(tmp_path, load_spec(SPECS / "split_and_transform.toml"))
+    module = import_generated(tmp_path, load_spec(SPECS / "split_and_transform.toml"))
     x = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
     pos, neg = module.split_and_transform(x)
     torch.testing.assert_close(pos, torch.relu(x))
@@ -76,6 +65,18 @@ MULTI_OUTPUT_OPS = {
         tensors=X,
         outputs=["s", "a"],
         gradients={"x": "grad_s*Heaviside(1 - Abs(x)) + grad_a*sign(x)"},
+    ),
+    # kinks in every output: masks saved, a case between numbers takes its dtype from a gradient that is given
+    "kinks": dict(
+        forward="lo = Max(x, y)\nhi = Min(x, y)\nmid = Piecewise((x, x > 0), (0.1*x, True))",
+        tensors={"x": {"shape": [3, 4]}, "y": {"shape": [3, 4]}},
+        outputs=["lo", "hi", "mid"],
+    ),
+    # five outputs, one of which overflows where the others do not (its gradient is None when unused)
+    "five": dict(
+        forward="a = 2*x\nb = x**2\nd = exp(x)\ne1 = log1p(x**2)\nf = sin(x)",
+        tensors=X,
+        outputs=["a", "b", "d", "e1", "f"],
     ),
     # one output, the input itself, with a custom gradient that reads it (a clipped straight-through identity)
     "clipped_identity": dict(forward="x", tensors=X, gradients={"x": "grad*Heaviside(1 - Abs(x))"}),
@@ -170,3 +171,14 @@ def test_bad_outputs_in_the_spec(outputs, message):
 def test_unused_step_that_is_no_output_is_still_an_error():
     with pytest.raises(ExpressionError, match="'b' is assigned but never used"):
         compile_op(make_spec("op", "a = x*2\nb = x*3\nc = a + 1", X, outputs=["c", "a"]))
+
+
+def test_an_unused_output_that_overflows_leaves_the_others_finite(tmp_path):
+    # exp(1000) is inf: autograd of the used output alone never multiplies its zero gradient by it
+    spec = make_spec("overflow_pair", "a = 2*x\nd = exp(x)", X, outputs=["a", "d"])
+    module = import_generated(tmp_path, spec)
+    x = torch.tensor([1.0, 1000.0], dtype=torch.float64, requires_grad=True)
+    a, d = module.overflow_pair(x)
+    assert torch.isinf(d[1])
+    (grad,) = torch.autograd.grad(a.sum(), x, create_graph=True)  # through the double backward's Function
+    torch.testing.assert_close(grad, torch.tensor([2.0, 2.0], dtype=torch.float64))

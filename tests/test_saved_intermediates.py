@@ -3,14 +3,11 @@ a hidden output (so that a second derivative reaches it through the Function's o
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import torch
 
 from scaffold import compile_op, generate_op, write_files
 
-from .conftest import make_spec, run_pytest
+from .conftest import import_generated, make_spec, run_pytest
 
 TWO = {"input": {"shape": [3, 4]}, "target": {"shape": [3, 4]}}
 
@@ -29,17 +26,8 @@ def test_no_intermediate_where_it_saves_nothing():
     assert compile_op(make_spec("ex", "exp(x)")).plan.hidden == ()  # the output itself is cheaper
 
 
-def _module(tmp_path, spec):
-    write_files(generate_op(spec), tmp_path)
-    sys.path.insert(0, str(tmp_path))
-    try:
-        return importlib.import_module(spec.name)
-    finally:
-        sys.path.remove(str(tmp_path))
-
-
 def test_the_functional_and_module_return_the_output_alone(tmp_path):
-    module = _module(tmp_path, make_spec("log_cosh_h", "log(cosh(input - target))", TWO))
+    module = import_generated(tmp_path, make_spec("log_cosh_h", "log(cosh(input - target))", TWO))
     x, y = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
     out = module.log_cosh_h(x, y)
     assert isinstance(out, torch.Tensor) and out.shape == (3, 4)

@@ -100,12 +100,12 @@ class SmoothL1Function(torch.autograd.Function):
                 )
         if grad_saved is not None and ctx.needs_input_grad[0]:
             # Only in a second derivative: the gradient reaching the saved intermediate adds to input's.
-            term = grad_saved.sum_to_size(ctx.input_shape)
-            grad_input = term if grad_input is None else grad_input + term
+            _part = grad_saved.sum_to_size(ctx.input_shape)
+            grad_input = _part if grad_input is None else grad_input + _part
         if grad_saved is not None and ctx.needs_input_grad[1]:
             # Only in a second derivative: the gradient reaching the saved intermediate adds to target's.
-            term = (-grad_saved).sum_to_size(ctx.target_shape)
-            grad_target = term if grad_target is None else grad_target + term
+            _part = (-grad_saved).sum_to_size(ctx.target_shape)
+            grad_target = _part if grad_target is None else grad_target + _part
         return grad_input, grad_target, None
 
     @staticmethod
