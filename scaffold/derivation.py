@@ -1,4 +1,4 @@
-"""Stage 3: differentiate the forward with respect to every tensor argument.
+"""Stage 4: differentiate each output of the forward with respect to every tensor argument.
 
 The forward is first rewritten into numerically stable primitives (:mod:`.stable`: ``log(1 + exp(x))``
 becomes ``softplus(x)``), then differentiated, and the derivatives are rewritten too. Derivatives are

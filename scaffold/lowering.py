@@ -1,4 +1,4 @@
-"""Stage 4b: lowering, how each value is computed (not what), before common subexpressions are shared.
+"""Stage 5b: lowering, how each value is computed (not what), before common subexpressions are shared.
 
 The derivation's formulas are exact math; printed as they stand, some of them compute an inf or a nan
 that the math does not have. Each rewrite here keeps the value and changes the computation:

@@ -1,4 +1,4 @@
-"""Stage 4: the backward plan.
+"""Stage 5: the backward plan.
 
 Decides what the generated backward (and jvp) compute and what the forward must leave them:
 

@@ -1,4 +1,4 @@
-"""Stage 5: print sympy expressions as torch source.
+"""Stage 6: print sympy expressions as torch source.
 
 The registry's torch names (:mod:`.functions`) plus ``_print_<Class>`` methods, strict:
 :func:`check_printable` walks an expression before it is printed and any node without a faithful torch

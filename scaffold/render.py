@@ -1,4 +1,4 @@
-"""Stage 6: render the generated files, in memory.
+"""Stage 7: render the generated files, in memory.
 
 Builds the view of one op (every piece of code as a string, printed from the plan) and fills the jinja2
 templates with it. Templates hold layout only; what goes into them is decided here. Rendering is
@@ -359,69 +359,17 @@ def module_view(
 
     # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
     # forward of the double backward's Function too), not of ctx.
-    code.scope()
-    code.tensors |= {m.name for m in plan.masks}
-    code.bools = {m.name for m in plan.masks}
-    optional = _OptionalGrads(upstream if len(plan.visible) > 1 else [])
-    backward = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names), optional)
-    gradients = []
-    for index, name in enumerate(tensor_names):
-        shape = f"{name}_shape"
-        terms = [g for g in plan.backward.terms if g.index == index]
-        if all(g.is_zero for g in terms):
-            value = f"{_first_given(upstream)}.new_zeros({shape})"
-            comment = f"The forward is flat in {name} (away from kinks): its gradient is zero."
-            gradients.append(GradientCode(index, name, code.steps(terms[0].steps), value, comment))
-        elif len(plan.visible) > 1:  # a part per output, each reduced on its own, where the output was used
-            parts = []
-            for g in (g for g in terms if not g.is_zero):
-                lines = code.steps(g.steps)
-                guard = optional.guard(g.expr, g.steps)
-                parts.append(PartCode(guard, lines, f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"))
-            gradients.append(GradientCode(index, name, [], "", "", parts))
-        else:
-            (g,) = terms
-            lines = code.steps(g.steps)  # first: it records which temporaries are tensors
-            value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
-            gradients.append(GradientCode(index, name, lines, value, ""))
-
-    code.scope()
-    jvp = _blocks(code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names))
-    tangents = []
-    for index, name in enumerate(tensor_names):
-        tangent, lines, appends = name + TANGENT_SUFFIX, [], []
-        for t in (t for t in plan.jvp.terms if t.index == index):
-            lines += code.steps(t.steps)
-            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device (and
-            # has the output's shape: an output may not depend on the argument at all).
-            if t.is_zero:
-                zeros = f"{tangent}.new_zeros(ctx.{plan.outputs[t.output].value}_shape)"
-                value = zeros if several else f"torch.zeros_like({tangent})"
-            else:
-                value = code(t.expr)
-            appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
-        tangents.append(TangentCode(tangent, lines, appends))
+    backward, gradients = _gradient_code(code, plan, tensor_names)
+    jvp, tangents, jvp_terms, jvp_return = _jvp_code(code, plan, tensor_names)
     if several:
-        jvp_terms = "(" + ", ".join("[]" for _ in plan.outputs) + ")"
-        jvp_return = ", ".join(
-            f"torch.broadcast_to(sum(terms[{k}]), ctx.{o.value}_shape)" for k, o in enumerate(plan.outputs)
-        )
         output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs]
     else:
-        jvp_terms, jvp_return = "[]", "torch.broadcast_to(sum(terms), ctx.output_shape)"
         output_shapes = [("output_shape", "output")]
 
     forwards = [o.forward for o in derivation.outputs]
     has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
 
-    # The gradients reaching the hidden outputs (a second derivative through what backward read).
-    code.scope()
-    code.tensors |= {o.grad for o in plan.hidden}
-    hidden_terms = []
-    for t in plan.hidden_backward:
-        lines = code.steps(t.steps)
-        value = f"{_parenthesized(code, t.expr)}.sum_to_size(ctx.{t.name}_shape)"
-        hidden_terms.append(HiddenTerm(plan.hidden[t.output].grad, t.index, f"grad_{t.name}", lines, value))
+    hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     by_name = {d.name: d for d in domains}
     learnables = [Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable]
@@ -501,6 +449,84 @@ def module_view(
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
     )
+
+
+def _gradient_code(
+    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str]
+) -> tuple[list[Block], list[GradientCode]]:
+    """_backward's shared temporaries and its gradients, one per tensor argument: grad_output times the
+    partials, or with several outputs a part per output, computed where that output's gradient is given."""
+    upstream = [o.grad for o in plan.visible]
+    code.scope()
+    code.tensors |= {m.name for m in plan.masks}
+    code.bools = {m.name for m in plan.masks}
+    optional = _OptionalGrads(upstream if len(plan.visible) > 1 else [])
+    blocks = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names), optional)
+    gradients = []
+    for index, name in enumerate(tensor_names):
+        shape = f"{name}_shape"
+        terms = [g for g in plan.backward.terms if g.index == index]
+        if all(g.is_zero for g in terms):
+            value = f"{_first_given(upstream)}.new_zeros({shape})"
+            comment = f"The forward is flat in {name} (away from kinks): its gradient is zero."
+            gradients.append(GradientCode(index, name, code.steps(terms[0].steps), value, comment))
+        elif len(plan.visible) > 1:  # a part per output, each reduced on its own, where the output was used
+            parts = []
+            for g in (g for g in terms if not g.is_zero):
+                lines = code.steps(g.steps)
+                guard = optional.guard(g.expr, g.steps)
+                parts.append(PartCode(guard, lines, f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"))
+            gradients.append(GradientCode(index, name, [], "", "", parts))
+        else:
+            (g,) = terms
+            lines = code.steps(g.steps)  # first: it records which temporaries are tensors
+            value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
+            gradients.append(GradientCode(index, name, lines, value, ""))
+    return blocks, gradients
+
+
+def _jvp_code(
+    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str]
+) -> tuple[list[Block], list[TangentCode], str, str]:
+    """jvp's shared temporaries, its terms by tangent, the lists it collects them in and what it returns."""
+    several = len(plan.outputs) > 1
+    code.scope()
+    blocks = _blocks(
+        code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names)
+    )
+    tangents = []
+    for index, name in enumerate(tensor_names):
+        tangent, lines, appends = name + TANGENT_SUFFIX, [], []
+        for t in (t for t in plan.jvp.terms if t.index == index):
+            lines += code.steps(t.steps)
+            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device (and
+            # has the output's shape: an output may not depend on the argument at all).
+            if t.is_zero:
+                zeros = f"{tangent}.new_zeros(ctx.{plan.outputs[t.output].value}_shape)"
+                value = zeros if several else f"torch.zeros_like({tangent})"
+            else:
+                value = code(t.expr)
+            appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
+        tangents.append(TangentCode(tangent, lines, appends))
+    if not several:
+        return blocks, tangents, "[]", "torch.broadcast_to(sum(terms), ctx.output_shape)"
+    collected = "(" + ", ".join("[]" for _ in plan.outputs) + ")"
+    returned = ", ".join(
+        f"torch.broadcast_to(sum(terms[{k}]), ctx.{o.value}_shape)" for k, o in enumerate(plan.outputs)
+    )
+    return blocks, tangents, collected, returned
+
+
+def _hidden_code(code: _CodePrinter, plan: BackwardPlan) -> list[HiddenTerm]:
+    """The gradients reaching the hidden outputs (a second derivative through what backward read)."""
+    code.scope()
+    code.tensors |= {o.grad for o in plan.hidden}
+    terms = []
+    for t in plan.hidden_backward:
+        lines = code.steps(t.steps)
+        value = f"{_parenthesized(code, t.expr)}.sum_to_size(ctx.{t.name}_shape)"
+        terms.append(HiddenTerm(plan.hidden[t.output].grad, t.index, f"grad_{t.name}", lines, value))
+    return terms
 
 
 def _hidden_comment(plan: BackwardPlan) -> list[str]:

@@ -1,4 +1,4 @@
-"""Stage 3a: rewrite textbook formulas into the numerically stable primitives PyTorch ships.
+"""Stage 4a: rewrite textbook formulas into the numerically stable primitives PyTorch ships.
 
 A literal translation of ``log(1 + exp(x))`` is ``inf`` at x = 100 in float32 and its derivative
 ``exp(x) / (1 + exp(x))`` is ``nan`` there, while ``F.softplus`` is finite with a finite gradient. So the

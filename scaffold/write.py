@@ -1,4 +1,4 @@
-"""Stage 7: write generated files: all or nothing, atomically, never clobbering without ``force``;
+"""Stage 8: write generated files: all or nothing, atomically, never clobbering without ``force``;
 in a project, write the changes :mod:`scaffold.changes` computed (merged with the user's edits)."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import torch
 from scaffold import compile_op, generate_op, load_spec, spec_from_flags, write_files
 from scaffold.cli import main
 from scaffold.errors import ExpressionError, SpecError
+from scaffold.spec import spec_to_toml, spec_with_flags
 
 from .conftest import SPECS, import_generated, make_spec, run_pytest
 
@@ -182,3 +183,20 @@ def test_an_unused_output_that_overflows_leaves_the_others_finite(tmp_path):
     assert torch.isinf(d[1])
     (grad,) = torch.autograd.grad(a.sum(), x, create_graph=True)  # through the double backward's Function
     torch.testing.assert_close(grad, torch.tensor([2.0, 2.0], dtype=torch.float64))
+
+
+def test_update_flags_replace_the_outputs_and_a_project_op_round_trips(tmp_path, monkeypatch, capsys):
+    spec = make_spec("split", "pos = Max(x, 0)\nneg = Max(-x, 0)", X, outputs=["pos", "neg"])
+    assert spec_with_flags(spec, outputs=["neg", "pos"]).outputs == ("neg", "pos")
+    assert spec_with_flags(spec, forward="y = 2*x").outputs == ("pos", "neg")  # kept unless given
+    assert 'outputs = ["pos", "neg"]' in spec_to_toml(spec)
+    assert main(["new", "project", str(tmp_path / "lib"), "--defaults"]) == 0
+    monkeypatch.chdir(tmp_path / "lib")
+    forward = "pos = Max(x, 0); neg = Max(-x, 0)"
+    assert (
+        main(["new", "op", "split", "--forward", forward, "--tensor", "x", "--output", "pos", "--output", "neg"]) == 0
+    )
+    assert main(["update", "op", "split", "--output", "neg", "--output", "pos"]) == 0
+    assert 'outputs = ["neg", "pos"]' in (tmp_path / "lib" / "specs" / "split.toml").read_text()
+    module = next((tmp_path / "lib" / "src").glob("*/ops/split.py")).read_text()
+    assert "def backward(ctx, grad_neg, grad_pos):" in module
