@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -186,6 +187,14 @@ def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str,
     gradients = []
     for name, text in spec.gradients:
         where = f"{spec.source}: gradients.{name}"
+        if len(parsed.grads) > 1 and GRAD.name not in names and re.search(rf"\b{GRAD.name}\b", text):
+            each = ", ".join(g.name for g in parsed.grads)
+            raise ExpressionError(
+                f"{GRAD.name!r} is the upstream gradient of an op with one output; this op has "
+                f"{len(parsed.grads)}, each with its own: {each}",
+                where=where,
+                hint=f"write the gradient over those, e.g. {' + '.join(g.name for g in parsed.grads)}",
+            )
         expr = parse_expression(text, names, where=where)
         if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
             raise ExpressionError(f"the gradient {text!r} is a condition, not a number", where=where)

@@ -200,3 +200,10 @@ def test_update_flags_replace_the_outputs_and_a_project_op_round_trips(tmp_path,
     assert 'outputs = ["neg", "pos"]' in (tmp_path / "lib" / "specs" / "split.toml").read_text()
     module = next((tmp_path / "lib" / "src").glob("*/ops/split.py")).read_text()
     assert "def backward(ctx, grad_neg, grad_pos):" in module
+
+
+def test_grad_in_a_custom_gradient_of_several_outputs_names_theirs():
+    spec = make_spec("st", "s = sign(x)\na = Abs(x)", X, outputs=["s", "a"], gradients={"x": "grad"})
+    with pytest.raises(ExpressionError, match="'grad' is the upstream gradient of an op with one output") as info:
+        compile_op(spec)
+    assert info.value.hint == "write the gradient over those, e.g. grad_s + grad_a"
