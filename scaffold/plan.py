@@ -38,7 +38,7 @@ from . import lowering
 from .derivation import Derivation, differentiate
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
-from .stable import DerivativeKernel
+from .stable import DerivativeKernel, stabilize
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -418,6 +418,9 @@ class _Intermediates:
         self.names = names
         self.where = where
         self.forwards = [o.forward for o in derivation.outputs]
+        # the user's steps by their formula (over the inputs, in stable primitives), for naming
+        stable_steps = [(stabilize(step.value, self.inputs), step.name) for step in parsed.steps]
+        self.steps = {formula: name for formula, name in reversed(stable_steps)}
         self.taken = taken
         self.symbols = (sympy.Symbol(f"_candidate{i}", real=True) for i in range(10**6))
         self._named: dict[sympy.Expr, sympy.Symbol] = {}
@@ -460,10 +463,15 @@ class _Intermediates:
         return replacements
 
     def rename(self, chosen: tuple[sympy.Expr, ...]) -> dict[sympy.Symbol, sympy.Symbol]:
-        """Names for the chosen intermediates' hidden outputs, saved, saved1, ... (from now on)."""
+        """Names for the chosen intermediates' hidden outputs (from now on): the name of the user's step
+        that computes it (d = input - target), else saved, saved1, ..."""
         fresh = (f"saved{i}" if i else "saved" for i in range(10**6))
         names = (sympy.Symbol(n, real=True) for n in fresh if n not in self.taken)
-        renamed = {self.symbol(t): next(names) for t in chosen}
+        renamed = {}
+        for t in chosen:
+            step = self.steps.get(t)
+            named = step is not None and step not in self.taken
+            renamed[self.symbol(t)] = sympy.Symbol(step, real=True) if named else next(names)
         self._named.update({t: renamed[self._named[t]] for t in chosen})
         return renamed
 

@@ -53,3 +53,12 @@ def test_generated_tests_of_ops_with_saved_intermediates_pass(tmp_path):
         write_files(generate_op(spec), tmp_path)
     result = run_pytest(tmp_path)
     assert result.returncode == 0, result.stdout[-4000:]
+
+
+def test_a_kept_step_keeps_the_users_name():
+    plan = compile_op(make_spec("mse_d", "d = input - target\nd**2", TWO)).plan
+    assert plan.saved == ("d",) and [o.value for o in plan.hidden] == ["d"]
+    assert (
+        "def backward(ctx, grad_output, grad_d):"
+        in generate_op(make_spec("mse_d", "d = input - target\nd**2", TWO))["mse_d.py"]
+    )
