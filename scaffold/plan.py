@@ -419,7 +419,8 @@ class _Intermediates:
         self.where = where
         self.forwards = [o.forward for o in derivation.outputs]
         # the user's steps by their formula (over the inputs, in stable primitives), for naming
-        stable_steps = [(stabilize(step.value, self.inputs), step.name) for step in parsed.steps]
+        program = derivation.program
+        stable_steps = [(stabilize(program.formula(n), self.inputs), n) for n in program.steps]
         self.steps = {formula: name for formula, name in reversed(stable_steps)}
         self.taken = taken
         self.symbols = (sympy.Symbol(f"_candidate{i}", real=True) for i in range(10**6))

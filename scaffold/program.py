@@ -60,6 +60,20 @@ class Program:
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
 
+    def formula(self, name: str) -> sympy.Expr:
+        """The value ``name`` over the arguments: its node's formula with the steps it reads substituted."""
+        value = self.value(name)
+        if value.expr is None:
+            return self.parsed.symbols[name]
+        return value.expr.xreplace(
+            {sympy.Symbol(n, real=True): self.formula(n) for n in value.reads if n in self.steps}
+        )
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The names of the values the forward computes, in order."""
+        return tuple(v.name for v in self.values if v.expr is not None)
+
     @property
     def tensor_names(self) -> tuple[str, ...]:
         return self.parsed.tensor_names

@@ -36,6 +36,7 @@ def test_values_have_kinds_shapes_and_read_what_they_are_written_over():
     (output,) = program.outputs
     assert output.name == "" and output.shape == (3, 4) and not program.several_outputs
     assert "h" not in {s.name for s in output.expr.free_symbols}  # substituted
+    assert program.formula("y") == output.expr and program.steps == ("h", "y")
 
 
 def test_outputs_keep_their_own_shapes():
