@@ -41,7 +41,8 @@ class within(sympy.Function):  # noqa: N801 - sympy's convention: functions prin
 class sum_to(sympy.Function):  # noqa: N801 - sympy's convention: functions print by class name
     """``part`` summed over the dimensions broadcasting added, to the shape named by the symbol ``shape``:
     one output's part of a gradient when an op has several outputs (of shapes that may differ, so that each
-    part is reduced before the parts are added). Printed as ``(part).sum_to_size(shape)``."""
+    part is reduced before the parts are added). A marker while the plan chooses what backward reads; the
+    plan takes the parts apart (:func:`without_sum_to`) before anything is printed, and render reduces each."""
 
     nargs = 2
 

@@ -335,15 +335,16 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         forward_steps, forward_exprs = straight_line(
             [o.forward for o in derivation.outputs] + list(chosen), taken, scalars
         )
+    # With several outputs each gradient is a sum of parts, one per output (lowering.sum_to), each reduced to
+    # the input's shape on its own and skipped where nobody used the output (its gradient is None): a term
+    # per (input, output), -1 for a custom gradient's term that mixes several outputs' gradients.
+    parts = [[lowering.without_sum_to(p) for p in sympy.Add.make_args(e)] if len(outputs) > 1 else [e] for e in exprs]
     if len(outputs) > 1:
-        # A term per (input, output): each is reduced to the input's shape on its own, and skipped where
-        # nobody used the output (its gradient is None); -1 for a custom gradient's term that mixes several.
         flat, keys = [], []
-        for i, e in enumerate(exprs):
-            for part in sympy.Add.make_args(e):
-                inner = lowering.without_sum_to(part)
-                read = [k for k, g in enumerate(grads) if g in inner.free_symbols]
-                flat.append(inner)
+        for i, terms in enumerate(parts):
+            for part in terms:
+                read = [k for k, g in enumerate(grads) if g in part.free_symbols]
+                flat.append(part)
                 keys.append((i, read[0] if len(read) == 1 else -1))
         backward = _share(flat, [names[i] for i, _ in keys], taken | {m.name for m in masks}, scalars, keys)
     else:
@@ -369,7 +370,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | set(grads) | set(values)
     tensors |= {sympy.Symbol(o.value, real=True) for o in hidden}
     double_backward = _double_backward(
-        exprs, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
+        parts, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
     )
     return BackwardPlan(
         outputs=outputs,
@@ -430,7 +431,7 @@ class _Intermediates:
     def candidates(self, exprs: list[sympy.Expr]) -> list[sympy.Expr]:
         found: dict[sympy.Expr, None] = {}
         for expr in exprs:
-            for node in sympy.preorder_traversal(lowering.without_sum_to(expr)):
+            for node in sympy.preorder_traversal(expr):
                 if node.is_Atom or not isinstance(node, sympy.Expr):
                     continue
                 symbols = node.free_symbols
@@ -580,7 +581,7 @@ GRAD_GRAD_PREFIX = "grad_grad_"
 
 
 def _double_backward(
-    exprs: list[sympy.Expr],
+    parts: list[list[sympy.Expr]],
     names: list[str],
     differentiable: list[sympy.Symbol],
     tensors: frozenset[sympy.Symbol],
@@ -588,12 +589,9 @@ def _double_backward(
     scalars: frozenset[sympy.Symbol],
     where: str,
 ) -> DoubleBackward | None:
-    """The :class:`DoubleBackward` of backward's formulas ``exprs`` (one per tensor argument in ``names``)."""
-    # A gradient of an op with several outputs is a sum of parts each reduced on its own (lowering.sum_to):
-    # each part's derivative is a term of its own, reduced on its own in turn.
-    parts = [
-        [lowering.without_sum_to(p) for p in sympy.Add.make_args(e)] if e.has(lowering.sum_to) else [e] for e in exprs
-    ]
+    """The :class:`DoubleBackward` of backward's formulas, given as ``parts`` per tensor argument in ``names``
+    (one part, or with several outputs one per output): each part's derivative is a term of its own, reduced
+    on its own in turn."""
     pairs = [
         (a, i, p)
         for a, v in enumerate(differentiable)

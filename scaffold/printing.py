@@ -30,7 +30,7 @@ from sympy.printing.str import StrPrinter
 
 from . import functions, stable
 from .errors import DerivationError, error_context
-from .lowering import guard_value, is_indicator, step_relational, sum_to, within
+from .lowering import guard_value, is_indicator, step_relational, within
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -39,7 +39,7 @@ IMPORTS = {"math": "import math"}
 _STRUCTURE = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
-    sympy.functions.elementary.piecewise.ExprCondPair, within, sum_to,
+    sympy.functions.elementary.piecewise.ExprCondPair, within,
 )  # fmt: skip
 _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, sympy.core.numbers.NegativeInfinity,
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
@@ -437,10 +437,6 @@ class TorchPrinter(StrPrinter):
         if not value.has(within):
             value = guard_value(value, region, self.is_tensor)
         return self._print(value)
-
-    def _print_sum_to(self, expr: sum_to) -> str:
-        part, shape = expr.args
-        return f"({self._print(part)}).sum_to_size({self._print(shape)})"
 
     def _print_within(self, expr: within) -> str:
         value, condition, inside = expr.args
