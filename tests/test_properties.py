@@ -27,7 +27,7 @@ from scaffold import functions, generate_op, spec_from_mapping, write_files
 from scaffold.cli import main
 from scaffold.errors import ScaffoldError, ScaffoldWarning
 
-from .conftest import run_pytest
+from .conftest import examples, run_pytest
 
 SHAPE = [3]
 SCALARS = {
@@ -40,7 +40,7 @@ CLI_SCALARS = ["--scalar", "alpha=0.7", "--scalar", "n:int=3", "--scalar", "flag
 # a call, ten times the work itself. The CLI property and test_every_template_generates go through the worker.
 IN_PROCESS = {"time_limit": None} if "time_limit" in inspect.signature(generate_op).parameters else {}
 MAX_SECONDS = 5.0  # for one generation of a small input: bad input must be refused quickly
-EXPRESSION_EXAMPLES = 300
+EXPRESSION_EXAMPLES = examples(150, 300)
 TEXT_EXAMPLES = 3000
 CLI_EXAMPLES = 60
 

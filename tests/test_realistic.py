@@ -61,7 +61,7 @@ from scaffold.errors import ScaffoldError
 from scaffold.expression import parse_forward
 from scaffold.stable import to_literal
 
-from .conftest import run_pytest
+from .conftest import examples, run_pytest
 from .realistic import DEFAULT_TYPICAL, FORMULAS, FOUND, TYPICAL
 
 # op name -> why scaffold may refuse it (empty: every realistic formula must generate).
@@ -82,7 +82,7 @@ TOLERANCES = {  # dtype -> (rtol, atol, unit roundoff, largest representable tru
 }
 HESSIAN_TOLERANCE = (1e-5, 1e-8)  # float64 only
 SWITCH_EPS = 1e-9  # a switch function this close to 0 puts the point on a kink
-PROPERTY_EXAMPLES = 36
+PROPERTY_EXAMPLES = examples(20, 36)
 
 ALL = [*FORMULAS, *FOUND]
 _counter = itertools.count()
