@@ -201,6 +201,43 @@ def pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotient
     return [visit(e) for e in exprs]
 
 
+def scaled_sums(
+    exprs: list[sympy.Expr], scalars: frozenset[sympy.Symbol], names: Iterator[sympy.Symbol], sums: Replacements
+) -> list[sympy.Expr]:
+    """``exprs`` with a sum of tensors that appears in several numeric multiples computed once: sympy
+    distributes ``-2*(input - target)`` into ``-2*input + 2*target``, three tensor operations where one
+    multiply of ``input - target`` does, and ``cse`` does not see that they share a sum. Each such sum
+    becomes a new temporary (appended to ``sums``), each multiple ``c*temporary``."""
+
+    def tensor_sum(node: sympy.Basic) -> bool:
+        return node.is_Add and sum(1 for a in node.args if a.free_symbols - scalars) >= 2
+
+    def canonical(node: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+        """(c, p) with node = c*p, p's numbers coprime integers and its leading term positive."""
+        c, p = node.as_content_primitive()
+        if p.could_extract_minus_sign():
+            c, p = -c, -p
+        return c, p
+
+    seen: dict[sympy.Expr, dict[sympy.Expr, sympy.Expr]] = {}  # p -> {node: c}
+    for expr in exprs:
+        for node in sympy.preorder_traversal(expr):
+            if tensor_sum(node):
+                c, p = canonical(node)
+                seen.setdefault(p, {})[node] = c
+    replacements: dict[sympy.Expr, sympy.Expr] = {}
+    for p, multiples in seen.items():
+        if len(multiples) < 2:
+            continue  # one form only: cse shares it if it repeats
+        # the temporary is the multiple written with coefficient 1 where there is one, else p itself
+        base, scale = next(((n, c) for n, c in multiples.items() if abs(c) == 1), (p, sympy.S.One))
+        temporary = next(names)
+        sums.append((temporary, base))
+        for node, c in multiples.items():
+            replacements[node] = (c / scale) * temporary
+    return [e.xreplace(replacements) for e in exprs] if replacements else exprs
+
+
 def products_with_exp(
     exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements
 ) -> list[sympy.Expr]:

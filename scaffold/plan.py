@@ -11,16 +11,20 @@ Decides what the generated backward (and jvp) compute and what the forward must 
 * what backward reads is chosen by a small cost model. The candidates: the inputs; the outputs, where a
   partial contains the whole forward of one (d/dx exp(x) = exp(x), d/dx tanh(x) = 1 - tanh(x)**2); and boolean
   masks for the conditions of steps and case distinctions (relu, leaky_relu, clamp), one byte per element
-  instead of the four or eight of the float input they are computed from. Each choice is costed in
-  bytes saved (relative to the example shapes of the spec) and in tensor operations in backward (plus the
-  forward's work to build the masks); the spec's ``policy`` says which comes first: ``"memory"`` (the
-  default) the bytes, ``"time"`` the operations;
+  instead of the four or eight of the float input they are computed from; and intermediates of the
+  forward (``input - target``, ``sigmoid(beta*x)``), which forward returns as hidden outputs. Each choice is
+  costed in bytes saved (relative to the example shapes of the spec) and in tensor operations in backward,
+  each weighted by what its kernel costs (KERNEL_WEIGHTS; plus the forward's work to build masks and
+  intermediates); the spec's ``policy`` says which comes first: ``"memory"`` (the default) the bytes,
+  ``"time"`` the operations;
 * exactly the tensors the formulas use are saved; scalars they use become ctx attributes;
 * before CSE, each formula is lowered (:mod:`.lowering`): a branch's input kept inside its region,
-  powers of a quotient computed as such, ``x * exp(y)`` as 0 where x = 0.
+  powers of a quotient computed as such, a sum that appears in several multiples computed once,
+  ``x * exp(y)`` as 0 where x = 0.
 
-Intermediates of the forward other than its outputs are never saved: saving them would need them
-returned as extra outputs for double backward to stay correct, so backward recomputes them instead.
+A saved intermediate is returned by forward as a hidden output, PyTorch's documented pattern: a tensor
+saved from inside forward would be a constant to double backward, which must reach it through the
+Function's own backward (BackwardPlan.hidden_backward). Only ops with one visible output keep any.
 """
 
 from __future__ import annotations
@@ -102,7 +106,8 @@ class Cost:
     """What a choice of saved tensors costs, relative to the op's example shapes."""
 
     elements: float  # saved elements, each mask element counting 1/4 (bool next to float32)
-    operations: int  # tensor operations in backward, plus those the forward adds to build masks
+    operations: float  # tensor operations in backward (weighted, see KERNEL_WEIGHTS), plus those the forward
+    # adds to build masks
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,7 @@ def _eliminate(
     if scalars is not None:
         exprs = [lowering.guard_branches(e, scalars) for e in exprs]
         exprs = lowering.pair_powers(exprs, names, definitions)
+        exprs = lowering.scaled_sums(exprs, scalars, names, definitions)
     exprs = lowering.products_with_exp(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
     steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
@@ -718,7 +724,7 @@ def _with_masks(
     elements = sum(sizes.of({n}) for n in read & tensors)
     elements += sum(size for name, size in sizes.outputs.items() if name in read)
     extra = set(sizes.outputs) | sizes.upstream | set(symbols.values())
-    operations = sum(_operations(e, tensors | extra) for e in exprs)
+    operations = _operations(exprs, tensors | extra)
     for m in masks:
         if m.name in read:
             condition_tensors = {s.name for s in m.condition.free_symbols} & tensors
@@ -727,11 +733,29 @@ def _with_masks(
     return exprs, masks, Cost(elements, operations)
 
 
-def _operations(expr: sympy.Basic, tensors: set) -> int:
-    """Tensor operations (passes over memory) ``expr`` costs when printed as torch code, roughly."""
+#: What one call of a function costs, in passes of a multiply over the same elements: PyTorch's float32 CPU
+#: kernels (4M elements, one thread, torch 2.13), rounded. tanh is seven times sigmoid there, so a plan that
+#: recomputes tanh(softplus(x)) is not "one operation" slower than one that reads it. On a GPU every
+#: elementwise kernel costs about one pass over memory; the weights only order choices, so they do no harm
+#: there. Functions not listed cost one pass.
+KERNEL_WEIGHTS: dict[str, float] = {
+    "exp": 1.5, "exp2": 1.5, "log": 2.5, "log2": 2.5, "log10": 2.5, "log1p": 1.5, "expm1": 2,
+    "tanh": 4, "sinh": 2.5, "cosh": 2.5, "asinh": 4, "acosh": 4, "atanh": 3,
+    "sin": 2, "cos": 2, "tan": 3, "asin": 3, "acos": 3, "atan": 4, "atan2": 4,
+    "erf": 3, "erfc": 3, "erfcx": 4, "ndtr": 3, "log_ndtr": 6, "log_ndtr_grad": 6, "gamma": 6, "loggamma": 6,
+    "softplus": 2.5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 4, "mish": 6, "gelu": 1.5,
+    "xlogy": 3, "xlog1py": 2, "xexpy": 2, "logit": 2.5,
+}  # fmt: skip
+
+
+def _operations(expr: sympy.Basic | list[sympy.Basic], tensors: set) -> float:
+    """What computing ``expr`` (or all of a list, sharing their common subexpressions as backward's CSE
+    does) costs when printed as torch code, roughly: tensor operations weighted by KERNEL_WEIGHTS."""
     names = {t if isinstance(t, str) else t.name for t in tensors}
-    count = 0
-    for node in sympy.preorder_traversal(expr):
+    exprs = expr if isinstance(expr, list) else [expr]
+    nodes = {node for e in exprs for node in sympy.preorder_traversal(e)}
+    count = 0.0
+    for node in nodes:
         if node.is_Atom or not any(s.name in names for s in node.free_symbols):
             continue
         if isinstance(node, (sympy.Add, sympy.Mul)):
@@ -740,5 +764,5 @@ def _operations(expr: sympy.Basic, tensors: set) -> int:
         elif isinstance(node, sympy.Piecewise):
             count += len(node.args) - 1
         elif not isinstance(node, sympy.functions.elementary.piecewise.ExprCondPair):
-            count += 1
+            count += KERNEL_WEIGHTS.get(type(node).__name__, 1)
     return count

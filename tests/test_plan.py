@@ -87,6 +87,32 @@ def test_policy_time_prefers_fewer_operations():
     assert "policy 'time'" in generate_op(make_spec("r", "Max(x, 0)", policy="time"), time_limit=None)["r.py"]
 
 
+def test_a_sum_in_several_multiples_is_computed_once(tmp_path):
+    """log(cosh(d)) is rewritten d + softplus(-2*d) - log(2), d = input - target; sympy distributes -2*d into
+    -2*input + 2*target. The forward computes input - target once and multiplies it."""
+    spec = make_spec("log_cosh", "log(cosh(input - target))", {"input": {}, "target": {}})
+    source = generate_op(spec, time_limit=None)["log_cosh.py"]
+    forward = source[source.index("    def forward(input, target):") :].split("@staticmethod")[0]
+    assert "tmp0 = input - target" in forward and "softplus(-2 * tmp0)" in forward, forward
+    assert "2 * target" not in forward and "2 * input" not in forward
+    module = _load(tmp_path, spec)
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    out = module.log_cosh(x, y)
+    torch.testing.assert_close(out, torch.log(torch.cosh(x - y)))
+    assert torch.autograd.gradcheck(module.log_cosh, (x, y))
+
+
+def test_the_cost_model_weighs_kernels():
+    """tanh costs several multiplies: recomputing it in backward is not one operation."""
+    from scaffold.plan import _operations
+
+    x = sympy.Symbol("x", real=True)
+    assert _operations(sympy.tanh(x), {"x"}) > _operations(sympy.exp(x), {"x"}) > _operations(2 * x, {"x"})
+    # subexpressions that backward's CSE shares are counted once
+    assert _operations([sympy.tanh(x) * x, sympy.tanh(x) + x], {"x"}) == _operations(sympy.tanh(x), {"x"}) + 2
+
+
 def test_silu_and_gelu_become_primitives():
     silu = generate_op(make_spec("s", "x / (1 + exp(-x))"), time_limit=None)["s.py"]
     gelu = generate_op(make_spec("g", "x/2*(1 + erf(x/sqrt(2)))"), time_limit=None)["g.py"]

@@ -114,15 +114,15 @@ class SmoothL1Function(torch.autograd.Function):
         input, target = ctx.saved_tensors
         beta = ctx.beta
         terms = ([], [])
-        tmp0 = 1 / beta
-        tmp1 = input - target
-        tmp2 = beta > torch.abs(tmp1)
-        tmp3 = torch.sign(tmp1)
+        tmp0 = input - target
+        tmp1 = 1 / beta * tmp0
+        tmp2 = beta > torch.abs(tmp0)
+        tmp3 = torch.sign(tmp0)
         if input_tangent is not None:
-            terms[0].append(input_tangent * torch.where(tmp2, tmp0 * tmp1, tmp3))
+            terms[0].append(input_tangent * torch.where(tmp2, tmp1, tmp3))
             terms[1].append(input_tangent)
         if target_tangent is not None:
-            terms[0].append(target_tangent * torch.where(tmp2, -tmp0 * tmp1, -tmp3))
+            terms[0].append(target_tangent * torch.where(tmp2, -tmp1, -tmp3))
             terms[1].append(-target_tangent)
         return torch.broadcast_to(sum(terms[0]), ctx.out_shape), torch.broadcast_to(sum(terms[1]), ctx.saved_shape)
 
