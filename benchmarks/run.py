@@ -62,9 +62,9 @@ def _selected(text: str | None, catalogue: dict) -> list:
 def _ratios(report) -> dict[str, float | None]:
     from scaffold import bench
 
-    def fwd_bwd(name: str | None) -> float | None:
+    def fwd_bwd(name: str | None) -> bench.Timing | None:
         row = report.row(name) if name else None
-        return row.fwd_bwd.median if row is not None and row.fwd_bwd is not None else None
+        return row.fwd_bwd if row is not None else None
 
     def saved(name: str) -> int | None:
         row = report.row(name)
@@ -72,13 +72,13 @@ def _ratios(report) -> dict[str, float | None]:
 
     native = next((r.name for r in report.rows if r.name.startswith(bench.NATIVE_PREFIX)), None)
     return {
-        "plain ms": fwd_bwd(bench.PLAIN),
-        "eager fwd+bwd": bench.ratio(fwd_bwd(bench.EAGER), fwd_bwd(bench.PLAIN)),
+        "plain ms": plain.median if (plain := fwd_bwd(bench.PLAIN)) else None,
+        "eager fwd+bwd": bench.time_ratio(fwd_bwd(bench.EAGER), fwd_bwd(bench.PLAIN)),
         "eager saved": bench.ratio(saved(bench.EAGER), saved(bench.PLAIN)),
-        "eager vs native": bench.ratio(fwd_bwd(bench.EAGER), fwd_bwd(native)),
-        "fused fwd+bwd": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.PLAIN)),
-        "fused vs native": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(native)),
-        "fused vs compiled": bench.ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.COMPILED)),
+        "eager vs native": bench.time_ratio(fwd_bwd(bench.EAGER), fwd_bwd(native)),
+        "fused fwd+bwd": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.PLAIN)),
+        "fused vs native": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(native)),
+        "fused vs compiled": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.COMPILED)),
     }
 
 

@@ -26,6 +26,7 @@ import importlib.util
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import uuid
@@ -62,7 +63,7 @@ NATIVE_PREFIX = "native "
 AVOID_MARGIN = 0.05  # as in the generated tests: inputs keep this far from kinks and poles
 WARMUP_CALLS = 3
 #: The candidates take turns being timed, this many times each (see _time_interleaved).
-ROUNDS = 5
+ROUNDS = 10
 SEED = 0
 #: Outputs further apart than this (relative and absolute) from plain autograd's get a note.
 _TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -75,10 +76,11 @@ class Timing:
     median: float
     iqr: float
     runs: int  # timed blocks the median is over
+    rounds: tuple[float, ...] = ()  # the median of each round, in the order the rounds ran
 
     @classmethod
-    def of(cls, measurement: benchmark.Measurement) -> Timing:
-        return cls(median=measurement.median, iqr=measurement.iqr, runs=len(measurement.times))
+    def of(cls, measurement: benchmark.Measurement, rounds: tuple[float, ...] = ()) -> Timing:
+        return cls(median=measurement.median, iqr=measurement.iqr, runs=len(measurement.times), rounds=rounds)
 
 
 @dataclass(frozen=True)
@@ -404,7 +406,7 @@ def _time_interleaved(ready: list[_Ready], *, min_time: float, rounds: int, say:
 
 def _merged(measurements: list[benchmark.Measurement]) -> Timing:
     (merged,) = benchmark.Measurement.merge(measurements)
-    return Timing.of(merged)
+    return Timing.of(merged, tuple(m.median for m in measurements))
 
 
 def _finish(r: _Ready, args: tuple) -> BenchRow:
@@ -583,6 +585,18 @@ def ratio(value: float | int | None, baseline: float | int | None) -> float | No
     return value / baseline
 
 
+def time_ratio(timing: Timing | None, baseline: Timing | None) -> float | None:
+    """How many times ``baseline``'s time ``timing`` takes: the median over the rounds of the ratio within
+    each round, where both were timed in turn under the same load (a busy second of a shared machine slows
+    one round of both, not one candidate); the ratio of the medians where the rounds do not pair up."""
+    if timing is None or baseline is None:
+        return None
+    pairs = [(t, b) for t, b in zip(timing.rounds, baseline.rounds) if b > 0]
+    if len(timing.rounds) != len(baseline.rounds) or not pairs:
+        return ratio(timing.median, baseline.median)
+    return statistics.median(t / b for t, b in pairs)
+
+
 def time_unit(report: BenchReport) -> tuple[str, float]:
     """The unit the report's times read best in, and seconds' factor to it: ms, or µs for tiny inputs."""
     medians = [t.median for row in report.rows for t in (row.forward, row.fwd_bwd) if t is not None]
@@ -620,7 +634,7 @@ def format_table(report: BenchReport) -> str:
         f"machine: {report.machine}",
         f"inputs: {shapes}",
         f"times: {unit} per call, median ± IQR, each timed for at least {report.min_time:g} s in {report.rounds} "
-        "rounds taking turns; ratios are to plain autograd (lower is better)",
+        "rounds taking turns; ratios are to plain autograd, the median of the rounds' ratios (lower is better)",
         "",
         f"| candidate | forward ({unit}) | fwd+bwd ({unit}) | fwd+bwd vs plain | saved for backward | saved vs plain "
         "| note |",
@@ -628,23 +642,19 @@ def format_table(report: BenchReport) -> str:
     ]
     base = report.baseline
     for row in report.rows:
-        time_ratio = ratio(_median(row.fwd_bwd), _median(base.fwd_bwd) if base else None)
+        fwd_bwd_ratio = time_ratio(row.fwd_bwd, base.fwd_bwd if base else None)
         bytes_ratio = ratio(row.saved_bytes, base.saved_bytes if base else None)
         cells = [
             row.name,
             format_timing(row.forward, scale),
             format_timing(row.fwd_bwd, scale),
-            format_ratio(time_ratio),
+            format_ratio(fwd_bwd_ratio),
             format_bytes(row.saved_bytes),
             format_ratio(bytes_ratio),
             row.note.replace("|", "\\|"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def _median(timing: Timing | None) -> float | None:
-    return None if timing is None else timing.median
 
 
 def _first_line(exc: BaseException | Warning) -> str:

@@ -173,6 +173,23 @@ def test_formatting():
     assert bench.ratio(2.0, 4.0) == 0.5 and bench.ratio(1, 0) is None and bench.ratio(None, 1) is None
 
 
+def test_time_ratio_pairs_the_rounds():
+    # Round 2 ran while the machine was busy: both candidates took 5x longer there. The ratio within each
+    # round is 1.1; the ratio of the merged medians would depend on how the busy round's blocks fall.
+    op = bench.Timing(median=0.011, iqr=0.0, runs=3, rounds=(0.011, 0.055, 0.011))
+    plain = bench.Timing(median=0.050, iqr=0.0, runs=3, rounds=(0.010, 0.050, 0.010))
+    assert bench.time_ratio(op, plain) == pytest.approx(1.1)
+    unpaired = bench.Timing(median=0.022, iqr=0.0, runs=1, rounds=(0.022,))
+    assert bench.time_ratio(unpaired, plain) == pytest.approx(0.022 / 0.050)
+    assert bench.time_ratio(None, plain) is None and bench.time_ratio(op, None) is None
+
+
+def test_rounds_are_recorded(tanh_report):
+    report, _ = tanh_report
+    for row in report.rows:
+        assert len(row.fwd_bwd.rounds) == report.rounds and all(t > 0 for t in row.fwd_bwd.rounds)
+
+
 # --- what is refused ---------------------------------------------------------------------------------
 
 
