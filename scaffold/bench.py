@@ -393,14 +393,17 @@ def _time_interleaved(ready: list[_Ready], *, min_time: float, rounds: int, say:
     """Time every candidate, ``min_time`` seconds in all, in ``rounds`` taking turns.
 
     Taking turns rather than one candidate after the other spreads any change in the machine's load
-    (another process starting) over all of them, so that their ratios stay meaningful.
+    (another process starting) over all of them, so that their ratios stay meaningful; each round starts
+    with the next candidate, so that none always runs first (after another's memory was freed).
     """
     for phase, label in (("forward", "forward"), ("fwd_bwd", "forward + backward")):
         threads = torch.get_num_threads()
         timers = [benchmark.Timer(stmt=_STATEMENTS[phase], globals=r.env, num_threads=threads) for r in ready]
-        for round_ in range(1, rounds + 1):
-            say(f"timing {label}, round {round_}/{rounds}...")
-            for r, timer in zip(ready, timers):
+        for round_ in range(rounds):
+            say(f"timing {label}, round {round_ + 1}/{rounds}...")
+            turns = list(zip(ready, timers))
+            start = round_ % len(turns)
+            for r, timer in turns[start:] + turns[:start]:
                 getattr(r, phase).append(timer.blocked_autorange(min_run_time=min_time / rounds))
 
 

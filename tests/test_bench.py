@@ -184,6 +184,23 @@ def test_time_ratio_pairs_the_rounds():
     assert bench.time_ratio(None, plain) is None and bench.time_ratio(op, None) is None
 
 
+def test_each_round_starts_with_the_next_candidate(monkeypatch):
+    order = []
+
+    class Timer:
+        def __init__(self, stmt, globals, num_threads):
+            self.name = globals["name"]
+
+        def blocked_autorange(self, min_run_time):
+            order.append(self.name)
+
+    monkeypatch.setattr(bench.benchmark, "Timer", Timer)
+    ready = [bench._Ready(n, None, {"name": n}, []) for n in "abc"]
+    bench._time_interleaved(ready, min_time=0.1, rounds=3, say=lambda m: None)
+    forward = order[:9]
+    assert forward == ["a", "b", "c", "b", "c", "a", "c", "a", "b"] and order[9:] == forward
+
+
 def test_rounds_are_recorded(tanh_report):
     report, _ = tanh_report
     for row in report.rows:
@@ -252,7 +269,7 @@ def test_cli_prints_the_table(tanh_spec, capsys):
     out, err = capsys.readouterr()
     assert "| scaffold eager |" in out and "| plain autograd |" in out and "| native torch.tanh |" in out
     assert "scaffold: [1/3] scaffold eager: warming up" in err  # progress on stderr, not in the table
-    assert "scaffold: timing forward + backward, round 5/5" in err
+    assert f"scaffold: timing forward + backward, round {bench.ROUNDS}/{bench.ROUNDS}" in err
     assert "timing" not in out
 
 
