@@ -204,13 +204,24 @@ def pair_powers(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], quotient
 def scaled_sums(
     exprs: list[sympy.Expr], scalars: frozenset[sympy.Symbol], names: Iterator[sympy.Symbol], sums: Replacements
 ) -> list[sympy.Expr]:
-    """``exprs`` with a sum of tensors that appears in several numeric multiples computed once: sympy
+    """``exprs`` with a linear sum of tensors that appears in several numeric multiples computed once: sympy
     distributes ``-2*(input - target)`` into ``-2*input + 2*target``, three tensor operations where one
     multiply of ``input - target`` does, and ``cse`` does not see that they share a sum. Each such sum
     becomes a new temporary (appended to ``sums``), each multiple ``c*temporary``."""
 
+    def linear_term(term: sympy.Basic) -> bool:
+        """A number, a scalar, or one tensor times numbers and scalars: nothing that could overflow, and
+        nothing another lowering rewrites (xexpy, a branch's guarded input)."""
+        factors = term.args if term.is_Mul else (term,)
+        tensors = [f for f in factors if f.is_Symbol and f not in scalars]
+        return len(tensors) <= 1 and all(f.is_Number or f.is_Symbol for f in factors)
+
     def tensor_sum(node: sympy.Basic) -> bool:
-        return node.is_Add and sum(1 for a in node.args if a.free_symbols - scalars) >= 2
+        return (
+            node.is_Add
+            and sum(1 for a in node.args if a.free_symbols - scalars) >= 2
+            and all(linear_term(a) for a in node.args)
+        )
 
     def canonical(node: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
         """(c, p) with node = c*p, p's numbers coprime integers and its leading term positive."""

@@ -548,6 +548,14 @@ FOUND: list[dict[str, Any]] = [
         "tensors": {"x": {"shape": [4, 5]}},
         "scalars": {},
     },
+    # A sum inside an x*exp(y) (xexpy) was shared by the scaled-sums lowering into a definition that the
+    # xexpy lowering never saw: "xexpy(...) has no torch translation" (found_0 too).
+    {
+        "name": "found_29",
+        "forward": "(1 - exp(-((((x - y)/c)/(1 + exp(-((x - y)/c)))) - t)))**2",
+        "tensors": {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}, "t": {"shape": [4, 5], "domain": [0.0, 1.0]}},
+        "scalars": {"c": {"type": "float", "default": 0.5}},
+    },
 ]
 
 __all__ = ["DEFAULT_TYPICAL", "FORMULAS", "FOUND", "TYPICAL"]
