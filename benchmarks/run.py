@@ -71,8 +71,9 @@ def _ratios(report) -> dict[str, float | None]:
         return row.saved_bytes if row is not None else None
 
     native = next((r.name for r in report.rows if r.name.startswith(bench.NATIVE_PREFIX)), None)
+    plain = fwd_bwd(bench.PLAIN)
     return {
-        "plain ms": plain.median if (plain := fwd_bwd(bench.PLAIN)) else None,
+        "plain ms": plain.median if plain is not None else None,
         "eager fwd+bwd": bench.time_ratio(fwd_bwd(bench.EAGER), fwd_bwd(bench.PLAIN)),
         "eager saved": bench.ratio(saved(bench.EAGER), saved(bench.PLAIN)),
         "eager vs native": bench.time_ratio(fwd_bwd(bench.EAGER), fwd_bwd(native)),

@@ -399,9 +399,9 @@ def _time_interleaved(ready: list[_Ready], *, min_time: float, rounds: int, say:
     for phase, label in (("forward", "forward"), ("fwd_bwd", "forward + backward")):
         threads = torch.get_num_threads()
         timers = [benchmark.Timer(stmt=_STATEMENTS[phase], globals=r.env, num_threads=threads) for r in ready]
+        turns = list(zip(ready, timers))
         for round_ in range(rounds):
             say(f"timing {label}, round {round_ + 1}/{rounds}...")
-            turns = list(zip(ready, timers))
             start = round_ % len(turns)
             for r, timer in turns[start:] + turns[:start]:
                 getattr(r, phase).append(timer.blocked_autorange(min_run_time=min_time / rounds))

@@ -210,11 +210,11 @@ def scaled_sums(
     becomes a new temporary (appended to ``sums``), each multiple ``c*temporary``."""
 
     def linear_term(term: sympy.Basic) -> bool:
-        """A number, a scalar, or one tensor times numbers and scalars: nothing that could overflow, and
+        """Numbers and scalars (``1/beta``), times at most one tensor: nothing that could overflow, and
         nothing another lowering rewrites (xexpy, a branch's guarded input)."""
         factors = term.args if term.is_Mul else (term,)
-        tensors = [f for f in factors if f.is_Symbol and f not in scalars]
-        return len(tensors) <= 1 and all(f.is_Number or f.is_Symbol for f in factors)
+        tensors = [f for f in factors if f.free_symbols - scalars]
+        return len(tensors) <= 1 and all(f.is_Symbol for f in tensors)
 
     def tensor_sum(node: sympy.Basic) -> bool:
         return (

@@ -106,8 +106,7 @@ class Cost:
     """What a choice of saved tensors costs, relative to the op's example shapes."""
 
     elements: float  # saved elements, each mask element counting 1/4 (bool next to float32)
-    operations: float  # tensor operations in backward (weighted, see KERNEL_WEIGHTS), plus those the forward
-    # adds to build masks
+    operations: float  # backward's tensor operations, weighted (KERNEL_WEIGHTS), and the forward's extra ones
 
 
 @dataclass(frozen=True)
@@ -734,17 +733,18 @@ def _with_masks(
 
 
 #: What one call of a function costs, in passes of a multiply over the same elements: PyTorch's float32 CPU
-#: kernels (4M elements, one thread, torch 2.13), rounded. tanh is seven times sigmoid there, so a plan that
-#: recomputes tanh(softplus(x)) is not "one operation" slower than one that reads it. On a GPU every
-#: elementwise kernel costs about one pass over memory; the weights only order choices, so they do no harm
-#: there. Functions not listed cost one pass.
+#: kernels (4M elements, one thread, torch 2.13), measured and rounded. tanh is five times sigmoid there,
+#: and the functions without a vectorized CPU kernel (asinh, erfcx, ndtr, log_ndtr, xlog1py) twenty to
+#: forty multiplies, so a plan that recomputes them is not "one operation" slower than one that reads them.
+#: On a GPU every elementwise kernel costs about one pass over memory; the weights only order choices.
+#: Functions not listed cost one pass.
 KERNEL_WEIGHTS: dict[str, float] = {
-    "exp": 1.5, "exp2": 1.5, "log": 2.5, "log2": 2.5, "log10": 2.5, "log1p": 1.5, "expm1": 2,
-    "tanh": 4, "sinh": 2.5, "cosh": 2.5, "asinh": 4, "acosh": 4, "atanh": 3,
-    "sin": 2, "cos": 2, "tan": 3, "asin": 3, "acos": 3, "atan": 4, "atan2": 4,
-    "erf": 3, "erfc": 3, "erfcx": 4, "ndtr": 3, "log_ndtr": 6, "log_ndtr_grad": 6, "gamma": 6, "loggamma": 6,
-    "softplus": 2.5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 4, "mish": 6, "gelu": 1.5,
-    "xlogy": 3, "xlog1py": 2, "xexpy": 2, "logit": 2.5,
+    "exp": 1.5, "exp2": 1, "log": 2.5, "log2": 2, "log10": 2, "log1p": 1.5, "expm1": 2,
+    "tanh": 4, "sinh": 2.5, "cosh": 2.5, "asinh": 36, "acosh": 30, "atanh": 3,
+    "sin": 2, "cos": 2, "tan": 3.5, "asin": 3, "acos": 3, "atan": 4, "atan2": 3,
+    "erf": 3, "erfc": 3, "erfcx": 40, "ndtr": 19, "log_ndtr": 43, "log_ndtr_grad": 43, "loggamma": 9,
+    "softplus": 2.5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 3, "mish": 6, "gelu": 1.5,
+    "xlogy": 6, "xlog1py": 23, "xexpy": 2, "logit": 2.5,
 }  # fmt: skip
 
 
