@@ -260,6 +260,12 @@ def _eliminate(
     if aliases:
         steps = [(s, e.xreplace(aliases)) for s, e in steps if s not in aliases]
         reduced = [e.xreplace(aliases) for e in reduced]
+    # sympy's cse can leave a temporary's own expression standing elsewhere (beta*x inside
+    # exp(-alpha**2*exp(2*beta*x) + beta*x) after tmp0 = beta*x, tmp1 = 2*tmp0): read the temporary there.
+    defined = {e: s for s, e in steps if not e.is_Atom}
+    if defined:
+        steps = _in_order([(s, e.xreplace({k: v for k, v in defined.items() if v != s})) for s, e in steps])
+        reduced = [e.xreplace(defined) for e in reduced]
     renamed = dict(zip((s for s, _ in steps), _temp_names(taken)))
     steps = [(renamed[s], e.xreplace(renamed)) for s, e in steps]
     return steps, [e.xreplace(renamed) for e in reduced[: len(exprs)]]

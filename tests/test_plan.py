@@ -103,6 +103,16 @@ def test_a_sum_in_several_multiples_is_computed_once(tmp_path):
     assert torch.autograd.gradcheck(module.log_cosh, (x, y))
 
 
+def test_a_temporary_is_read_wherever_its_expression_stands():
+    """sympy's cse leaves beta*x inside exp(-alpha**2*exp(2*beta*x) + beta*x) after defining tmp0 = beta*x."""
+    spec = make_spec(
+        "erfact", "x*erf(alpha*exp(beta*x))", scalars={"alpha": {"default": 0.75}, "beta": {"default": 0.75}}
+    )
+    source = generate_op(spec, time_limit=None)["erfact.py"]
+    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    assert "tmp0 = beta * x" in backward and backward.count("beta * x") == 1, backward
+
+
 def test_the_cost_model_weighs_kernels():
     """tanh costs several multiplies: recomputing it in backward is not one operation."""
     from scaffold.plan import _operations
