@@ -42,7 +42,7 @@ from . import lowering
 from .derivation import Derivation, differentiate
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
-from .stable import DerivativeKernel, stabilize
+from .stable import DerivativeKernel, sigmoid, silu, stabilize
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -194,7 +194,7 @@ def _share(
 
     ``keys``: each term's (argument index, output index); default: the i-th term is argument i's."""
     keys = keys or [(i, 0) for i in range(len(exprs))]
-    replacements, reduced = _eliminate(exprs, taken, scalars)
+    replacements, reduced = _cheapest_elimination(exprs, taken, scalars)
     users: dict[sympy.Symbol, set[int]] = {s: set() for s, _ in replacements}
     for i, expr in enumerate(reduced):
         for s in expr.free_symbols & users.keys():
@@ -220,6 +220,74 @@ def _share(
         for i, (name, (index, output)) in enumerate(zip(names, keys))
     )
     return DerivativeCode(tuple(shared), terms)
+
+
+def _cheapest_elimination(
+    exprs: list[sympy.Expr], taken: set[str], scalars: frozenset[sympy.Symbol]
+) -> tuple[Replacements, list[sympy.Expr]]:
+    """:func:`_eliminate` of ``exprs`` as they are, or with each product distributed over its sums
+    (``grad_output * (s + t*s*s1)`` as ``grad_output*s + grad_output*t*s*s1``), whichever costs less.
+
+    Distributed, the upstream gradient (or a tangent) can join a factor the formulas share, as reverse mode
+    shares it: swish's ``grad_output * sigmoid(u) * sigmoid(-u)`` once, for the gradient of x and of beta,
+    instead of ``sigmoid(u) * sigmoid(-u)`` once and a multiply by grad_output in each."""
+    best = _eliminate(exprs, taken, scalars)
+    cost = _code_operations(*best, scalars)
+    unfused = _unfused(exprs)
+    for variant in ([_distributed(e) for e in exprs], unfused, [_distributed(e) for e in unfused]):
+        if variant == exprs:
+            continue
+        other = _eliminate(variant, taken, scalars)
+        other_cost = _code_operations(*other, scalars)
+        if other_cost < cost:
+            best, cost = other, other_cost
+    return best
+
+
+def _bounded(factor: sympy.Expr) -> bool:
+    """Whether ``factor`` is a number, a symbol (an input, grad_output), or a function bounded by 1."""
+    if factor.is_Number or factor.is_Symbol or isinstance(factor, (sigmoid, sympy.tanh, sympy.erf, sympy.Heaviside)):
+        return True
+    return isinstance(factor, sympy.Piecewise) and all(p.expr.is_Number for p in factor.args)
+
+
+def _unfused(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
+    """``exprs`` with each ``silu(u)`` as ``u * sigmoid(u)`` where ``sigmoid(u)`` is computed anyway: one
+    multiply instead of a kernel, and a product CSE can share (swish's ``sigmoid(u) * sigmoid(-u) * u``)."""
+    sigmoids = {e.args[0] for x in exprs for e in sympy.preorder_traversal(x) if isinstance(e, sigmoid)}
+
+    def unfuse(node: silu) -> sympy.Expr:
+        return node.args[0] * sigmoid(node.args[0])
+
+    return [e.replace(lambda n: isinstance(n, silu) and n.args[0] in sigmoids, unfuse) for e in exprs]
+
+
+def _distributed(expr: sympy.Expr) -> sympy.Expr:
+    """A product with sums among its factors as the sum of the products of their terms (only at the top),
+    where its other factors are bounded (numbers, symbols, sigmoids, ...): CSE may then multiply them
+    together without the terms' factors, and a product of two powers that overflow (found_19's
+    ``(w*(x - y))**3 * (w*(x - y))**2``, inf in float32 at 1e4) is no longer tamed by the tiny factor
+    beside it (``(1 + (w*(x - y))**6)**-4``)."""
+    if not expr.is_Mul:
+        return expr
+    factors = [sympy.Add.make_args(f) for f in expr.args]
+    if all(len(f) == 1 for f in factors):
+        return expr
+    if not all(len(f) > 1 or _bounded(f[0]) for f in factors):
+        return expr
+    return sympy.Add(*(sympy.Mul(*terms) for terms in itertools.product(*factors)))
+
+
+def _code_operations(steps: Replacements, exprs: list[sympy.Expr], scalars: frozenset[sympy.Symbol]) -> float:
+    """What straight-line code (temporaries, then the final expressions) costs: :func:`_operations`."""
+    temporaries = {s for s, _ in steps}
+    tensors = {s.name for e in [*(e for _, e in steps), *exprs] for s in e.free_symbols} - {
+        s.name for s in scalars | temporaries
+    }
+    for s, e in steps:  # a temporary is a tensor where it reads one
+        if any(f.name in tensors for f in e.free_symbols):
+            tensors.add(s.name)
+    return _operations([*(e for _, e in steps), *exprs], tensors)
 
 
 def straight_line(

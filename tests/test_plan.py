@@ -113,6 +113,40 @@ def test_a_temporary_is_read_wherever_its_expression_stands():
     assert "tmp0 = beta * x" in backward and backward.count("beta * x") == 1, backward
 
 
+def test_the_upstream_gradient_joins_a_shared_factor(tmp_path):
+    """swish's gradients in x and beta share grad_output * sigmoid(u) * sigmoid(-u), as reverse mode shares
+    it: computed once, with silu(u) written u * sigmoid(u) beside the sigmoid(u) backward has anyway."""
+    spec = make_spec(
+        "swish", "x / (1 + exp(-beta*x))", {"x": {}, "beta": {"shape": [], "learnable": True, "init": 1.0}}
+    )
+    source = generate_op(spec, time_limit=None)["swish.py"]
+    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    assert "tmp1 = grad_output * torch.sigmoid(tmp0)" in backward, backward
+    assert "tmp2 = tmp1 * torch.sigmoid(-tmp0)" in backward and "silu" not in backward, backward
+    assert backward.count("grad_output *") == 1, backward  # in tmp1 only
+    module = _load(tmp_path, spec)
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(module.swish, (x, beta))
+    assert torch.autograd.gradgradcheck(module.swish, (x, beta))
+
+
+def test_a_product_is_distributed_only_over_bounded_factors():
+    """lerp's grad_output * (1 - weight) becomes grad_output - grad_output*weight, sharing grad_output*weight
+    with the gradient of y; a product with an unbounded factor stays whole (found_19: two powers that overflow
+    in float32, multiplied apart from the tiny factor that kept their product finite)."""
+    from scaffold.plan import _distributed
+
+    spec = make_spec("lerp", "x + weight*(y - x)", {"x": {}, "y": {}, "weight": {}})
+    source = generate_op(spec, time_limit=None)["lerp.py"]
+    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    assert "tmp0 = grad_output * weight" in backward and "(grad_output - tmp0)" in backward, backward
+    g, t, s = sympy.symbols("grad_output t s", real=True)
+    assert _distributed(g * (1 - s) * sympy.Symbol("u")) == g * sympy.Symbol("u") - g * s * sympy.Symbol("u")
+    tamed = g * t**3 * (1 - 2 * (1 + t**2) ** -3) * (1 + t**2) ** -4
+    assert _distributed(tamed) == tamed
+
+
 def test_the_cost_model_weighs_kernels():
     """tanh costs several multiplies: recomputing it in backward is not one operation."""
     from scaffold.plan import _operations

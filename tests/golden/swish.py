@@ -20,12 +20,12 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
     # broadcasting added so that it has its input's shape.
     grad_x = grad_beta = None
     tmp0 = beta * x
-    tmp1 = torch.sigmoid(-tmp0)
-    tmp2 = torch.sigmoid(tmp0)
+    tmp1 = grad_output * torch.sigmoid(tmp0)
+    tmp2 = tmp1 * torch.sigmoid(-tmp0)
     if needs_input_grad[0]:
-        grad_x = (grad_output * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2)).sum_to_size(x_shape)
+        grad_x = (tmp0 * tmp2 + tmp1).sum_to_size(x_shape)
     if needs_input_grad[1]:
-        grad_beta = (grad_output * tmp1 * tmp2 * x**2).sum_to_size(beta_shape)
+        grad_beta = (tmp2 * x**2).sum_to_size(beta_shape)
     return grad_x, grad_beta
 
 
@@ -88,12 +88,12 @@ class SwishFunction(torch.autograd.Function):
         x, beta = ctx.saved_tensors
         terms = []
         tmp0 = beta * x
-        tmp1 = torch.sigmoid(-tmp0)
-        tmp2 = torch.sigmoid(tmp0)
+        tmp1 = torch.sigmoid(tmp0)
+        tmp2 = tmp1 * torch.sigmoid(-tmp0)
         if x_tangent is not None:
-            terms.append(x_tangent * (tmp1 * torch.nn.functional.silu(tmp0) + tmp2))
+            terms.append(x_tangent * (tmp0 * tmp2 + tmp1))
         if beta_tangent is not None:
-            terms.append(beta_tangent * tmp1 * tmp2 * x**2)
+            terms.append(beta_tangent * tmp2 * x**2)
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
@@ -126,34 +126,33 @@ class _SwishBackward(torch.autograd.Function):
         # arriving at each) times that gradient's partial derivative in the input.
         grad_grad_output = grad_x = grad_beta = None
         tmp0 = beta * x
-        tmp1 = -tmp0
-        tmp2 = torch.sigmoid(tmp1)
-        tmp3 = tmp2 * torch.nn.functional.silu(tmp0)
-        tmp4 = torch.sigmoid(tmp0)
-        tmp5 = tmp2 * tmp4
-        tmp6 = torch.nn.functional.silu(tmp1)
-        tmp7 = tmp3 * tmp4
-        tmp8 = grad_output * (tmp5 * (1 - tmp6) + tmp5 - tmp7)
+        tmp1 = torch.sigmoid(tmp0)
+        tmp2 = torch.sigmoid(-tmp0)
+        tmp3 = tmp1 * tmp2
+        tmp4 = tmp2 * tmp1**2
+        tmp5 = -tmp0 * tmp4
+        tmp6 = grad_output * (tmp3 * (tmp0 * tmp2 + 1) + tmp3 + tmp5)
+        tmp7 = tmp1 * tmp2**2
         if ctx.needs_input_grad[1]:
             terms = []
             if grad_grad_x is not None:
-                terms.append(grad_grad_x * (tmp3 + tmp4))
+                terms.append(grad_grad_x * (tmp0 * tmp3 + tmp1))
             if grad_grad_beta is not None:
-                terms.append(grad_grad_beta * tmp5 * x**2)
+                terms.append(grad_grad_beta * tmp3 * x**2)
             grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
         if ctx.needs_input_grad[2]:
             terms = []
             if grad_grad_x is not None:
-                terms.append(beta * grad_grad_x * tmp8)
+                terms.append(beta * grad_grad_x * tmp6)
             if grad_grad_beta is not None:
-                terms.append(grad_grad_beta * grad_output * x * (2 * tmp2 * tmp4 - tmp5 * tmp6 - tmp7))
+                terms.append(grad_grad_beta * grad_output * x * (tmp0 * tmp7 + 2 * tmp3 + tmp5))
             grad_x = sum(terms).sum_to_size(x.shape) if terms else None
         if ctx.needs_input_grad[3]:
             terms = []
             if grad_grad_x is not None:
-                terms.append(grad_grad_x * tmp8 * x)
+                terms.append(grad_grad_x * tmp6 * x)
             if grad_grad_beta is not None:
-                terms.append(grad_grad_beta * grad_output * x**3 * (tmp4 * tmp2**2 - tmp2 * tmp4**2))
+                terms.append(grad_grad_beta * grad_output * x**3 * (-tmp4 + tmp7))
             grad_beta = sum(terms).sum_to_size(beta.shape) if terms else None
         return None, grad_grad_output, grad_x, grad_beta, None, None
 
