@@ -211,6 +211,13 @@ class TorchPrinter(StrPrinter):
         """The factors multiplied out: numbers first, then tensors, a denominator for reciprocals, and
         the ``masks`` last, printed with the product's dtype already fixed by its tensors."""
         coefficient, factors = expr.as_coeff_mul()
+        if self.is_tensor(expr) and abs(coefficient) != 1:
+            # A number times a sum whose tensor terms all have numbers of their own goes into the sum:
+            # 2 * t * (0.5 * u + 1) is t * (u + 2), one pass fewer over the tensors.
+            sink = next((f for f in factors if f not in masks and self._takes_coefficient(f)), None)
+            if sink is not None:
+                scaled = sympy.Add(*(coefficient * term for term in sink.args))
+                return self._print(sympy.Mul(*(scaled if f is sink else f for f in factors)))
         sign = "-" if coefficient.is_negative else ""
         coefficient = abs(coefficient)
         numerator: list[str] = []
@@ -253,6 +260,13 @@ class TorchPrinter(StrPrinter):
         elif denominator:
             text += " / (" + " * ".join(denominator) + ")"
         return sign + text
+
+    def _takes_coefficient(self, factor: sympy.Basic) -> bool:
+        """Whether ``factor`` is a sum each of whose tensor terms has a numeric coefficient (not 1 or -1),
+        so that scaling it costs no tensor operation."""
+        if not factor.is_Add or not self.is_tensor(factor):
+            return False
+        return all(abs(t.as_coeff_Mul()[0]) != 1 for t in factor.args if self.is_tensor(t))
 
     def _is_dtype_free(self, factor: sympy.Basic) -> bool:
         if isinstance(factor, sympy.Heaviside):

@@ -176,6 +176,10 @@ def test_silu_and_gelu_become_primitives():
         ("alpha*x*y/3", "alpha / 3 * x * y"),
         ("(alpha + 1)*x", "(alpha + 1) * x"),
         ("1/sqrt(x)", "torch.rsqrt(x)"),
+        # a number goes into a sum whose tensor terms have numbers of their own: no pass of its own
+        ("2*x*(y/4 + 1)", "x * (y / 2 + 2)"),
+        ("x*(26829*y**2 + 200000)/100000", "x * (26829/100000 * y**2 + 2)"),
+        ("2*x*(y + 1)", "2 * x * (y + 1)"),  # scaling y would be a pass too
     ],
 )
 def test_numbers_are_multiplied_out_before_touching_a_tensor(expr, text):
