@@ -326,7 +326,7 @@ class mish(StableFunction):  # noqa: N801
         # rule (vmap): the formula, in stable primitives.
         x = self.args[0]
         t = sympy.tanh(softplus(x))
-        return t + x * sigmoid(x) * tanh_grad(t)
+        return t + x * sigmoid(x) * tanh_grad_beside_tanh(t)
 
 
 class gelu(StableFunction):  # noqa: N801
@@ -406,6 +406,18 @@ class tanh_grad(DerivativeKernel):  # noqa: N801
             return cls.expanded(t)
         u = t.args[0]
         return 4 * sigmoid(2 * u) * sigmoid(-2 * u)
+
+
+class tanh_grad_beside_tanh(tanh_grad):  # noqa: N801
+    """tanh_grad(t) in a sum with t itself and a cofactor that grows no faster than tanh's input, as in
+    mish' = t + x * sigmoid(x) * (1 - t**2), t = tanh(softplus(x)): 1 - t**2 loses its relative accuracy
+    only where t rounds to +-1 (|u| > 9 in float32), and there its term is below t's rounding (x * 1e-7 next
+    to 1). The expanded form is accurate enough, and two kernels cheaper than the accurate one (mish's
+    fwd+bwd 1.5x -> 1.2-1.3x of plain autograd on a CPU, where tanh costs four multiplies)."""
+
+    @classmethod
+    def accurate(cls, t):
+        return cls.expanded(t)
 
 
 class gelu_grad(DerivativeKernel):  # noqa: N801

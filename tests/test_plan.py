@@ -147,6 +147,17 @@ def test_a_product_is_distributed_only_over_bounded_factors():
     assert _distributed(tamed) == tamed
 
 
+def test_mish_backward_reads_tanh_once_in_its_cheap_form():
+    """mish' = t + silu(x) * (1 - t**2), t = tanh(softplus(x)): 1 - t**2 is inexact only where t dominates
+    the sum, so it stays one fused tanh_backward, not the accurate 4*sigmoid(2u)*sigmoid(-2u) (its accuracy
+    at extreme inputs: test_stability's mish case)."""
+    spec = make_spec("mish", "x*tanh(log(1 + exp(x)))", {"x": {}})
+    source = generate_op(spec, time_limit=None)["mish.py"]
+    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    assert "torch.ops.aten.tanh_backward(" in backward and backward.count("torch.tanh(") == 1, backward
+    assert "torch.sigmoid" not in backward, backward
+
+
 def test_the_cost_model_weighs_kernels():
     """tanh costs several multiplies: recomputing it in backward is not one operation."""
     from scaffold.plan import _operations
