@@ -212,6 +212,8 @@ ENTRIES: tuple[Function, ...] = (
     _F("xexpy", stable.xexpy, arity=(2,), growing=True, stable=True,  # lowering writes it x * finite_at_zero(...)
        mpmath=_zero_or(lambda x, y: x * mpmath.exp(y))),
     _F("kept", stable.kept, printer_method=True, stable=True, mpmath=lambda w: w),
+    _F("tanh_softplus", stable.tanh_softplus, printer_method=True, stable=True,
+       mpmath=lambda x: mpmath.tanh(mpmath.log1p(mpmath.exp(x)))),
     _F("log_ndtr_grad", stable.log_ndtr_grad, printer_method=True, stable=True,
        mpmath=lambda x: mpmath.npdf(x) / mpmath.ncdf(x)),
     _F("log_softplus", stable.log_softplus, printer_method=True, stable=True,

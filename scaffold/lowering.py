@@ -10,6 +10,8 @@ that the math does not have. Each rewrite here keeps the value and changes the c
   ``where`` into a temporary computed everywhere (it did: ELU inside a Huber loss);
 * :func:`pair_powers`: ``sigma**12 * r**-12`` (sympy's expansion of ``(sigma/r)**12``) is computed as
   ``tmp = sigma / r; tmp**12``, since each factor alone overflows float32 where the quotient is 1;
+* :func:`tanh_softplus_in_sigmoids`: mish's ``tanh(softplus(x))`` is computed from ``sigmoid(x)``, which
+  CSE can then share with the rest of the formula;
 * :func:`products_with_exp`: ``xexpy(x, y)`` becomes ``x * finite_at_zero(exp(y), x)``, 0 (not 0 * inf)
   where x = 0, with exp(y) one temporary.
 """
@@ -264,3 +266,8 @@ def products_with_exp(
         return x * stable.finite_at_zero(known[y], x)
 
     return [e.replace(lambda n: isinstance(n, stable.xexpy), expand) for e in exprs]
+
+
+def tanh_softplus_in_sigmoids(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
+    """``exprs`` with each ``tanh_softplus(x)`` in its sigmoid form (:class:`.stable.tanh_softplus`)."""
+    return [e.replace(lambda n: isinstance(n, stable.tanh_softplus), lambda n: n.expanded(*n.args)) for e in exprs]

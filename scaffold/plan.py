@@ -315,6 +315,7 @@ def _eliminate(
         exprs = [lowering.guard_branches(e, scalars) for e in exprs]
         exprs = lowering.pair_powers(exprs, names, definitions)
         exprs = lowering.scaled_sums(exprs, scalars, names, definitions)
+        exprs = lowering.tanh_softplus_in_sigmoids(exprs)
     exprs = lowering.products_with_exp(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
     steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
@@ -817,7 +818,7 @@ KERNEL_WEIGHTS: dict[str, float] = {
     "tanh": 4, "sinh": 2.5, "cosh": 2.5, "asinh": 36, "acosh": 30, "atanh": 3,
     "sin": 2, "cos": 2, "tan": 3.5, "asin": 3, "acos": 3, "atan": 4, "atan2": 3,
     "erf": 3, "erfc": 3, "erfcx": 40, "ndtr": 19, "log_ndtr": 43, "log_ndtr_grad": 43, "loggamma": 9,
-    "softplus": 2.5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 3, "mish": 6, "gelu": 1.5,
+    "softplus": 2.5, "tanh_softplus": 5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 3, "mish": 6, "gelu": 1.5,
     "xlogy": 6, "xlog1py": 23, "xexpy": 2, "logit": 2.5,
 }  # fmt: skip
 

@@ -329,6 +329,9 @@ class TorchPrinter(StrPrinter):
     def _print_log_softplus(self, expr: stable.log_softplus) -> str:
         return self._print(stable.log_softplus.expanded(*expr.args))
 
+    def _print_tanh_softplus(self, expr: stable.tanh_softplus) -> str:
+        return self._print(stable.tanh_softplus.expanded(*expr.args))
+
     def _print_polygamma(self, expr: sympy.polygamma) -> str:
         order, arg = expr.args
         if not self.is_tensor(arg) or not order.is_Integer:

@@ -28,7 +28,7 @@ from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
-from .stable import expand_kernels, xexpy
+from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
@@ -85,8 +85,10 @@ def _docstring_text(text: str) -> str:
 
 def _math(expr: sympy.Basic) -> str:
     """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas, and
-    xexpy(x, y) as x*exp(y) (its zero guard is an implementation detail)."""
+    xexpy(x, y) as x*exp(y) and kept(w) as w (implementation details)."""
     expr = expand_kernels(expr).replace(lambda e: isinstance(e, xexpy), lambda e: xexpy.literal(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, kept), lambda e: e.args[0])
+    expr = expr.replace(lambda e: isinstance(e, tanh_softplus), lambda e: sympy.tanh(softplus(e.args[0])))
     return sympy.sstr(expr)
 
 

@@ -325,8 +325,35 @@ class mish(StableFunction):  # noqa: N801
         # PyTorch's mish_backward has no forward-mode rule (torch.func.hessian needs one) nor a batching
         # rule (vmap): the formula, in stable primitives.
         x = self.args[0]
-        t = sympy.tanh(softplus(x))
+        t = tanh_softplus(x)
         return t + x * sigmoid(x) * tanh_grad_beside_tanh(t)
+
+
+class tanh_softplus(StableFunction):  # noqa: N801
+    """tanh(softplus(x)), mish's factor, computed (:func:`.lowering.tanh_softplus_in_sigmoids`, or the
+    printer) as ``n / (2 - n)``, ``n = s * (2 - s)``, ``s = sigmoid(x)``: tanh(softplus(x)) is
+    ``((1 + e**x)**2 - 1) / ((1 + e**x)**2 + 1)``. One sigmoid and four cheap passes where softplus and tanh
+    cost six multiplies' worth on a CPU, and accurate at both ends (n -> 2s as x -> -inf, n -> 1 as x -> inf;
+    2 - n stays between 1 and 2)."""
+
+    nargs = 1
+
+    @classmethod
+    def literal(cls, x):
+        return sympy.tanh(softplus.literal(x))
+
+    @classmethod
+    def expanded(cls, x):
+        s = sigmoid(x)
+        n = kept(s * (2 - s))
+        return n / (2 - n)
+
+    def fdiff(self, argindex=1):
+        # sech(softplus(x))**2 * sigmoid(x) = 4 * b**2 / (1 + b**2)**2 * s with b = sigmoid(-x) = 1 - s, and
+        # 1 + b**2 = 2 - n: no cancellation where b is tiny (x -> inf), unlike 1 - tanh(softplus(x))**2
+        x = self.args[0]
+        s = sigmoid(x)
+        return 4 * s * sigmoid(-x) ** 2 / (2 - kept(s * (2 - s))) ** 2
 
 
 class gelu(StableFunction):  # noqa: N801
@@ -412,12 +439,17 @@ class tanh_grad_beside_tanh(tanh_grad):  # noqa: N801
     """tanh_grad(t) in a sum with t itself and a cofactor that grows no faster than tanh's input, as in
     mish' = t + x * sigmoid(x) * (1 - t**2), t = tanh(softplus(x)): 1 - t**2 loses its relative accuracy
     only where t rounds to +-1 (|u| > 9 in float32), and there its term is below t's rounding (x * 1e-7 next
-    to 1). The expanded form is accurate enough, and two kernels cheaper than the accurate one (mish's
-    fwd+bwd 1.5x -> 1.2-1.3x of plain autograd on a CPU, where tanh costs four multiplies)."""
+    to 1). Beside t (:func:`accurate_kernels` checks) it stays as it is, one fused tanh_backward, where the
+    accurate form would be 4*sigmoid(2u)*sigmoid(-2u) and recompute u; elsewhere (in a second derivative)
+    it takes its accurate form."""
 
     @classmethod
     def accurate(cls, t):
-        return cls.expanded(t)
+        # where it is not beside t (accurate_kernels keeps it there): the accurate form, as tanh_grad's
+        if isinstance(t, tanh_softplus):
+            x = t.args[0]
+            return 4 * sigmoid(-x) ** 2 / (2 - kept(sigmoid(x) * (2 - sigmoid(x)))) ** 2
+        return tanh_grad.accurate(t)
 
 
 class gelu_grad(DerivativeKernel):  # noqa: N801
@@ -448,7 +480,27 @@ def accurate_kernels(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sy
         and not any(f.free_symbols & set(tensors) for f in others)
     ):
         return expr  # no kernel, or one kernel times numbers and scalars
-    return expr.replace(lambda e: isinstance(e, DerivativeKernel), lambda e: type(e).accurate(*e.args))
+    return _accurate(expr)
+
+
+def _accurate(node: sympy.Basic) -> sympy.Basic:
+    """``node`` with its kernels accurate, except a tanh_grad_beside_tanh in a sum that has its t as a term
+    (rebuilt only where something changed: sympy would distribute 2*(a - b) as it rebuilds)."""
+    if node.is_Atom or not node.args or not node.has(DerivativeKernel):
+        return node
+    if isinstance(node, DerivativeKernel):
+        return type(node).accurate(*node.args)
+    if node.is_Add:
+        terms = []
+        for term in node.args:
+            factors = sympy.Mul.make_args(term)
+            accurate = [
+                f if isinstance(f, tanh_grad_beside_tanh) and f.args[0] in node.args else _accurate(f) for f in factors
+            ]
+            terms.append(term if accurate == list(factors) else sympy.Mul(*accurate))
+        return node if terms == list(node.args) else sympy.Add(*terms)
+    args = [_accurate(a) for a in node.args]
+    return node if args == list(node.args) else node.func(*args)
 
 
 def to_literal(expr: sympy.Basic) -> sympy.Basic:

@@ -26,7 +26,7 @@ def _sub(pattern: str, replacement: str, count: int = 1):
 MUTATIONS = {
     # (spec, how the module is broken)
     "control": ("swish", lambda text: text),
-    "scaled_backward": ("swish", _sub(r"grad_x = \(grad_output \*", "grad_x = (1.01 * grad_output *")),
+    "scaled_backward": ("swish", _sub(r"grad_x = \(", "grad_x = 1.01 * (")),
     "wrong_partial": ("quadratic", _sub(r"\(2 \* a \* x \+ b\)", "(2 * a * x - b)")),
     "wrong_forward": (
         "swish",
@@ -54,7 +54,7 @@ MUTATIONS = {
     # The double backward is derived too: a wrong second partial is caught by gradgradcheck.
     "wrong_second_derivative": (
         "swish",
-        _sub(r"terms\.append\(grad_grad_x \* tmp8 \* x\)", "terms.append(grad_grad_x * tmp8 * x * 1.01)"),
+        _sub(r"terms\.append\(grad_grad_x \* tmp6 \* x\)", "terms.append(grad_grad_x * tmp6 * x * 1.01)"),
     ),
     "double_backward_drops_a_term": (
         "quadratic",

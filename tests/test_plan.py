@@ -147,15 +147,33 @@ def test_a_product_is_distributed_only_over_bounded_factors():
     assert _distributed(tamed) == tamed
 
 
-def test_mish_backward_reads_tanh_once_in_its_cheap_form():
-    """mish' = t + silu(x) * (1 - t**2), t = tanh(softplus(x)): 1 - t**2 is inexact only where t dominates
-    the sum, so it stays one fused tanh_backward, not the accurate 4*sigmoid(2u)*sigmoid(-2u) (its accuracy
-    at extreme inputs: test_stability's mish case)."""
+def test_mish_backward_is_one_sigmoid_and_a_fused_tanh_backward():
+    """mish' = t + silu(x) * (1 - t**2), t = tanh(softplus(x)) computed from sigmoid(x): 1 - t**2 is inexact
+    only where t dominates the sum, so it stays one fused tanh_backward, not the accurate
+    4*sigmoid(2u)*sigmoid(-2u) (accuracy at extreme inputs, first and second order: test_stability's mish
+    cases)."""
     spec = make_spec("mish", "x*tanh(log(1 + exp(x)))", {"x": {}})
     source = generate_op(spec, time_limit=None)["mish.py"]
     backward = source[source.index("def _backward(") :].split("\ndef ")[0]
-    assert "torch.ops.aten.tanh_backward(" in backward and backward.count("torch.tanh(") == 1, backward
-    assert "torch.sigmoid" not in backward, backward
+    assert "torch.ops.aten.tanh_backward(" in backward and backward.count("torch.sigmoid(") == 1, backward
+    assert "torch.tanh(" not in backward and "softplus" not in backward, backward
+    assert "d out / d x = (1 - tanh(softplus(x))**2)*silu(x) + tanh(softplus(x))" in source
+
+
+def test_mish_second_derivative_keeps_its_relative_accuracy(tmp_path):
+    """Away from t, in the second derivative, 1 - t**2 takes its accurate form: at x = 10 to 14 every term
+    of mish'' is about e**-2x, and 1 - t**2 would be 0 in float32 (t rounds to 1)."""
+    spec = make_spec("mish", "x*tanh(log(1 + exp(x)))", {"x": {}})
+    module = _load(tmp_path, spec)
+    x = torch.tensor([10.0, 12.0, 14.0], requires_grad=True)
+    (grad,) = torch.autograd.grad(module.mish(x).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    exact = x.detach().double().requires_grad_()
+    (exact_grad,) = torch.autograd.grad(
+        (exact * torch.tanh(torch.nn.functional.softplus(exact))).sum(), exact, create_graph=True
+    )
+    (exact_second,) = torch.autograd.grad(exact_grad.sum(), exact)
+    torch.testing.assert_close(second.double(), exact_second, rtol=1e-3, atol=0)
 
 
 def test_the_cost_model_weighs_kernels():

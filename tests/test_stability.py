@@ -349,6 +349,9 @@ SECOND_ORDER = [
     # 0 the rest of the gradient makes of it (tanh'(exp(x)) = 0 at x = 100 in float32; 1/expm1(x)**2).
     Case("tanh_exp", "x*tanh(exp(x))", lambda x: x * torch.tanh(torch.exp(x)), {"x": REAL}),
     Case("inverse_expm1", "1/(exp(x) - 1)", lambda x: 1 / torch.expm1(x), {"x": POSITIVE}),
+    # mish' keeps 1 - t**2 beside t (cheap, and exact enough there); its derivative's terms need the
+    # accurate sech**2 (t' alone, 4*sigmoid(-x)**2/(2 - n)**2 * sigmoid(x), is e**-2x where t rounds to 1).
+    Case("mish", "x*tanh(log(1 + exp(x)))", lambda x: x * torch.tanh(F.softplus(x)), {"x": REAL}),
 ]  # fmt: skip
 
 
