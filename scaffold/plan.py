@@ -262,6 +262,11 @@ def _unfused(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
     return [e.replace(lambda n: isinstance(n, silu) and n.args[0] in sigmoids, unfuse) for e in exprs]
 
 
+#: Terms a distributed product may have, at most: a product over a long sum is left whole (CSE of the
+#: distributed form costs generation time, and such sums share little).
+MAX_DISTRIBUTED_TERMS = 8
+
+
 def _distributed(expr: sympy.Expr) -> sympy.Expr:
     """A product with sums among its factors as the sum of the products of their terms (only at the top),
     where its other factors are bounded (numbers, symbols, sigmoids, ...): CSE may then multiply them
@@ -271,7 +276,7 @@ def _distributed(expr: sympy.Expr) -> sympy.Expr:
     if not expr.is_Mul:
         return expr
     factors = [sympy.Add.make_args(f) for f in expr.args]
-    if all(len(f) == 1 for f in factors):
+    if all(len(f) == 1 for f in factors) or math.prod(len(f) for f in factors) > MAX_DISTRIBUTED_TERMS:
         return expr
     if not all(len(f) > 1 or _bounded(f[0]) for f in factors):
         return expr
