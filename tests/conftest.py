@@ -4,6 +4,7 @@ import importlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,42 @@ def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") 
         timeout=600,
         env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
     )
+
+
+class BackgroundPytest:
+    """:func:`run_pytest` started now and waited for later, so that the calling test process goes on with
+    other tests meanwhile (two cores: the generated tests in one, the suite in the other)."""
+
+    def __init__(self, directory: Path, *args: str, compile_backend: str = "aot_eager") -> None:
+        self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self._err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
+        self.args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args]
+        self._process = subprocess.Popen(
+            self.args,
+            cwd=directory,
+            stdout=self._out,
+            stderr=self._err,
+            text=True,
+            env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
+        )
+        self._result: subprocess.CompletedProcess | None = None
+
+    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
+        if self._result is None:
+            returncode = self._process.wait(timeout=timeout)
+            self._out.seek(0)
+            self._err.seek(0)
+            self._result = subprocess.CompletedProcess(self.args, returncode, self._out.read(), self._err.read())
+            self.close()
+        return self._result
+
+    def close(self) -> None:
+        """Stop the run if nobody waited for it (a test deselected with -k)."""
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._out.close()
+        self._err.close()
 
 
 def import_generated(directory: Path, spec):

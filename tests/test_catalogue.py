@@ -4,11 +4,12 @@
   native op, plus run-time checks of the backward's contract (one value per forward argument, None for
   scalars, gradients of the inputs' shapes, no tensor held as a ctx attribute).
 * ``test_generated_tests_pass``: every op's generated files in one folder, their tests run by one pytest
-  subprocess.
+  subprocess, started with the module's first test and waited for by its last (the two run side by side).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import subprocess
@@ -22,10 +23,10 @@ from scaffold import compile_op, generate_op, spec_from_mapping
 
 try:
     from .catalogue import OPS, CatalogueOp
-    from .conftest import run_pytest
+    from .conftest import BackgroundPytest
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS, CatalogueOp
-    from conftest import run_pytest
+    from conftest import BackgroundPytest
 
 MARGIN = 0.1  # distance kept from the kinks and poles scaffold reports (the generated tests keep 0.05)
 _counter = itertools.count()
@@ -35,9 +36,33 @@ def _spec(op: CatalogueOp):
     return spec_from_mapping(op.mapping(), source="catalogue")
 
 
+@functools.cache
+def _files(name: str) -> dict[str, str]:
+    """The op's generated files, generated once for all the tests here."""
+    return generate_op(_spec(next(op for op in OPS if op.name == name)))
+
+
+@functools.cache
+def _domains(name: str) -> dict:
+    return {d.name: d for d in compile_op(_spec(next(op for op in OPS if op.name == name))).domains}
+
+
 def _write(op: CatalogueOp, folder: Path) -> None:
-    for path, text in generate_op(_spec(op)).items():
+    for path, text in _files(op.name).items():
         (folder / path).write_text(text, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def generated_folder(tmp_path_factory):
+    """Every op's files in one folder, and their generated tests running in the background."""
+    folder = tmp_path_factory.mktemp("catalogue")
+    for op in OPS:
+        _write(op, folder)
+    # An ini file of its own makes the folder the rootdir, so no configuration above it applies.
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    run = BackgroundPytest(folder, "--tb=short", str(folder))
+    yield folder, run
+    run.close()
 
 
 def _import(path: Path):
@@ -51,7 +76,7 @@ def _import(path: Path):
 def _sample(op: CatalogueOp, seed: int = 0) -> tuple[list[torch.Tensor], list]:
     """float64 inputs inside the domains scaffold uses (declared or inferred), away from kinks and poles."""
     spec = _spec(op)
-    domains = {d.name: d for d in compile_op(spec).domains}
+    domains = _domains(op.name)
     generator = torch.Generator().manual_seed(seed)
     tensors = []
     for t in spec.tensors:
@@ -64,7 +89,7 @@ def _sample(op: CatalogueOp, seed: int = 0) -> tuple[list[torch.Tensor], list]:
     return tensors, [s.default for s in spec.scalars]
 
 
-def test_catalogue_is_well_formed():
+def test_catalogue_is_well_formed(generated_folder):
     names = [op.name for op in OPS]
     assert len(names) >= 40
     assert len(set(names)) == len(names), "op names must be unique"
@@ -118,24 +143,20 @@ def test_matches_native(op: CatalogueOp, tmp_path: Path):
     assert all(g is None for g in raw[len(spec.tensors) :]), "backward must return None for scalars"
 
 
-def test_generated_tests_pass(tmp_path: Path):
-    """All generated test files, run by one pytest process."""
-    for op in OPS:
-        _write(op, tmp_path)
-    # An ini file of its own makes tmp_path the rootdir, so no configuration above it applies.
-    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    result = run_pytest(tmp_path, "--tb=short", str(tmp_path))
-    tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
-    assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
-
-
-def test_generated_files_pass_ruff(tmp_path: Path):
-    for op in OPS:
-        _write(op, tmp_path)
+def test_generated_files_pass_ruff(generated_folder):
+    folder, _ = generated_folder
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "E4,E7,E9,F,W,I", "."],
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+
+
+def test_generated_tests_pass(generated_folder):
+    """All generated test files, run by one pytest process (started by the first test of this module)."""
+    _, run = generated_folder
+    result = run.wait()
+    tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
+    assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
