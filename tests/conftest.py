@@ -36,19 +36,13 @@ def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") 
     Their torch.compile check traces with ``compile_backend``: aot_eager runs Dynamo and AOTAutograd as
     inductor does, without compiling C++ for every op (seconds each); test_generate runs inductor.
     """
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
-    )
+    return BackgroundPytest(directory, *args, compile_backend=compile_backend).wait()
 
 
 class BackgroundPytest:
-    """:func:`run_pytest` started now and waited for later, so that the calling test process goes on with
-    other tests meanwhile (two cores: the generated tests in one, the suite in the other)."""
+    """A pytest run of the generated tests in ``directory`` (a fresh interpreter), started now and waited for
+    later (:func:`run_pytest` waits at once), so that the calling test process can go on with other tests
+    meanwhile: two cores, the generated tests in one, the suite in the other."""
 
     def __init__(self, directory: Path, *args: str, compile_backend: str = "aot_eager") -> None:
         self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
@@ -66,7 +60,11 @@ class BackgroundPytest:
 
     def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
         if self._result is None:
-            returncode = self._process.wait(timeout=timeout)
+            try:
+                returncode = self._process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.close()
+                raise
             self._out.seek(0)
             self._err.seek(0)
             self._result = subprocess.CompletedProcess(self.args, returncode, self._out.read(), self._err.read())

@@ -36,15 +36,18 @@ def _spec(op: CatalogueOp):
     return spec_from_mapping(op.mapping(), source="catalogue")
 
 
+_BY_NAME = {op.name: op for op in OPS}
+
+
 @functools.cache
 def _files(name: str) -> dict[str, str]:
-    """The op's generated files, generated once for all the tests here."""
-    return generate_op(_spec(next(op for op in OPS if op.name == name)))
+    """The op's generated files, generated once for all the tests here (by name: an op is not hashable)."""
+    return generate_op(_spec(_BY_NAME[name]))
 
 
 @functools.cache
 def _domains(name: str) -> dict:
-    return {d.name: d for d in compile_op(_spec(next(op for op in OPS if op.name == name))).domains}
+    return {d.name: d for d in compile_op(_spec(_BY_NAME[name])).domains}
 
 
 def _write(op: CatalogueOp, folder: Path) -> None:
