@@ -24,6 +24,7 @@ from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError
 from .formatting import format_source
+from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .functions import kink_classes, stable_classes
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
 from .printing import IMPORTS, print_torch
@@ -339,6 +340,15 @@ class ModuleView:
     module_forward_params: list[str]
     module_call_args: list[str]
     extra_repr: str
+    # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
+    parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
+    backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
+
+    @property
+    def backward_call(self) -> str:
+        if self.backward_in_place:
+            return f"_out_of_place({self.backward_function})"
+        return self.backward_function
 
 
 def module_view(
@@ -450,7 +460,28 @@ def module_view(
         module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+        parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
     )
+
+
+def _parameter_kinds(plan: BackwardPlan, tensor_names: list[str], scalar_names: list[str]) -> dict[str, Kind]:
+    """What the forward's and _backward's parameters are, for :mod:`.inplace`: each tensor with the
+    arguments its shape broadcasts from (an output's gradient has the output's shape), masks as masks,
+    scalars as numbers."""
+    deps = {n: frozenset({n}) for n in tensor_names}
+
+    def of(expr: sympy.Basic) -> frozenset[str]:
+        return frozenset().union(*(deps.get(s.name, frozenset()) for s in expr.free_symbols))
+
+    for step in plan.forward_steps:
+        deps[step.name] = of(step.expr)
+    kinds = {n: Kind(TENSOR, deps[n]) for n in tensor_names} | {n: Kind(NUMBER) for n in scalar_names}
+    for names, expr in zip(plan.outputs, plan.forward_exprs, strict=True):
+        if of(expr):  # an output without a tensor in it has no shape to reason with
+            kinds[names.value] = kinds[names.grad] = Kind(TENSOR, of(expr))
+    for mask in plan.masks:
+        kinds[mask.name] = Kind(BOOL, of(mask.condition))
+    return kinds
 
 
 def _gradient_code(
@@ -942,6 +973,23 @@ def _support_description(d: InputDomain) -> str:
     return f"defined on {d.support} ({d.support_reason})"
 
 
+def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
+    """The module's text, its forward and backward computing in place where they can (stage 6b; not in
+    fused mode, where the compiler plans the memory)."""
+    template = env.get_template(TEMPLATES["module"])
+    module = template.render(view=view)
+    if view.fuse:
+        return module
+    forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
+    backward = reuse_temporaries(forward, "_backward", view.parameter_kinds)
+    if backward == forward:
+        return forward
+    # _backward changed: torch.func must run it functionalized (the template says how)
+    module = template.render(view=dataclasses.replace(view, backward_in_place=True))
+    forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
+    return reuse_temporaries(forward, "_backward", view.parameter_kinds)
+
+
 def render_op(
     spec: OpSpec,
     derivation: Derivation,
@@ -965,7 +1013,8 @@ def render_op(
     goes relative to it (default: the file's name), or without one in scaffold's own style.
     """
     env = environment()
-    module = env.get_template(TEMPLATES["module"]).render(view=module_view(spec, derivation, plan, domains))
+    view = module_view(spec, derivation, plan, domains)
+    module = _in_place(env, view)
     tests = test_view(
         spec,
         derivation,

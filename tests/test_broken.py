@@ -26,11 +26,11 @@ def _sub(pattern: str, replacement: str, count: int = 1):
 MUTATIONS = {
     # (spec, how the module is broken)
     "control": ("swish", lambda text: text),
-    "scaled_backward": ("swish", _sub(r"grad_x = \(", "grad_x = 1.01 * (")),
+    "scaled_backward": ("swish", _sub(r"grad_x = (?=tmp0)", "grad_x = 1.01 * ")),
     "wrong_partial": ("quadratic", _sub(r"\(2 \* a \* x \+ b\)", "(2 * a * x - b)")),
     "wrong_forward": (
         "swish",
-        _sub(r"return x \* torch.sigmoid\(beta \* x\)", "return x * torch.sigmoid(x)"),
+        _sub(r"return \(beta \* x\)\.sigmoid_\(\)\.mul_\(x\)", "return torch.sigmoid(x).mul_(x)"),
     ),
     # Forward and backward wrong together: finite differences agree, only the reference test can tell.
     "consistently_wrong": (
@@ -72,7 +72,7 @@ MUTATIONS = {
     "unstable_backward": (
         "logistic_loss",
         _sub(
-            r"tmp0 = grad_output \* torch\.sigmoid\(-input \* target\)",
+            r"tmp0 = \(-input \* target\)\.sigmoid_\(\)\.mul_\(grad_output\)",
             "tmp0 = grad_output * torch.exp(-input * target) / (1 + torch.exp(-input * target))",
         ),
     ),
@@ -80,11 +80,11 @@ MUTATIONS = {
     # the gradient by differences of the op's own value, the value by the reference where it is accurate.
     "wrong_gradient_in_far_branch": (
         "wing_loss",
-        _sub(r"torch\.where\(tmp1, -tmp3, -tmp4\)", "torch.where(tmp1, -tmp3, 0 * tmp4)"),
+        _sub(r"torch\.where\(tmp1, tmp3\.neg_\(\), tmp4\.neg_\(\)\)", "torch.where(tmp1, tmp3.neg_(), 0 * tmp4)"),
     ),
     "wrong_value_in_far_branch": (
         "wing_loss",
-        _sub(r"math\.log\(tmp0 \* w \+ 1\) - w\b", "math.log(tmp0 * w + 1) - 2 * w"),
+        _sub(r"math\.log\(tmp0 \* w \+ 1\)\)\.sub_\(w\)", "math.log(tmp0 * w + 1)).sub_(2 * w)"),
     ),
     # Forward mode has its own derived code: a wrong jvp is caught by torch.func.jvp and the hessian.
     "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
@@ -93,12 +93,12 @@ MUTATIONS = {
     # A custom gradient is checked against its formula, and so is its own derivative (double backward).
     "wrong_custom_gradient": (
         "scaled_sign",
-        _sub(r"torch\.sign\(1 - torch\.abs\(y\)\)", "torch.sign(2 - torch.abs(y))"),
+        _sub(r"\(1 - torch\.abs\(y\)\)\.sign_\(\)", "(2 - torch.abs(y)).sign_()"),
     ),
     "derived_instead_of_custom_gradient": (
         "scaled_sign",
         _sub(
-            r"grad_y = \(grad_output \* x \* \(1 \+ torch\.sign\(1 - torch\.abs\(y\)\)\) / 2\)",
+            r"grad_y = \(grad_output \* x\)\.mul_\(\(1 - torch\.abs\(y\)\)\.sign_\(\)\.add_\(1\)\)\.div_\(2\)",
             "grad_y = (0 * grad_output)",
         ),
     ),
@@ -130,8 +130,8 @@ MUTATIONS = {
     "swapped_outputs": (
         "split_and_transform",
         _sub(
-            r"return torch\.clamp\(x, min=0\), torch\.clamp\(-x, min=0\)",
-            "return torch.clamp(-x, min=0), torch.clamp(x, min=0)",
+            r"return torch\.clamp\(x, min=0\), \(-x\)\.clamp_\(min=0\)",
+            "return (-x).clamp_(min=0), torch.clamp(x, min=0)",
         ),
     ),
     "wrong_tangent_of_second_output": (

@@ -3,6 +3,9 @@
 * ``test_matches_native``: in this process, the generated Function's values and gradients against the
   native op, plus run-time checks of the backward's contract (one value per forward argument, None for
   scalars, gradients of the inputs' shapes, no tensor held as a ctx attribute).
+* ``test_in_place_code_computes_what_out_of_place_code_does``: the module as generated (stage 6b reuses
+  temporaries in place) against the same module printed without that, bit for bit, in first and second
+  derivatives and under torch.func, with the inputs and upstream gradients left as they were.
 * ``test_generated_tests_pass``: every op's generated files in one folder, their tests run by one pytest
   subprocess, started with the module's first test and waited for by its last (the two run side by side).
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaffold import compile_op, generate_op, spec_from_mapping
+from scaffold import compile_op, generate_op, render, spec_from_mapping
 
 try:
     from .catalogue import OPS, CatalogueOp
@@ -46,8 +49,12 @@ def _files(name: str) -> dict[str, str]:
 
 
 @functools.cache
+def _compiled(name: str):
+    return compile_op(_spec(_BY_NAME[name]))
+
+
 def _domains(name: str) -> dict:
-    return {d.name: d for d in compile_op(_spec(_BY_NAME[name])).domains}
+    return {d.name: d for d in _compiled(name).domains}
 
 
 def _write(op: CatalogueOp, folder: Path) -> None:
@@ -144,6 +151,49 @@ def test_matches_native(op: CatalogueOp, tmp_path: Path):
         assert g_raw is not None and g_raw.shape == x.shape, f"backward's gradient of {t.name} has the wrong shape"
         torch.testing.assert_close(g_raw, g)
     assert all(g is None for g in raw[len(spec.tensors) :]), "backward must return None for scalars"
+
+
+def _fwd_bwd(module, name: str, values: list[torch.Tensor], scalars: list) -> list[torch.Tensor | None]:
+    """Outputs, gradients, second derivatives and torch.func's vjp, after checking that none of it
+    changed the inputs or the upstream gradients."""
+    functional = getattr(module, name)
+    inputs = [v.clone().requires_grad_() for v in values]
+    outs = functional(*inputs, *scalars)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    generator = torch.Generator().manual_seed(2)
+    upstream = [torch.randn(o.shape, generator=generator, dtype=o.dtype) for o in outs]
+    kept = [u.clone() for u in upstream]
+    grads = torch.autograd.grad(outs, inputs, upstream, create_graph=True, allow_unused=True)
+    differentiable = [(g, x) for g, x in zip(grads, inputs) if g is not None and g.requires_grad]
+    second = []
+    if differentiable:
+        total = sum((g * torch.ones_like(g).cumsum(-1)).sum() for g, _ in differentiable)
+        second = torch.autograd.grad(total, inputs, allow_unused=True)
+    _, vjp = torch.func.vjp(lambda *ts: functional(*ts, *scalars), *[v.clone() for v in values])
+    func_grads = vjp(tuple(upstream) if len(outs) > 1 else upstream[0])
+    assert all(torch.equal(x.detach(), v) for x, v in zip(inputs, values)), "an input changed"
+    assert all(torch.equal(u, k) for u, k in zip(upstream, kept)), "an upstream gradient changed"
+    return [o.detach() for o in outs] + [g if g is None else g.detach() for g in (*grads, *second)] + list(func_grads)
+
+
+@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+def test_in_place_code_computes_what_out_of_place_code_does(op: CatalogueOp, tmp_path: Path, monkeypatch):
+    compiled = _compiled(op.name)
+    spec = compiled.spec
+    files = render.render_op(spec, compiled.derivation, compiled.plan, compiled.domains)
+    (tmp_path / "in_place.py").write_text(files[f"{spec.name}.py"], encoding="utf-8")
+    monkeypatch.setattr(render, "reuse_temporaries", lambda source, function, kinds: source)
+    files = render.render_op(spec, compiled.derivation, compiled.plan, compiled.domains)
+    (tmp_path / "out_of_place.py").write_text(files[f"{spec.name}.py"], encoding="utf-8")
+
+    values, scalars = _sample(op)
+    expected = _fwd_bwd(_import(tmp_path / "out_of_place.py"), spec.name, values, scalars)
+    found = _fwd_bwd(_import(tmp_path / "in_place.py"), spec.name, values, scalars)
+    assert len(found) == len(expected)
+    for index, (f, e) in enumerate(zip(found, expected)):
+        assert (f is None) == (e is None), f"result {index}: {f} against {e}"
+        if f is not None:
+            assert torch.equal(f, e), f"result {index} differs: {f} against {e}"
 
 
 def test_generated_files_pass_ruff(generated_folder):

@@ -121,9 +121,10 @@ def test_the_upstream_gradient_joins_a_shared_factor(tmp_path):
     )
     source = generate_op(spec, time_limit=None)["swish.py"]
     backward = source[source.index("def _backward(") :].split("\ndef ")[0]
-    assert "tmp1 = grad_output * torch.sigmoid(tmp0)" in backward, backward
-    assert "tmp2 = tmp1 * torch.sigmoid(-tmp0)" in backward and "silu" not in backward, backward
-    assert backward.count("grad_output *") == 1, backward  # in tmp1 only
+    # (printed in place: stage 6b writes the products into the sigmoids' results)
+    assert "tmp1 = torch.sigmoid(tmp0).mul_(grad_output)" in backward, backward
+    assert "tmp2 = (-tmp0).sigmoid_().mul_(tmp1)" in backward and "silu" not in backward, backward
+    assert backward.count("grad_output)") == 1 and "grad_output *" not in backward, backward  # in tmp1 only
     module = _load(tmp_path, spec)
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     beta = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)

@@ -131,7 +131,7 @@ def test_generate_edit_change_update_loop(project, scaffold):
     assert "merged  tests/test_swish.py" in out
     merged = module.read_text()
     assert BACKWARD_EDIT in merged and merged.endswith(HELPER)
-    assert "return x * torch.sigmoid(beta * x) + x / 8" in merged, "the new forward is not computed"
+    assert "return (beta * x).sigmoid_().mul_(x).add_(x / 8)" in merged, "the new forward is not computed"
     assert "x / 8" in test_file.read_text() and USER_TEST in test_file.read_text()
     result = project_tests(project)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -147,7 +147,7 @@ def test_generate_edit_change_update_loop(project, scaffold):
 
     # An edit that overlaps what the next change touches: a conflict, marked and reported, nothing lost.
     text = module.read_text()
-    line = next(ln for ln in text.splitlines(keepends=True) if ln.lstrip().startswith("return x * torch.sigmoid"))
+    line = next(ln for ln in text.splitlines(keepends=True) if ln.lstrip().startswith("return (beta * x).sigmoid_()"))
     mine = line.rstrip("\n") + "  # mine: checked against the paper\n"
     module.write_text(text.replace(line, mine))
     code, out, err = scaffold(
@@ -180,7 +180,7 @@ def test_dry_run_shows_the_diff_and_writes_nothing(project, scaffold):
     )  # fmt: skip
     assert code == 0, err
     assert "--- a/specs/swish.toml" in out and '+forward = "x * tanh(beta * x)"' in out
-    assert "+++ b/src/demo_ops/ops/swish.py" in out and "+        return x * torch.tanh(beta * x)" in out
+    assert "+++ b/src/demo_ops/ops/swish.py" in out and "+        return (beta * x).tanh_().mul_(x)" in out
     assert "(dry run: nothing was written)" in out
     assert snapshot(project) == before
 
@@ -211,14 +211,14 @@ def test_update_every_op_after_upgrading_scaffold(project, scaffold, monkeypatch
 
 def test_without_a_record_every_difference_is_a_conflict(project, scaffold):
     module = project / "src/demo_ops/ops/swish.py"
-    module.write_text(module.read_text().replace("torch.sigmoid(beta * x)\n", "torch.sigmoid(x * beta)\n", 1))
+    module.write_text(module.read_text().replace("(beta * x).sigmoid_().mul_(x)\n", "(x * beta).sigmoid_().mul_(x)\n", 1))
     for stored in (project / ".scaffold/swish").iterdir():
         stored.unlink()
     ours = module.read_text()
     code, out, err = scaffold("update", cwd=project)
     assert code == cli.EXIT_CONFLICT
     text = module.read_text()
-    assert "torch.sigmoid(x * beta)" in text and "<<<<<<< yours" in text
+    assert "(x * beta).sigmoid_()" in text and "<<<<<<< yours" in text
     assert all(line in text for line in ours.splitlines())
 
 
@@ -584,13 +584,13 @@ def test_update_after_ruff_over_the_whole_project_is_clean(project, scaffold):
         if path.is_file() and "__pycache__" not in path.parts:
             lines = path.read_text(errors="replace").splitlines()
             assert not any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in lines), f"conflict markers in {path}"
-    assert "return x * torch.sigmoid(beta * x) + x / 8" in (project / "src/demo_ops/ops/swish.py").read_text()
+    assert "return (beta * x).sigmoid_().mul_(x).add_(x / 8)" in (project / "src/demo_ops/ops/swish.py").read_text()
 
 
 # A line as today's ruff formats it, and as an older ruff (or none) is made to have left it: one the spec
 # change below rewrites, and one it leaves alone.
 OLD_STYLES = {
-    "changed line": ("return x * torch.sigmoid(beta * x)\n", "return x*torch.sigmoid(beta*x)\n"),
+    "changed line": ("return (beta * x).sigmoid_().mul_(x)\n", "return (beta*x).sigmoid_().mul_(x)\n"),
     "unchanged line": ("ctx.x_shape = x.shape\n", "ctx.x_shape=x.shape\n"),
 }
 

@@ -16,7 +16,10 @@ __all__ = ["SmoothL1", "SmoothL1Function", "smooth_l1"]
 
 
 def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape):
-    """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward)."""
+    """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward).
+
+    Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
+    except torch.func transforms, which run it through _out_of_place."""
     # Each gradient is grad_output times a partial derivative, summed over the dimensions
     # broadcasting added so that it has its input's shape.
     grad_input = grad_target = None
@@ -24,15 +27,22 @@ def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_sh
     tmp1 = beta > torch.abs(saved)
     tmp2 = torch.sign(saved)
     if needs_input_grad[0]:
-        grad_input = (grad_output * torch.where(tmp1, tmp0, tmp2)).sum_to_size(input_shape)
+        grad_input = torch.where(tmp1, tmp0, tmp2).mul_(grad_output).sum_to_size(input_shape)
     if needs_input_grad[1]:
-        grad_target = (grad_output * torch.where(tmp1, -tmp0, -tmp2)).sum_to_size(target_shape)
+        grad_target = torch.where(tmp1, tmp0.neg_(), tmp2.neg_()).mul_(grad_output).sum_to_size(target_shape)
     return grad_input, grad_target
 
 
 def _transforms_active() -> bool:
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     return bool(active and active())
+
+
+def _out_of_place(function):
+    """``function`` as torch.func transforms may run it: they differentiate and batch backward's code
+    themselves, which its in-place operations (on its own temporaries) would break;
+    torch.func.functionalize makes them out-of-place again."""
+    return torch.func.functionalize(function) if _transforms_active() else function
 
 
 def _differentiating_backward() -> bool:
@@ -62,7 +72,7 @@ class SmoothL1Function(torch.autograd.Function):
     def forward(input, target, beta):
         tmp0 = input - target
         tmp1 = torch.abs(tmp0)
-        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0
+        return torch.where(beta > tmp1, (tmp0**2).mul_(1 / (2 * beta)), -beta / 2 + tmp1), tmp0
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -95,7 +105,7 @@ class SmoothL1Function(torch.autograd.Function):
                     ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
                 )
             else:
-                grad_input, grad_target = _backward(
+                grad_input, grad_target = _out_of_place(_backward)(
                     ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
                 )
         if grad_saved is not None and ctx.needs_input_grad[0]:

@@ -15,23 +15,33 @@ __all__ = ["Swish", "SwishFunction", "swish"]
 
 
 def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
-    """The gradients' math: SwishFunction's backward (and _SwishBackward's forward)."""
+    """The gradients' math: SwishFunction's backward (and _SwishBackward's forward).
+
+    Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
+    except torch.func transforms, which run it through _out_of_place."""
     # Each gradient is grad_output times a partial derivative, summed over the dimensions
     # broadcasting added so that it has its input's shape.
     grad_x = grad_beta = None
     tmp0 = beta * x
-    tmp1 = grad_output * torch.sigmoid(tmp0)
-    tmp2 = tmp1 * torch.sigmoid(-tmp0)
+    tmp1 = torch.sigmoid(tmp0).mul_(grad_output)
+    tmp2 = (-tmp0).sigmoid_().mul_(tmp1)
     if needs_input_grad[0]:
-        grad_x = (tmp0 * tmp2 + tmp1).sum_to_size(x_shape)
+        grad_x = tmp0.mul_(tmp2).add_(tmp1).sum_to_size(x_shape)
     if needs_input_grad[1]:
-        grad_beta = (tmp2 * x**2).sum_to_size(beta_shape)
+        grad_beta = tmp2.mul_(x**2).sum_to_size(beta_shape)
     return grad_x, grad_beta
 
 
 def _transforms_active() -> bool:
     active = getattr(torch._C, "_are_functorch_transforms_active", None)
     return bool(active and active())
+
+
+def _out_of_place(function):
+    """``function`` as torch.func transforms may run it: they differentiate and batch backward's code
+    themselves, which its in-place operations (on its own temporaries) would break;
+    torch.func.functionalize makes them out-of-place again."""
+    return torch.func.functionalize(function) if _transforms_active() else function
 
 
 def _differentiating_backward() -> bool:
@@ -57,7 +67,7 @@ class SwishFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, beta):
-        return x * torch.sigmoid(beta * x)
+        return (beta * x).sigmoid_().mul_(x)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -79,7 +89,9 @@ class SwishFunction(torch.autograd.Function):
                 ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape
             )
         else:
-            grad_x, grad_beta = _backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
+            grad_x, grad_beta = _out_of_place(_backward)(
+                ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape
+            )
         return grad_x, grad_beta
 
     @staticmethod

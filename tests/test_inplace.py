@@ -1,0 +1,151 @@
+"""Stage 6b: the printed forward and backward overwrite their own temporaries, and nothing else."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from scaffold.inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
+
+from .conftest import import_generated, make_spec
+
+
+def _tensor(*deps: str) -> Kind:
+    return Kind(TENSOR, frozenset(deps))
+
+
+X, Y = _tensor("x"), _tensor("y")
+XY = _tensor("x", "y")
+
+
+def _rewrite(body: str, params: str, kinds: dict[str, Kind]) -> str:
+    source = f"def f({params}):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    result = reuse_temporaries(source, "f", kinds)
+    return textwrap.dedent(result.split("\n", 1)[1])
+
+
+def _run(code: str, params: str, **arguments):
+    namespace = {"torch": torch, "math": __import__("math")}
+    exec(f"def f({params}):\n" + textwrap.indent(code, "    "), namespace)
+    return namespace["f"](**arguments)
+
+
+def test_a_chain_allocates_once():
+    body = "return x * torch.sigmoid(2 * (0.5 * x**3 + x))\n"
+    assert _rewrite(body, "x", {"x": X}) == "return (x ** 3).mul_(0.5).add_(x).mul_(2).sigmoid_().mul_(x)\n"
+
+
+def test_a_temporary_is_overwritten_only_where_it_is_read_for_the_last_time():
+    body = """\
+        tmp0 = x * y
+        a = torch.exp(tmp0) + tmp0
+        b = torch.sin(tmp0) * 2
+        return a, b
+    """
+    out = _rewrite(body, "x, y", {"x": X, "y": Y})
+    assert "a = torch.exp(tmp0).add_(tmp0)" in out  # tmp0 is read again below: not overwritten here
+    assert "b = tmp0.sin_().mul_(2)" in out
+
+
+def test_a_temporary_read_twice_in_its_last_statement_is_kept():
+    body = """\
+        tmp0 = x * y
+        return torch.sin(tmp0) * tmp0
+    """
+    out = _rewrite(body, "x, y", {"x": X, "y": Y})
+    assert "tmp0.sin_()" not in out and "torch.sin(tmp0).mul_(tmp0)" in out
+
+
+def test_what_may_alias_a_temporary_keeps_it():
+    # sum_to_size returns the tensor itself where the sizes agree: grad_x would change with tmp0
+    body = """\
+        tmp0 = grad_output * x
+        grad_x = tmp0.sum_to_size(x_shape)
+        grad_y = (-tmp0).sum_to_size(y_shape)
+        return grad_x, grad_y
+    """
+    out = _rewrite(body, "grad_output, x, x_shape, y_shape", {"grad_output": XY, "x": X})
+    assert "tmp0.neg_()" not in out and "(-tmp0).sum_to_size" in out
+
+
+def test_a_name_assigned_twice_is_kept():
+    # the first value may be grad_output itself (a sum_to_size of it)
+    body = """\
+        grad_x = grad_output.sum_to_size(x_shape)
+        if other is not None:
+            grad_x = grad_x + (other * x).sum_to_size(x_shape)
+        return grad_x
+    """
+    out = _rewrite(body, "grad_output, other, x, x_shape", {"grad_output": XY, "other": XY, "x": X})
+    assert "add_" not in out
+
+
+def test_arguments_are_never_overwritten():
+    body = "return torch.exp(x) + torch.sigmoid(y) * x\n"
+    out = _rewrite(body, "x, y", {"x": XY, "y": XY})
+    assert out == "return torch.exp(x).add_(torch.sigmoid(y).mul_(x))\n"
+    x, y = torch.randn(5), torch.randn(5)
+    before = x.clone(), y.clone()
+    result = _run(out, "x, y", x=x, y=y)
+    torch.testing.assert_close(result, torch.exp(before[0]) + torch.sigmoid(before[1]) * before[0], rtol=0, atol=0)
+    assert torch.equal(x, before[0]) and torch.equal(y, before[1])
+
+
+def test_broadcasting_that_would_grow_the_receiver_stays_out_of_place():
+    body = "return torch.exp(x) * torch.exp(y)\n"
+    out = _rewrite(body, "x, y", {"x": X, "y": Y})
+    assert out == "return torch.exp(x) * torch.exp(y)\n"
+    # with x's shape a subset of y's, the product fits into exp(y)
+    out = _rewrite(body, "x, y", {"x": X, "y": XY})
+    assert out == "return torch.exp(y).mul_(torch.exp(x))\n"
+    result = _run(out, "x, y", x=torch.randn(3, 1), y=torch.randn(3, 4))
+    assert result.shape == (3, 4)
+
+
+def test_masks_and_numbers_are_never_receivers():
+    body = """\
+        tmp0 = x > 0
+        return (tmp0 * 2) + torch.where(tmp0, x, 0) * (1 - x)
+    """
+    out = _rewrite(body, "x", {"x": X})
+    assert "tmp0.mul_" not in out
+    # the mask times 2 is an integer tensor: a float result is not written into it
+    assert out.splitlines()[-1] == "return tmp0 * 2 + torch.where(tmp0, x, 0).mul_(1 - x)"
+
+
+def test_a_difference_is_not_turned_around():
+    body = "return 1 - torch.exp(x)\n"
+    assert _rewrite(body, "x", {"x": X}) == body  # exp(x).sub_(1) would be its negative
+
+
+def test_scalars_fit_any_receiver():
+    body = "return torch.exp(x) / eps - eps\n"
+    out = _rewrite(body, "x, eps", {"x": X, "eps": Kind(NUMBER)})
+    assert out == "return torch.exp(x).div_(eps).sub_(eps)\n"
+
+
+def test_a_mask_argument_is_no_receiver_but_may_be_an_operand():
+    body = "return torch.exp(x) * mask\n"
+    out = _rewrite(body, "x, mask", {"x": X, "mask": Kind(BOOL, frozenset({"x"}))})
+    assert out == "return torch.exp(x).mul_(mask)\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "forward", "tensors"),
+    [
+        ("inplace_swish", "x*sigmoid(beta*x)", {"x": {"shape": [3, 4]}, "beta": {"shape": [4]}}),
+        ("inplace_log_cosh", "log(cosh(input - target))", {"input": {"shape": [3, 4]}, "target": {"shape": [4]}}),
+    ],
+)
+def test_generated_ops_leave_their_inputs_and_gradients_alone(tmp_path, name, forward, tensors):
+    module = import_generated(tmp_path, make_spec(name, forward, tensors))
+    inputs = [torch.randn(t["shape"], dtype=torch.float64, requires_grad=True) for t in tensors.values()]
+    grad = torch.randn(3, 4, dtype=torch.float64)
+    before = [x.detach().clone() for x in inputs], grad.clone()
+    out = getattr(module, name)(*inputs)
+    grads = torch.autograd.grad(out, inputs, grad)
+    assert all(torch.equal(x, b) for x, b in zip(inputs, before[0])) and torch.equal(grad, before[1])
+    assert [g.shape for g in grads] == [x.shape for x in inputs]
+    assert "_out_of_place(_backward)" in (tmp_path / f"{name}.py").read_text()
