@@ -212,7 +212,11 @@ class _Rewriter:
             method = _BINARY[type(node.op)]
             if self.writable(left, node.left) and self.fits(node.left, node.right):
                 return _method(left, method, [right])
-            if isinstance(node.op, _COMMUTATIVE) and self.writable(right, node.right) and self.fits(node.right, node.left):
+            if (
+                isinstance(node.op, _COMMUTATIVE)
+                and self.writable(right, node.right)
+                and self.fits(node.right, node.left)
+            ):
                 return _method(right, method, [left])
             return ast.BinOp(left, node.op, right)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and self.kind(node).kind == TENSOR:
@@ -279,7 +283,11 @@ def reuse_temporaries(source: str, function: str, kinds: Mapping[str, Kind]) -> 
     for index, statement in enumerate(statements):
         if isinstance(statement, ast.If):
             rewriter.record(index, statement.test, True)
-        elif isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        elif (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
             rewriter.record(index, statement.value, False)
             name = statement.targets[0].id
             if name in names.assigned or name in kinds:

@@ -24,8 +24,8 @@ from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError
 from .formatting import format_source
-from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .functions import kink_classes, stable_classes
+from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec

@@ -211,7 +211,9 @@ def test_update_every_op_after_upgrading_scaffold(project, scaffold, monkeypatch
 
 def test_without_a_record_every_difference_is_a_conflict(project, scaffold):
     module = project / "src/demo_ops/ops/swish.py"
-    module.write_text(module.read_text().replace("(beta * x).sigmoid_().mul_(x)\n", "(x * beta).sigmoid_().mul_(x)\n", 1))
+    module.write_text(
+        module.read_text().replace("(beta * x).sigmoid_().mul_(x)\n", "(x * beta).sigmoid_().mul_(x)\n", 1)
+    )
     for stored in (project / ".scaffold/swish").iterdir():
         stored.unlink()
     ours = module.read_text()
