@@ -272,6 +272,13 @@ def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
     return found
 
 
+def _assigned_name(statement: ast.stmt) -> str | None:
+    """The name ``statement`` assigns, where it is ``name = expression``."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        return statement.targets[0].id
+    return None
+
+
 def reuse_temporaries(source: str, function: str, kinds: Mapping[str, Kind]) -> str:
     """``source`` (a module) with ``function`` (``"name"`` or ``"Class.method"``) rewritten to compute in
     place where it can; ``kinds``: what its parameters are (the others are treated as opaque)."""
@@ -283,13 +290,8 @@ def reuse_temporaries(source: str, function: str, kinds: Mapping[str, Kind]) -> 
     for index, statement in enumerate(statements):
         if isinstance(statement, ast.If):
             rewriter.record(index, statement.test, True)
-        elif (
-            isinstance(statement, ast.Assign)
-            and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name)
-        ):
+        elif (name := _assigned_name(statement)) is not None:
             rewriter.record(index, statement.value, False)
-            name = statement.targets[0].id
             if name in names.assigned or name in kinds:
                 # assigned again (grad_x = grad_x + part): which value a read sees depends on the path
                 # taken, and the first may alias an argument (a sum_to_size of grad_output itself)
@@ -314,11 +316,8 @@ def reuse_temporaries(source: str, function: str, kinds: Mapping[str, Kind]) -> 
     lines = source.splitlines(keepends=True)
     replacements = []
     for index, statement in enumerate(statements):
-        if not isinstance(statement, ast.Assign | ast.Return) or statement.value is None:
-            continue
-        if isinstance(statement, ast.Assign) and not (
-            len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)
-        ):
+        name = _assigned_name(statement)
+        if name is None and not (isinstance(statement, ast.Return) and statement.value is not None):
             continue
         rewriter.statement = index
         value = rewriter.rewrite(statement.value)
@@ -328,7 +327,7 @@ def reuse_temporaries(source: str, function: str, kinds: Mapping[str, Kind]) -> 
             code = ", ".join(ast.unparse(element) for element in value.elts)
         else:
             code = ast.unparse(value)
-        keyword = f"{statement.targets[0].id} =" if isinstance(statement, ast.Assign) else "return"
+        keyword = "return" if name is None else f"{name} ="
         text = f"{lines[statement.lineno - 1][: statement.col_offset]}{keyword} {code}\n"
         replacements.append((statement.lineno, statement.end_lineno, text))
     for start, end, text in reversed(replacements):
