@@ -34,13 +34,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import functions
+from .printing import PRINTED_FUNCTIONS, PRINTED_METHODS
 
 #: torch functions whose result is a fresh float tensor (given float tensor arguments): the registry's, and
 #: what the printer writes besides them.
-_FRESH_CALLS = frozenset(
-    {f.torch for f in functions.ENTRIES if f.torch}
-    | {f.kernel for f in functions.ENTRIES if f.kernel}
-    | {"torch.where", "torch.clamp", "torch.maximum", "torch.minimum", "torch.sign"}
+_FRESH_CALLS = (
+    frozenset({f.torch for f in functions.ENTRIES if f.torch} | {f.kernel for f in functions.ENTRIES if f.kernel})
+    | PRINTED_FUNCTIONS
 )
 #: torch functions of one tensor with an in-place method of that tensor (the other arguments unchanged).
 _METHODS = {
@@ -50,7 +50,7 @@ _METHODS = {
         "torch.sin", "torch.cos", "torch.tan", "torch.asin", "torch.acos", "torch.atan", "torch.sinh",
         "torch.cosh", "torch.tanh", "torch.asinh", "torch.acosh", "torch.atanh", "torch.erf", "torch.erfc",
         "torch.erfinv", "torch.lgamma", "torch.digamma", "torch.abs", "torch.sign", "torch.sigmoid",
-        "torch.clamp", "torch.logit", "torch.atan2", "torch.hypot",
+        "torch.clamp", "torch.logit", "torch.atan2", "torch.hypot", "torch.sqrt", "torch.rsqrt",
     )
 }  # fmt: skip
 #: torch.nn.functional activations that take ``inplace=True``.
@@ -146,9 +146,10 @@ class _Rewriter:
         name = _dotted(node.func)
         if name is not None and name.startswith("math."):
             return A_NUMBER
-        if name not in _FRESH_CALLS:
+        operands = _operands(node)
+        if operands is None:
             return OPAQUE
-        parts = [self.kind(a) for a in (*node.args, *(k.value for k in node.keywords))]
+        parts = [self.kind(a) for a in operands]
         if any(p.kind == OTHER for p in parts):
             return OPAQUE
         values = parts[1:] if name == "torch.where" else parts  # where's condition is a mask
@@ -162,7 +163,7 @@ class _Rewriter:
             return False
         if isinstance(node, ast.BinOp | ast.UnaryOp):
             return True
-        return isinstance(node, ast.Call) and _dotted(node.func) in _FRESH_CALLS
+        return isinstance(node, ast.Call) and _operands(node) is not None
 
     # -- first pass: reads and escapes ------------------------------------------------------------------
     def record(self, statement: int, node: ast.AST, consumed: bool) -> None:
@@ -175,13 +176,9 @@ class _Rewriter:
             if not consumed:
                 self.names.escaped.add(node.id)
             return
-        operands_consumed = isinstance(node, ast.BinOp | ast.UnaryOp | ast.Compare) or (
-            isinstance(node, ast.Call) and _dotted(node.func) in _FRESH_CALLS
-        )
-        if isinstance(node, ast.Call) and _dotted(node.func) in _FRESH_CALLS:
-            children = [*node.args, *(k.value for k in node.keywords)]
-        else:
-            children = list(ast.iter_child_nodes(node))
+        operands = _operands(node)
+        operands_consumed = operands is not None or isinstance(node, ast.BinOp | ast.UnaryOp | ast.Compare)
+        children = operands if operands is not None else list(ast.iter_child_nodes(node))
         for child in children:
             if isinstance(child, ast.expr):
                 self.record(statement, child, operands_consumed)
@@ -224,7 +221,7 @@ class _Rewriter:
             if self.writable(operand, node.operand):
                 return _method(operand, "neg_", [])
             return ast.UnaryOp(node.op, operand)
-        if isinstance(node, ast.Call) and _dotted(node.func) in _FRESH_CALLS and self.kind(node).kind == TENSOR:
+        if _operands(node) is not None and self.kind(node).kind == TENSOR:
             return self._rewrite_call(node)
         if isinstance(node, ast.Call | ast.Attribute | ast.BinOp | ast.UnaryOp | ast.Compare | ast.Tuple | ast.BoolOp):
             # other calls, tuples, conditions: their operands may still be rewritten inside
@@ -235,6 +232,12 @@ class _Rewriter:
         name = _dotted(node.func)
         args = [self.rewrite(a) for a in node.args]
         keywords = [ast.keyword(k.arg, self.rewrite(k.value)) for k in node.keywords]
+        if name not in _FRESH_CALLS:  # a method: tensor.clamp(min=0)
+            receiver = self.rewrite(node.func.value)
+            others = [*node.args, *(k.value for k in node.keywords)]
+            if self.writable(receiver, node.func.value) and all(self.fits(node.func.value, o) for o in others):
+                return _method(receiver, node.func.attr + "_", args, keywords)
+            return _method(receiver, node.func.attr, args, keywords)
         if node.args and self.writable(args[0], node.args[0]):
             others = [*node.args[1:], *(k.value for k in node.keywords)]
             if all(self.fits(node.args[0], o) for o in others):
@@ -243,6 +246,19 @@ class _Rewriter:
                 if name in _INPLACE_KEYWORD and not node.keywords:
                     return ast.Call(node.func, args, [ast.keyword("inplace", ast.Constant(True))])
         return ast.Call(node.func, args, keywords)
+
+
+def _operands(node: ast.AST) -> list[ast.expr] | None:
+    """What a call of an elementwise operation with a fresh result computes from (the tensor first, for a
+    method); None for anything else."""
+    if not isinstance(node, ast.Call):
+        return None
+    values = [*node.args, *(k.value for k in node.keywords)]
+    if _dotted(node.func) in _FRESH_CALLS:
+        return values
+    if isinstance(node.func, ast.Attribute) and node.func.attr in PRINTED_METHODS:
+        return [node.func.value, *values]
+    return None
 
 
 def _method(receiver: ast.expr, name: str, args: list[ast.expr], keywords: list[ast.keyword] | None = None) -> ast.Call:

@@ -34,6 +34,12 @@ from .lowering import guard_value, is_indicator, step_relational, within
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
+#: What the printer calls besides the registry's functions (:mod:`.functions`): elementwise, each result a new
+#: tensor, which stage 6b (:mod:`.inplace`) may overwrite. Torch functions, then tensor methods.
+PRINTED_FUNCTIONS = frozenset(
+    {"torch.where", "torch.clamp", "torch.sqrt", "torch.rsqrt", "torch.sign", "torch.maximum", "torch.minimum"}
+)
+PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
 #: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
 #: ``within``. Functions are printable where the registry (:mod:`.functions`) gives them a torch form.
 _STRUCTURE = (

@@ -149,3 +149,10 @@ def test_generated_ops_leave_their_inputs_and_gradients_alone(tmp_path, name, fo
     assert all(torch.equal(x, b) for x, b in zip(inputs, before[0])) and torch.equal(grad, before[1])
     assert [g.shape for g in grads] == [x.shape for x in inputs]
     assert "_out_of_place(_backward)" in (tmp_path / f"{name}.py").read_text()
+
+
+def test_the_printers_own_calls_and_methods_are_reused_too():
+    # torch.sqrt (a power), tensor.clamp (Heaviside's form), beside the registry's functions
+    body = "return torch.sqrt(x * x + 1) + torch.sign(x).clamp(min=0) + x.clamp(min=0)\n"
+    out = _rewrite(body, "x", {"x": X})
+    assert out == "return (x * x).add_(1).sqrt_().add_(torch.sign(x).clamp_(min=0)).add_(x.clamp(min=0))\n"
