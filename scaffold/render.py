@@ -975,19 +975,20 @@ def _support_description(d: InputDomain) -> str:
 
 def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
     """The module's text, its forward and backward computing in place where they can (stage 6b; not in
-    fused mode, where the compiler plans the memory)."""
+    fused mode, where the compiler plans the memory). Rendered with ``_out_of_place`` (torch.func runs an
+    in-place _backward functionalized) first, and again without it where _backward has nothing to reuse."""
     template = env.get_template(TEMPLATES["module"])
-    module = template.render(view=view)
     if view.fuse:
-        return module
-    forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
-    backward = reuse_temporaries(forward, "_backward", view.parameter_kinds)
-    if backward == forward:
-        return forward
-    # _backward changed: torch.func must run it functionalized (the template says how)
-    module = template.render(view=dataclasses.replace(view, backward_in_place=True))
-    forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
-    return reuse_temporaries(forward, "_backward", view.parameter_kinds)
+        return template.render(view=view)
+
+    def rendered(in_place: bool) -> tuple[str, str]:
+        """The text with its forward rewritten, and with its forward and _backward rewritten."""
+        module = template.render(view=dataclasses.replace(view, backward_in_place=in_place))
+        forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
+        return forward, reuse_temporaries(forward, "_backward", view.parameter_kinds)
+
+    forward, both = rendered(True)
+    return both if both != forward else rendered(False)[0]
 
 
 def render_op(
