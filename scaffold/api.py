@@ -12,14 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from .dataflow import ProgramPlan, plan_program
 from .derivation import Derivation, derive
-from .domain import InputDomain, infer_domains
+from .domain import InputDomain, infer_domains, infer_program_domains
 from .errors import ScaffoldWarning
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
 from .program import Program, build_program
-from .render import TESTING_MODULE, render_op
+from .render import TESTING_MODULE, render_op, render_program_op
+from .rules import ProgramDerivation, derive_program
 from .spec import OpSpec
 
 
@@ -30,8 +32,9 @@ class CompiledOp:
     spec: OpSpec
     parsed: ParsedExpression
     program: Program
-    derivation: Derivation
-    plan: BackwardPlan
+    # A structured program (reductions, products) has a ProgramDerivation and a ProgramPlan.
+    derivation: Derivation | ProgramDerivation
+    plan: BackwardPlan | ProgramPlan
     domains: tuple[InputDomain, ...]
 
 
@@ -39,6 +42,11 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     """Run the pipeline up to (not including) rendering."""
     parsed = parse_forward(spec)
     program = build_program(parsed, spec)
+    if program.structured:
+        where = f"{spec.source}: forward"
+        derivation = derive_program(program, where=where)
+        plan = plan_program(derivation, where=where)
+        return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, parsed))
     derivation = derive(program, where=f"{spec.source}: forward")
     domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)
     return CompiledOp(spec, parsed, program, derivation, make_plan(derivation, spec), domains)
@@ -86,9 +94,10 @@ def _generate(
     paths: Mapping[str, str | PurePath] | None,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
-    files = render_op(
+    render = render_program_op if op.program.structured else render_op
+    files = render(
         spec,
-        op.derivation,
+        op.parsed if op.program.structured else op.derivation,
         op.plan,
         op.domains,
         module_import=module_import,
@@ -97,4 +106,4 @@ def _generate(
         project_root=project_root,
         paths=paths,
     )
-    return files, op.derivation.warnings
+    return files, () if op.program.structured else op.derivation.warnings

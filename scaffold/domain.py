@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from . import stable
+from . import stable, structural
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .functions import Kink, by_class, kink_classes, mpmath_functions
@@ -169,6 +169,29 @@ def infer_domains(
     checked = [stabilize(e, tensors).xreplace(numbers) for e in parsed.exprs] + [p.xreplace(numbers) for p in partials]
     domains = _checked(spec, domains, checked, parsed.symbols)
     return tuple(_with_init(t, d) for t, d in zip(spec.tensors, domains))
+
+
+def infer_program_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, ...]:
+    """:func:`infer_domains` for a structured forward, from an elementwise stand-in of it: a reduction
+    stands for its operand (the sum of positive terms is positive: log(sum(x)) needs x > 0), softmax for a
+    sigmoid of it, log_softmax for a log-sigmoid, a product for the product of its operands and a
+    transpose for its operand. What the stand-in cannot see (a sum of terms of mixed sign under a log)
+    the spec declares with ``domain``."""
+    exprs = tuple(_elementwise_stand_in(e) for e in parsed.exprs)
+    return infer_domains(spec, dataclasses.replace(parsed, exprs=exprs))
+
+
+def _elementwise_stand_in(expr: sympy.Basic) -> sympy.Basic:
+    if isinstance(expr, structural.Structural):
+        operands = [_elementwise_stand_in(o) for o in expr.operand_exprs]
+        if isinstance(expr, structural.LogSoftmax):
+            return -sympy.log(1 + sympy.exp(-operands[0]))
+        if isinstance(expr, structural.Softmax):
+            return 1 / (1 + sympy.exp(-operands[0]))
+        return sympy.Mul(*operands)
+    if not expr.args or not expr.has(structural.Structural):
+        return expr
+    return expr.func(*[_elementwise_stand_in(a) for a in expr.args])
 
 
 def _with_init(tensor: TensorArg, domain: InputDomain) -> InputDomain:

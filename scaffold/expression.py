@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import functions
+from . import functions, structural
 from .errors import ExpressionError
 from .spec import OpSpec
 
@@ -38,7 +38,9 @@ MAX_POWER_DIGITS = 300
 MAX_SUBSTITUTED_NODES = 20000
 
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
-KNOWN_NAMES = frozenset(functions.spellings()) | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+KNOWN_NAMES = (
+    frozenset(functions.spellings()) | structural.SPELLINGS | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+)
 
 _COMPARISONS = {
     ast.Lt: sympy.StrictLessThan,
@@ -453,7 +455,7 @@ class _Builder:
             return CONSTANTS[name]
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
-        if functions.by_spelling(name) is not None or name == "Piecewise":
+        if functions.by_spelling(name) is not None or name == "Piecewise" or name in structural.SPELLINGS:
             raise self.fail(node, f"{name!r} is a function; call it, e.g. {name}(x)")
         declared = ", ".join(self.symbols) or "none"
         raise self.fail(
@@ -484,6 +486,8 @@ class _Builder:
         if isinstance(op, ast.BitXor):
             raise self.fail(node, "'^' is not a power here", hint="write powers with **, e.g. x**2")
         a, b = self._expr(left, node.left), self._expr(right, node.right)
+        if isinstance(op, ast.MatMult):
+            return structural.MatrixProduct(a, b)
         if isinstance(op, ast.Add):
             return a + b
         if isinstance(op, ast.Sub):
@@ -555,6 +559,8 @@ class _Builder:
                 hint="expressions are math only: no attributes, methods, imports or Python builtins",
             )
         name = node.func.id
+        if name in structural.SPELLINGS:
+            return self._structural(node, depth)
         if node.keywords:
             raise self.fail(node, f"{name}() takes no keyword arguments")
         if any(isinstance(a, ast.Starred) for a in node.args):
@@ -582,6 +588,69 @@ class _Builder:
         if function.name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
             raise self.fail(node, "polygamma(n, x) needs a literal integer order n between 0 and 16")
         return constructor(*args)
+
+    def _structural(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """A reduction, softmax or transpose: its operand, then its parameters, which are literals."""
+        name = node.func.id
+        usage = f"write it as {structural.example(name)}"
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise self.fail(node, "starred arguments are not allowed")
+        if name == "transpose":
+            if len(node.args) != 3 or node.keywords:
+                raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
+            d0, d1 = (self._integer(a, name, usage) for a in node.args[1:])
+            return structural.Transposed(self._expr(self.build(node.args[0], depth), node.args[0]), d0, d1)
+        if len(node.args) != 1:
+            what = "the dimension" if name in structural.SOFTMAXES else "dim and keepdim"
+            raise self.fail(
+                node,
+                f"{name}() takes one expression and {what} as keywords (got {len(node.args)} positional arguments)",
+                hint=usage,
+            )
+        allowed = {"dim"} if name in structural.SOFTMAXES else {"dim", "keepdim"}
+        keywords = {}
+        for keyword in node.keywords:
+            if keyword.arg not in allowed or keyword.arg in keywords:
+                problem = "twice" if keyword.arg in keywords else "an unknown keyword"
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
+            keywords[keyword.arg] = keyword.value
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        if name in structural.SOFTMAXES:
+            if "dim" not in keywords:
+                raise self.fail(node, f"{name}() needs the dimension it normalizes along", hint=usage)
+            return structural.SOFTMAXES[name](operand, self._integer(keywords["dim"], name, usage))
+        dims: tuple[int, ...] = ()
+        if "dim" in keywords:
+            value = keywords["dim"]
+            if isinstance(value, ast.Tuple):
+                if not value.elts:
+                    raise self.fail(
+                        node,
+                        f"{name}() got dim=(), which names no dimension",
+                        hint="omit dim to reduce over all of them",
+                    )
+                dims = tuple(self._integer(e, name, usage) for e in value.elts)
+            else:
+                dims = (self._integer(value, name, usage),)
+        keepdim = False
+        if "keepdim" in keywords:
+            flag = keywords["keepdim"]
+            if not (isinstance(flag, ast.Constant) and isinstance(flag.value, bool)):
+                raise self.fail(node, f"{name}() takes keepdim=True or keepdim=False", hint=usage)
+            keepdim = flag.value
+        reduction = structural.REDUCTIONS[name]
+        return reduction(operand, sympy.Tuple(*map(sympy.Integer, dims)), sympy.true if keepdim else sympy.false)
+
+    def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
+        """A literal dimension: an int, or minus one."""
+        sign = 1
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            sign, node = -1, node.operand
+        if not (isinstance(node, ast.Constant) and type(node.value) is int):
+            raise self.fail(node, f"{name}() takes dimensions as literal integers, such as -1", hint=usage)
+        if abs(node.value) > 64:
+            raise self.fail(node, f"the dimension {sign * node.value} is out of range")
+        return sympy.Integer(sign * node.value)
 
     def _piecewise(self, node: ast.Call, depth: int) -> sympy.Basic:
         pairs = []

@@ -31,6 +31,7 @@ from sympy.printing.str import StrPrinter
 from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
+from .structural import REDUCTIONS, LogSoftmax, LogSumExp, Reduction, Softmax, Structural, Transposed
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -45,7 +46,7 @@ PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
 _STRUCTURE = (
     sympy.Symbol, sympy.Number, sympy.NumberSymbol, sympy.Add, sympy.Mul, sympy.Pow, sympy.Piecewise,
     sympy.core.relational.Relational, sympy.And, sympy.Or, sympy.Not, sympy.ITE, sympy.logic.boolalg.BooleanAtom,
-    sympy.functions.elementary.piecewise.ExprCondPair, within,
+    sympy.functions.elementary.piecewise.ExprCondPair, within, Structural, sympy.Tuple,
 )  # fmt: skip
 _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, sympy.core.numbers.NegativeInfinity,
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
@@ -461,9 +462,40 @@ class TorchPrinter(StrPrinter):
             value = guard_value(value, region, self.is_tensor)
         return self._print(value)
 
+    # -- reductions, softmax, products (the forward as written, in the generated test's reference) ------
+
+    def _print_Reduction(self, expr: Reduction) -> str:
+        operand = self.parenthesize(expr.args[0], PRECEDENCE["Atom"])
+        dims, keep = expr.dims, ", keepdim=True" if expr.keepdim else ""
+        dim = (str(dims[0]) if len(dims) == 1 else str(dims)) if dims else None
+        if isinstance(expr, LogSumExp):
+            return f"torch.logsumexp({self._print(expr.args[0])}, dim={dim or f'tuple(range({operand}.dim()))'}{keep})"
+        method = type(expr).spelling
+        if dim is None and not keep:
+            return f"{operand}.{method}()"
+        if dim is None:  # every dimension, kept: amax and amin spell it dim=()
+            dim = "()" if method in ("amax", "amin") else "None"
+        return f"{operand}.{method}(dim={dim}{keep})"
+
+    def _print_Softmax(self, expr: Softmax) -> str:
+        function = "torch.log_softmax" if isinstance(expr, LogSoftmax) else "torch.softmax"
+        return f"{function}({self._print(expr.args[0])}, dim={expr.dim})"
+
+    def _print_MatrixProduct(self, expr: Structural) -> str:
+        a, b = (self.parenthesize(e, PRECEDENCE["Mul"] + 1) for e in expr.args)
+        return f"({a} @ {b})"
+
+    def _print_Transposed(self, expr: Transposed) -> str:
+        return f"{self.parenthesize(expr.args[0], PRECEDENCE['Atom'])}.transpose({expr.dims[0]}, {expr.dims[1]})"
+
     def _print_within(self, expr: within) -> str:
         value, condition, inside = expr.args
         return f"torch.where({self._print(condition)}, {self._print(value)}, {self._print(inside)})"
+
+
+for _class in REDUCTIONS.values():
+    setattr(TorchPrinter, f"_print_{_class.__name__}", TorchPrinter._print_Reduction)
+TorchPrinter._print_LogSoftmax = TorchPrinter._print_Softmax
 
 
 def print_torch(

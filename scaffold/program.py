@@ -2,11 +2,16 @@
 
 The op's arguments are its first values (tensors with the spec's example shapes, scalars); each step of
 the forward is a value computed from earlier ones by a node; the outputs are the values the op returns,
-in order. Every node today is elementwise: a sympy formula over the values it reads, its shape theirs
-broadcast together. Reductions and matrix products will be nodes of other kinds, each with its own
-derivative rule (as PyTorch's derivatives.yaml gives one per op); the elementwise kind's rule is the
-symbolic partial derivative (:mod:`.derivation`), taken of each output with the steps before it
-substituted, so that sympy simplifies across steps.
+in order. An elementwise node is a sympy formula over the values it reads, its shape theirs broadcast
+together; its derivative is the symbolic partial derivative (:mod:`.derivation`). A forward of elementwise
+steps only is differentiated as a whole, each output with the steps before it substituted, so that sympy
+simplifies across steps.
+
+A forward that reduces, normalizes, multiplies matrices or transposes (:mod:`.structural`) is *structured*:
+each such operation is lifted out into a node of its own kind, whose derivative is its rule
+(:mod:`.rules`, as PyTorch's derivatives.yaml gives one per op), and the elementwise math between them
+into elementwise nodes (the operand of a reduction, the formula of an output). Every node's shape is
+known from the spec's example shapes; shapes that do not fit together are refused here, naming the line.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import structural
 from .errors import ExpressionError
 from .expression import ParsedExpression
 from .spec import OpSpec
+from .structural import Structural
 
 #: Kinds of value: an argument of the op, or the kind of node that computes it.
 TENSOR = "tensor"
@@ -49,6 +56,7 @@ class Output:
     name: str
     expr: sympy.Expr
     shape: tuple[int, ...]
+    value: str = ""  # in a structured program, the node that computes it
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,14 @@ class Program:
     def several_outputs(self) -> bool:
         return len(self.outputs) > 1
 
+    @property
+    def structured(self) -> bool:
+        """Whether some node is not elementwise (a reduction, softmax, product or transpose)."""
+        return any(v.kind not in (TENSOR, SCALAR, ELEMENTWISE) for v in self.values)
+
+    def consumers(self, name: str) -> tuple[Value, ...]:
+        return tuple(v for v in self.values if name in v.reads)
+
 
 def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The shape ``shapes`` broadcast to (the spec checks that its example shapes broadcast)."""
@@ -94,6 +110,8 @@ def build_program(parsed: ParsedExpression, spec: OpSpec) -> Program:
     """The program of ``parsed``: the spec's arguments, the forward's steps and its outputs, with shapes."""
     values: list[Value] = [Value(t.name, TENSOR, tuple(t.shape)) for t in spec.tensors]
     values += [Value(s.name, SCALAR, ()) for s in spec.scalars]
+    if any(structural.has_structural(e) for e in parsed.exprs):
+        return _Lifter(parsed, spec, values).program()
     shapes = {v.name: v.shape for v in values}
     for step in parsed.steps:
         node = Value(step.name, ELEMENTWISE, (), step.expr, step.line)
@@ -113,3 +131,138 @@ def build_program(parsed: ParsedExpression, spec: OpSpec) -> Program:
             hint="return each value once; the caller can use it twice",
         )
     return Program(parsed, tuple(values), tuple(outputs))
+
+
+class _Lifter:
+    """Builds a structured program: each structural call of the outputs' formulas becomes a node (one per
+    distinct call), its operands elementwise nodes where they are not values already, and each output an
+    elementwise node where it is not one of those."""
+
+    def __init__(self, parsed: ParsedExpression, spec: OpSpec, arguments: list[Value]) -> None:
+        self.parsed, self.spec = parsed, spec
+        self.values = list(arguments)
+        self.shapes = {v.name: v.shape for v in arguments}
+        self.by_expr: dict[sympy.Basic, sympy.Symbol] = {}  # a node's formula -> its value
+        self.written: dict[str, sympy.Basic] = {n: s for n, s in parsed.symbols.items()}  # value -> as written
+        self.taken = {*parsed.symbols, *(s.name for s in parsed.steps), *parsed.output_names}
+        self.where = f"{spec.source}: forward"
+        self.tensors = {parsed.symbols[n] for n in parsed.tensor_names}
+
+    def program(self) -> Program:
+        outputs = []
+        for name, written in zip(self.parsed.output_names, self.parsed.exprs):
+            expr = structural.stable_forms(written)  # log(sum(exp(x))) -> logsumexp(x)
+            if isinstance(expr, Structural):
+                symbol = self.node(expr.with_operands(*map(self.operand, expr.operand_exprs)), name or "out", expr)
+            else:
+                lifted = self.lift(expr)
+                fresh = lifted.is_Symbol and lifted.name not in self.parsed.symbols
+                symbol = lifted if fresh else self.node(lifted, name or "out", expr)
+            outputs.append(Output(name, written, self.shapes[symbol.name], symbol.name))
+        if len({o.value for o in outputs}) < len(outputs):
+            twins = [o.name for o in outputs if sum(p.value == o.value for p in outputs) > 1]
+            raise ExpressionError(
+                f"outputs {', '.join(map(repr, twins))} are the same value",
+                where=f"{self.spec.source}: outputs",
+                hint="return each value once; the caller can use it twice",
+            )
+        return Program(self.parsed, tuple(self.values), tuple(outputs))
+
+    def lift(self, expr: sympy.Basic) -> sympy.Basic:
+        """``expr`` with each structural call replaced by its node's value."""
+        if isinstance(expr, Structural):
+            return self.node(expr.with_operands(*map(self.operand, expr.operand_exprs)), None, expr)
+        if not expr.args or not expr.has(Structural):
+            return expr
+        return expr.func(*[self.lift(a) for a in expr.args])
+
+    def operand(self, written: sympy.Basic) -> sympy.Symbol:
+        """The value an operand of a structural call is: a value already, or a new elementwise node."""
+        lifted = self.lift(written)
+        return lifted if lifted.is_Symbol else self.node(lifted, None, written)
+
+    def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic) -> sympy.Symbol:
+        """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
+        is the formula over the arguments, for messages and for naming it after the step that assigns it."""
+        if formula in self.by_expr:
+            return self.by_expr[formula]
+        line = self.line_of(written)
+        reads = sorted(formula.free_symbols, key=lambda s: s.name)
+        if not reads or not any(r in self.tensors or r.name not in self.parsed.symbols for r in reads):
+            raise ExpressionError(
+                f"{structural.spelled(written)} does not depend on any tensor",
+                where=self.at(line),
+                hint="reduce, normalize or multiply expressions of the tensor arguments",
+            )
+        name = self.step_name(written) or name or self.fresh()
+        self.taken.add(name)
+        kind = formula.kind if isinstance(formula, Structural) else ELEMENTWISE
+        shape = self.shape(formula, written, line)
+        symbol = sympy.Symbol(name, real=True)
+        self.values.append(Value(name, kind, shape, formula, line))
+        self.shapes[name] = shape
+        self.by_expr[formula] = symbol
+        self.written[name] = written
+        return symbol
+
+    def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
+        if isinstance(formula, Structural):
+            operands = [str(o) for o in formula.operand_exprs]
+            described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
+            try:
+                return structural.result_shape(formula, tuple(self.shapes[o] for o in operands), described)
+            except structural.ShapeError as exc:
+                raise ExpressionError(str(exc), where=self.at(line), hint=_SHAPE_HINT[formula.kind]) from None
+        shapes = {s.name: self.shapes[s.name] for s in formula.free_symbols}
+        try:
+            return _broadcast_checked(list(shapes.values()))
+        except ValueError:
+            listed = ", ".join(f"{structural.spelled(self.written[n])} {list(s)}" for n, s in sorted(shapes.items()))
+            raise ExpressionError(
+                f"the shapes of {structural.spelled(written)} do not broadcast together: {listed}",
+                where=self.at(line),
+                hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
+            ) from None
+
+    def line_of(self, written: sympy.Basic) -> int:
+        """The first line of the forward whose value contains ``written`` (0: a forward of one line)."""
+        for step in self.parsed.steps:
+            if step.value.has(written):
+                return step.line
+        return len(self.parsed.steps) + 1 if self.parsed.steps else 0
+
+    def step_name(self, written: sympy.Basic) -> str | None:
+        """The name of the step whose value is ``written``, unless a node has it already."""
+        for step in self.parsed.steps:
+            if step.value == written and step.name not in self.shapes:
+                return step.name
+        return None
+
+    def fresh(self) -> str:
+        k = 0
+        while f"tmp{k}" in self.taken:
+            k += 1
+        return f"tmp{k}"
+
+    def at(self, line: int) -> str:
+        return f"{self.where}, line {line}" if line else self.where
+
+
+_SHAPE_HINT = {
+    structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",
+    structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
+    structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
+    structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
+    "transpose(b, -1, -2) swaps b's last two",
+}
+
+
+def _broadcast_checked(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shapes broadcast together, or ValueError."""
+    result = broadcast(shapes)
+    rank = len(result)
+    for shape in shapes:
+        padded = (1,) * (rank - len(shape)) + tuple(shape)
+        if any(n not in (1, m) for n, m in zip(padded, result)):
+            raise ValueError(shape)
+    return result

@@ -20,18 +20,19 @@ import jinja2
 import sympy
 
 from ._version import __version__
+from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
-from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step
+from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
 from .spec import OpSpec
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
-TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2"}
+TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2", "program": "program_op.py.j2"}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
 TESTING_MODULE = "scaffold.testing"
 
@@ -782,6 +783,7 @@ class TestView:
     gradients: list[tuple[str, str]]  # custom gradients: tensor name, its formula in plain torch
     upstream: list[str]  # the parameters of a custom gradient's formula for each output's upstream gradient
     outputs: list[str]  # the outputs' names, where there are several
+    structured: bool = False  # reductions or products: scaffold.testing.ProgramTests
 
 
 def test_view(
@@ -800,25 +802,9 @@ def test_view(
     upstream = [g.name for g in derivation.parsed.grads]
     code.tensors |= set(upstream)
     gradients = [(name, code(expr)) for name, expr in plan.custom_gradients]
-    by_name = {d.name: d for d in domains}
     shapes = small_shapes(spec)
-    module_shapes = _module_shapes(spec, shapes)
-    typical = _typical_values(domains)
-    inputs = []
-    for t, shape, module_shape in zip(spec.tensors, shapes, module_shapes):
-        d = by_name[t.name]
-        arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
-        if typical[t.name] != 1.0:
-            arguments.append(f"typical={typical[t.name]!r}")
-        for field, values in (("avoid", d.avoid), ("extremes", _extremes(d)), ("special", d.special)):
-            if values:
-                arguments.append(f"{field}={_shape(values)}")
-        if t.learnable:
-            arguments.append("learnable=True")
-        if module_shape != shape:
-            arguments.append(f"module_shape={_shape(module_shape)}")
-        comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
-        inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
+    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes))
+    by_name = {d.name: d for d in domains}
     return TestView(
         version=__version__,
         source=spec.source,
@@ -838,6 +824,33 @@ def test_view(
         upstream=upstream,
         outputs=list(spec.outputs) if len(plan.outputs) > 1 else [],
     )
+
+
+def _input_views(
+    spec: OpSpec,
+    domains: tuple[InputDomain, ...],
+    shapes: list[tuple[int, ...]],
+    module_shapes: list[tuple[int, ...]],
+) -> list[InputView]:
+    """Each tensor's ``Input(...)`` in the test file, and a comment on where its values come from."""
+    by_name = {d.name: d for d in domains}
+    typical = _typical_values(domains)
+    inputs = []
+    for t, shape, module_shape in zip(spec.tensors, shapes, module_shapes):
+        d = by_name[t.name]
+        arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
+        if typical[t.name] != 1.0:
+            arguments.append(f"typical={typical[t.name]!r}")
+        for field, values in (("avoid", d.avoid), ("extremes", _extremes(d)), ("special", d.special)):
+            if values:
+                arguments.append(f"{field}={_shape(values)}")
+        if t.learnable:
+            arguments.append("learnable=True")
+        if module_shape != shape:
+            arguments.append(f"module_shape={_shape(module_shape)}")
+        comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
+        inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
+    return inputs
 
 
 #: Width of generated comment lines, before their indentation.
@@ -1026,7 +1039,19 @@ def render_op(
         own_device_fixture=not shared_device_fixture,
     )
     test = env.get_template(TEMPLATES["test"]).render(view=tests)
-    files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
+    return _finished(
+        spec, {f"{spec.name}.py": module, f"test_{spec.name}.py": test}, module_import, project_root, paths
+    )
+
+
+def _finished(
+    spec: OpSpec,
+    files: dict[str, str],
+    module_import: str | None,
+    project_root: str | Path | None,
+    paths: Mapping[str, str | PurePath] | None,
+) -> dict[str, str]:
+    """The rendered files, checked to parse and formatted (ruff) as the project at ``project_root`` would."""
     for path, text in files.items():
         try:
             ast.parse(text, filename=path)
@@ -1038,3 +1063,220 @@ def render_op(
     where = {path: (paths or {}).get(path, path) for path in files}
     modules = {module_import or spec.name: where[f"{spec.name}.py"]}
     return {path: format_source(text, where[path], root=project_root, modules=modules) for path, text in files.items()}
+
+
+# -- structured programs (reductions, softmax, products): templates/program_op.py.j2 ---------------------
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """What ``templates/program_op.py.j2`` lays out: a structured op's code, from :mod:`.dataflow`."""
+
+    version: str
+    source: str
+    name: str
+    camel: str
+    doc: str
+    forward_doc: list[str]  # the forward as written, a line per step
+    rules_doc: list[str]
+    partials_doc: list[tuple[str, str]]
+    imports: list[str]
+    arguments: list[str]
+    tensor_names: list[str]
+    scalar_names: list[str]
+    functional_params: list[str]
+    returns_type: str
+    apply_suffix: str
+    forward_lines: list[str]
+    returns: list[str]
+    unpack: list[str]
+    output_unpack: list[str]
+    optional_grads: bool
+    masks: list[str]
+    saved: list[str]
+    saved_comment: list[str]
+    ctx_scalars: list[str]
+    shapes: list[str]
+    zero_outputs: list[str]  # outputs whose gradient may be None (filled with zeros)
+    upstream: list[str]
+    zero_fills: list[tuple[str, str]]
+    backward_scalars: list[str]
+    grads: list[str]
+    backward_blocks: list[Block]
+    returns_backward: list[str]
+    jvp_params: list[str]
+    jvp_scalars: list[str]
+    jvp_lines: list[str]
+    jvp_returns: list[str]
+    module_init_params: list[str]
+    learnables: list[Learnable]
+    module_forward_params: list[str]
+    module_call_args: list[str]
+    extra_repr: str
+
+
+def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...]) -> ProgramView:
+    tensor_names = [t.name for t in spec.tensors]
+    scalar_names = [s.name for s in spec.scalars]
+    arguments = tensor_names + scalar_names
+    scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
+    by_name = {d.name: d for d in domains}
+    optional = bool(plan.hidden) or len(plan.visible) > 1
+    written = parsed.written or " ".join(spec.forward.split())
+    forward_doc = [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps] + [
+        _docstring_text(f"{spec.name}({', '.join(arguments)}) = {parsed.output_text or written}")
+    ]
+    if not parsed.steps:
+        forward_doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
+    ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
+    visible = len(plan.visible)
+    return ProgramView(
+        version=__version__,
+        source=spec.source,
+        name=spec.name,
+        camel=spec.camel,
+        doc=_docstring_text(spec.doc.strip()),
+        forward_doc=forward_doc,
+        rules_doc=[_docstring_text(r) for r in plan.rule_docs],
+        partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
+        imports=list(plan.imports),
+        arguments=arguments,
+        tensor_names=tensor_names,
+        scalar_names=scalar_names,
+        functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
+        returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]" if visible > 1 else "torch.Tensor",
+        apply_suffix=("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else "",
+        forward_lines=list(plan.forward),
+        returns=list(plan.returns),
+        unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
+        output_unpack=[
+            n if n in plan.masks or n in plan.saved or (optional and n in plan.visible) else "_" for n in plan.returns
+        ],
+        optional_grads=optional,
+        masks=list(plan.masks),
+        saved=list(plan.saved),
+        saved_comment=["Saved for backward:", *(f"  {n}" for n in plan.saved_notes)],
+        ctx_scalars=ctx_scalars,
+        shapes=list(plan.shapes),
+        zero_outputs=list(plan.visible) if optional else [],
+        upstream=list(plan.upstream) + (["*_"] if plan.masks else []),
+        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional else [],
+        backward_scalars=list(plan.backward_scalars),
+        grads=[f"grad_{n}" for n in tensor_names],
+        backward_blocks=_program_blocks(plan, tensor_names),
+        returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
+        jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
+        jvp_scalars=list(plan.jvp_scalars),
+        jvp_lines=list(plan.jvp),
+        jvp_returns=list(plan.jvp_returns),
+        module_init_params=scalar_params,
+        learnables=[Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable],
+        module_forward_params=[f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable],
+        module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
+        + [f"self.{n}" for n in scalar_names],
+        extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+    )
+
+
+def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
+    """backward's statements, consecutive ones under the same guard in one block."""
+    everything = frozenset(range(len(tensor_names)))
+    blocks: list[Block] = []
+    last = None
+    for line in plan.backward:
+        guard = (
+            None
+            if not line.guard or line.guard == everything
+            else " or ".join(f"ctx.needs_input_grad[{i}]" for i in sorted(line.guard))
+        )
+        text = "    " * line.indent + line.text
+        if blocks and guard == last:
+            blocks[-1].lines.append(text)
+        else:
+            blocks.append(Block(guard, [text]))
+            last = guard
+    return blocks
+
+
+def render_program_op(
+    spec: OpSpec,
+    parsed,
+    plan: ProgramPlan,
+    domains: tuple[InputDomain, ...],
+    *,
+    module_import: str | None = None,
+    shared_device_fixture: bool = False,
+    testing_module: str = TESTING_MODULE,
+    project_root: str | Path | None = None,
+    paths: Mapping[str, str | PurePath] | None = None,
+) -> dict[str, str]:
+    """:func:`render_op` for a structured program."""
+    env = environment()
+    module = env.get_template(TEMPLATES["program"]).render(view=program_module_view(spec, parsed, plan, domains))
+    tests = _program_test_view(
+        spec,
+        parsed,
+        plan,
+        domains,
+        module_import=module_import or spec.name,
+        testing_module=testing_module,
+        own_device_fixture=not shared_device_fixture,
+    )
+    test = env.get_template(TEMPLATES["test"]).render(view=tests)
+    return _finished(
+        spec, {f"{spec.name}.py": module, f"test_{spec.name}.py": test}, module_import, project_root, paths
+    )
+
+
+def _program_test_view(
+    spec: OpSpec,
+    parsed,
+    plan: ProgramPlan,
+    domains: tuple[InputDomain, ...],
+    *,
+    module_import: str,
+    testing_module: str,
+    own_device_fixture: bool,
+) -> TestView:
+    code = _CodePrinter(spec)
+    names = {*parsed.symbols, *(s.name for s in parsed.steps), OUTPUT}
+    steps, exprs = straight_line(list(parsed.exprs), names)
+    reference_lines = code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
+    shapes = program_small_shapes(spec)
+    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes))
+    return TestView(
+        version=__version__,
+        source=spec.source,
+        name=spec.name,
+        camel=spec.camel,
+        module_import=module_import,
+        testing_module=testing_module,
+        own_device_fixture=own_device_fixture,
+        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        imports_torch=True,
+        reference_params=[a.name for a in spec.arguments],
+        reference_lines=reference_lines,
+        inputs=inputs,
+        scalars=[(s.name, s.default) for s in spec.scalars],
+        special=False,
+        gradients=[],
+        upstream=[],
+        outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
+        structured=True,
+    )
+
+
+#: Sizes the tests of a structured op give the example's distinct sizes above 1, in order of size: distinct
+#: (a transposed or wrongly reduced dimension shows) and small (gradcheck builds a Jacobian).
+PROGRAM_SIZES = (2, 3, 4, 5, 6, 7)
+
+
+def program_small_shapes(spec: OpSpec) -> list[tuple[int, ...]]:
+    """Small shapes for a structured op's tests: each distinct example size above 1 mapped to its own
+    small size, so that equal dimensions (a product's inner ones) stay equal and different ones differ."""
+    sizes = sorted({n for t in spec.tensors for n in t.shape if n > 1})
+    small = {
+        n: PROGRAM_SIZES[min(i, len(PROGRAM_SIZES) - 1)] + max(0, i - len(PROGRAM_SIZES) + 1)
+        for i, n in enumerate(sizes)
+    }
+    return [tuple(small.get(n, 1) for n in t.shape) for t in spec.tensors]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import structural
 from .errors import SpecError, error_context
 from .tomlwriter import dumps
 
@@ -245,7 +246,8 @@ class OpSpec:
             if arg.name in seen:
                 raise SpecError(f"argument {arg.name!r} is declared twice", where=arg_where)
             seen.add(arg.name)
-        _check_broadcasting(self.tensors, where)
+        if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
+            _check_broadcasting(self.tensors, where)
         tensor_names = {t.name for t in self.tensors}
         given: set[str] = set()
         for name, text in self.gradients:
@@ -290,9 +292,18 @@ class OpSpec:
         return camel_case(self.name)
 
     @property
+    def structured(self) -> bool:
+        """Whether the forward uses reductions, softmax, ``@`` or transpose (:mod:`.structural`): a look at
+        its words, before it is parsed."""
+        return "@" in self.forward or bool(_STRUCTURAL_CALL.search(self.forward))
+
+    @property
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
         """All arguments in call order: tensors, then scalars."""
         return self.tensors + self.scalars
+
+
+_STRUCTURAL_CALL = re.compile(r"\b(" + "|".join(sorted(structural.SPELLINGS)) + r")\s*\(")
 
 
 def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:

@@ -684,6 +684,85 @@ class OpTests:
         return {name: column[row].item() for name, column in zip(self._names, columns)}
 
 
+@dataclass(frozen=True)
+class ProgramTests(OpTests):
+    """The checks of an op that reduces, normalizes or multiplies matrices (a structured program). Its
+    inputs have shapes of their own (not broadcast together), and its values at extreme inputs are checked
+    against the reference as a whole (:meth:`check_large_inputs`) instead of element by element."""
+
+    @_quietly
+    def check_gradcheck(self, device: str) -> None:
+        """Backward against finite differences, in float64, for the outputs and the hidden outputs (an
+        intermediate forward returns for backward: its gradient arrives in a second derivative); not for
+        the bool masks forward returns, which have no gradient."""
+        assert gradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
+
+    @_quietly
+    def check_gradgradcheck(self, device: str) -> None:
+        """Double backward against finite differences of backward, at the inputs' own shapes."""
+        assert gradgradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
+
+    def make_inputs(
+        self,
+        device: str,
+        dtype: torch.dtype = torch.float64,
+        requires_grad: bool = True,
+        seed: int = 0,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> list[torch.Tensor]:
+        """:meth:`OpTests.make_inputs`, drawn again (another seed, up to 8 times) where some input's
+        gradient would be zero everywhere: with few elements, every unit of a relu layer can be off, and a
+        test of a zero gradient proves nothing about backward."""
+        first = None
+        for attempt in range(8):
+            inputs = super().make_inputs(device, dtype, requires_grad, seed + 7919 * attempt, shapes)
+            first = first or inputs
+            probe = [x.detach().double().requires_grad_() for x in inputs]
+            outs = self._outputs(self.reference(*probe, *self._scalars))
+            weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
+            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
+            grads = _reference_grads(outs, probe, upstream)
+            if all(bool((g != 0).any()) for g in grads):
+                return inputs
+        return first
+
+    def _float_outputs(self, *args: object) -> tuple[torch.Tensor, ...]:
+        return tuple(o for o in _as_tuple(self.function.apply(*args)) if o.is_floating_point())
+
+    @_quietly
+    def check_large_inputs(self, device: str) -> None:
+        """float64 with every element drawn from its input's extremes (large and tiny values inside its
+        support): the op's value and gradients are finite and match the reference's wherever the
+        reference's are finite. Where the forward as written overflows (a textbook logsumexp at 1000) the
+        reference is not compared, and the op may do better; it may not produce a nan where the reference
+        is finite."""
+        generator = torch.Generator().manual_seed(3)
+        inputs = []
+        for i in self.inputs:
+            values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
+            picks = torch.randint(len(values), i.shape, generator=generator)
+            inputs.append(values[picks].to(device).requires_grad_())
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        expected = self._outputs(self.reference(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected_grads = _reference_grads(_total(expected), inputs)
+        pairs = zip([*self._value_names, *self._names], [*outs, *grads], [*expected, *expected_grads])
+        for what, value, reference in pairs:
+            value, reference = value.detach(), reference.detach()
+            finite = torch.isfinite(reference)
+            if not finite.any():
+                continue
+            scale = float(reference[finite].abs().max())
+            assert torch.isfinite(value[finite]).all(), f"{what} at extreme inputs is not finite where the reference is"
+            torch.testing.assert_close(
+                value[finite],
+                reference[finite],
+                rtol=1e-5,
+                atol=1e-9 * max(scale, 1.0),
+                msg=lambda m, w=what: f"{w} at extreme inputs: {m}",
+            )
+
+
 def _reference_grads(outs, inputs: Sequence[torch.Tensor], upstream=None, **kwargs) -> list:
     """Autograd's gradients of the reference's outputs ``outs`` (a tensor or a sequence) for their ``upstream``
     gradients: 0 for an input it uses only in a comparison (x > t), where autograd has none."""

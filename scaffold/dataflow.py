@@ -1,0 +1,487 @@
+"""Stage 5c: plan and write the forward, backward and jvp of a structured program.
+
+Backward walks the nodes in reverse (reverse-mode differentiation, as autograd does, but planned once
+here): each node's gradient is the sum of what its consumers pass it, and its rule (:mod:`.rules`) passes
+gradients on to what it reads. A node whose gradient no tensor argument needs under ``needs_input_grad``
+is skipped at run time (a whole matrix product nobody needs is never computed).
+
+What backward reads decides what is kept from forward, as a careful hand-written Function would:
+
+* tensor arguments and outputs are saved as they are (they exist anyway);
+* a condition of a derivative on an intermediate (relu(x @ w + b)'s ``x @ w + b > 0``) is saved as a
+  bool mask, one byte an element, and the intermediate itself is not kept;
+* the result of a reduction, softmax or product that backward reads (a norm's per-row statistic,
+  attention's probabilities) is saved: forward returns it as a hidden output, so that a second
+  derivative reaches it (a Function's intermediates are saved that way);
+* elementwise intermediates and transposes are recomputed in backward from what is saved: they cost
+  one pass over memory, not a tensor kept alive between forward and backward.
+
+Backward's code is differentiable torch code on saved tensors, so a second derivative differentiates it.
+jvp recomputes the forward from the inputs alongside the tangents (forward mode keeps nothing extra).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .errors import error_context
+from .lowering import step_relational
+from .printing import IMPORTS, print_torch
+from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, broadcast
+from .rules import (
+    Emitter,
+    ProgramDerivation,
+    backward_code,
+    describe,
+    forward_code,
+    needs_exact_gradient,
+    tangent_code,
+)
+from .structural import MATMUL, REDUCE, SOFTMAX, TRANSPOSE, ReduceMean, ReduceSum, matmul_shape, reduced_dims
+
+GRAD_OUTPUT = "grad_output"
+TANGENT = "_tangent"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A statement of generated code, run only where some tensor of ``guard`` needs its gradient (empty:
+    always); ``indent`` nests it under the statement before it."""
+
+    text: str
+    guard: frozenset[int] = frozenset()
+    indent: int = 0
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """The code of a structured op, in pieces for the template."""
+
+    forward: tuple[str, ...]  # forward's statements, then
+    returns: tuple[str, ...]  # what it returns: the outputs, then the hidden outputs
+    visible: tuple[str, ...]  # the outputs' values
+    hidden: tuple[str, ...]  # intermediates and masks forward returns for backward
+    masks: tuple[str, ...]  # those of the hidden outputs that are bool masks
+    saved: tuple[str, ...]  # what setup_context saves for backward, in order
+    saved_notes: tuple[str, ...]  # why, one line each
+    upstream: tuple[str, ...]  # backward's gradient parameters, one per returned value
+    backward: tuple[Line, ...]
+    grads: tuple[str, ...]  # backward's results, one per tensor argument
+    shapes: tuple[str, ...]  # tensor arguments whose shapes backward reads (ctx.<name>_shape)
+    backward_scalars: tuple[str, ...]
+    jvp: tuple[str, ...]  # jvp's statements (the forward recomputed, with tangents)
+    jvp_returns: tuple[str, ...]
+    jvp_scalars: tuple[str, ...]
+    imports: tuple[str, ...]
+    elementwise_docs: tuple[tuple[str, str], ...] = ()  # "d tmp1 / d x", formula
+    rule_docs: tuple[str, ...] = ()
+
+
+def plan_program(derivation: ProgramDerivation, *, where: str) -> ProgramPlan:
+    with error_context(where):
+        return _Planner(derivation, where).plan()
+
+
+class _Planner:
+    def __init__(self, derivation: ProgramDerivation, where: str) -> None:
+        self.derivation = derivation
+        self.program: Program = derivation.program
+        self.where = where
+        self.values = {v.name: v for v in self.program.values}
+        self.tensor_args = [v.name for v in self.program.values if v.kind == TENSOR]
+        self.scalars = {v.name for v in self.program.values if v.kind == SCALAR}
+        self.nodes = [v for v in self.program.values if v.kind not in (TENSOR, SCALAR)]
+        self.visible = [o.value for o in self.program.outputs]
+        self.imports: set[str] = set()
+        self.upstream = self._upstream()
+        self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+
+    # -- which arguments each value depends on ----------------------------------------------------------
+
+    def _upstream(self) -> dict[str, frozenset[int]]:
+        """For each value, the indices of the tensor arguments it depends on."""
+        upstream: dict[str, frozenset[int]] = {}
+        for v in self.program.values:
+            if v.kind == TENSOR:
+                upstream[v.name] = frozenset({self.tensor_args.index(v.name)})
+            elif v.kind == SCALAR:
+                upstream[v.name] = frozenset()
+            else:
+                upstream[v.name] = frozenset().union(*(upstream[r] for r in v.reads))
+        return upstream
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.values[name].shape
+
+    def is_tensor(self, name: str) -> bool:
+        return name in self.values and self.values[name].kind != SCALAR
+
+    # -- printing ----------------------------------------------------------------------------------------
+
+    def print(self, expr: sympy.Basic, extra: set[str] = frozenset(), bools: set[str] = frozenset()) -> str:
+        tensors = {n for n in self.values if self.is_tensor(n)} | set(extra) | set(self.masks.values())
+        anchor = sorted(extra)[0] if extra else GRAD_OUTPUT
+        bools = set(bools) | set(self.masks.values())
+        text, imports = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor)
+        self.imports |= imports
+        return text
+
+    def forward_expr(self, v: Value) -> str:
+        if v.kind == ELEMENTWISE:
+            node = self.derivation.node(v.name)
+            if node.forward.is_Symbol and self.values[node.forward.name].kind == TENSOR:
+                return f"{node.forward.name}.view_as({node.forward.name})"  # an input leaves as a view of it
+            return self.print(node.forward)
+        operands = [str(o) for o in v.expr.operand_exprs]
+        return forward_code(v.expr, operands, [len(self.shape(o)) for o in operands])
+
+    # -- backward ------------------------------------------------------------------------------------------
+
+    def plan(self) -> ProgramPlan:
+        grad_names = {name: f"grad_{name}" for name in self.values}
+        if len(self.visible) == 1:
+            grad_names[self.visible[0]] = GRAD_OUTPUT
+        emitter = _Requests(self)
+        lines: list[Line] = []
+        grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
+        for name in self.visible:
+            grad_shapes[name] = self.shape(name)
+        partials_docs = []
+        rule_docs = []
+        hidden_grad_lines: dict[str, int] = {}
+
+        for node in reversed(self.nodes):
+            guard = self.upstream[node.name]
+            if not guard or node.name not in grad_shapes:
+                continue
+            g = grad_names[node.name]
+            # a hidden output's own gradient (in a second derivative) joins here; placed once known
+            hidden_grad_lines[node.name] = len(lines)
+            targets = [r for r in node.reads if self.upstream[r]]
+            if node.kind == ELEMENTWISE:
+                partials = dict(self.derivation.node(node.name).partials)
+                for read in targets:
+                    partial = self._masked(partials[read])
+                    partials_docs.append((f"d {node.name} / d {read}", sympy.sstr(partials[read])))
+                    grad_symbol = sympy.Symbol(g, real=True)
+                    code = self.print(grad_symbol * partial, extra={g})
+                    emitter.request_symbols(partial)
+                    shapes = [grad_shapes[node.name]] + [
+                        self.shape(s.name)
+                        for s in partial.free_symbols
+                        if s.name in self.values and self.is_tensor(s.name)
+                    ]
+                    self._contribute(lines, read, code, broadcast(shapes), grad_names, grad_shapes)
+                continue
+            rule_docs.append(describe(node))
+            lines.append(Line(f"# {describe(node)}", guard))
+            exact = g
+            if needs_exact_gradient(node.expr) and grad_shapes[node.name] != self.shape(node.name):
+                exact = f"{g}.expand({emitter.shape(node.name)})"
+            for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
+                if operand not in targets:
+                    continue
+                code = backward_code(node, i, exact, emitter)
+                static = self._rule_shape(node, i, grad_shapes[node.name])
+                self._contribute(lines, operand, code, static, grad_names, grad_shapes)
+
+        # what backward reads: saved, or recomputed from what is saved
+        saved, recomputed, hidden, notes = self._resolve(emitter)
+        hidden_values = [h for h in hidden if h not in self.masks.values()]
+        upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
+        for name in sorted(hidden_values, key=lambda n: -hidden_grad_lines.get(n, -1)):
+            if name in hidden_grad_lines and name in grad_shapes:
+                at = hidden_grad_lines[name]
+                guard = self.upstream[name]
+                lines[at:at] = [
+                    Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
+                    Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
+                ]
+
+        # each argument's gradient at its shape
+        shapes_read = set(emitter.shapes)
+        for name in self.tensor_args:
+            if name not in grad_shapes:
+                continue
+            have, want = grad_shapes[name], self.shape(name)
+            if have == want:
+                continue
+            index = frozenset({self.tensor_args.index(name)})
+            g = grad_names[name]
+            shapes_read.add(name)
+            padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
+            larger = len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
+            smaller = len(have) < len(want) or any(h < w for h, w in zip(padded[-len(want) :] if want else (), want))
+            if larger and smaller:
+                fix = f"{g}.expand(torch.broadcast_shapes({g}.shape, {name}_shape)).sum_to_size({name}_shape)"
+            elif larger:
+                fix = f"{g}.sum_to_size({name}_shape)"
+            else:
+                fix = f"{g}.expand({name}_shape)"
+            lines.append(Line(f"{g} = {fix}", index))
+
+        recompute_lines = [Line(f"{v} = {self.forward_expr(self.values[v])}") for v in recomputed]
+        for name in recomputed:
+            for s in self.values[name].expr.free_symbols:
+                if s.name in self.scalars:
+                    emitter.scalars.add(s.name)
+        forward = [f"{v.name} = {self.forward_expr(v)}" for v in self.nodes]
+        forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
+        jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
+        return ProgramPlan(
+            forward=tuple(forward),
+            returns=tuple(self.visible) + tuple(hidden),
+            visible=tuple(self.visible),
+            hidden=tuple(hidden),
+            masks=tuple(self.masks.values()),
+            saved=tuple(saved),
+            saved_notes=tuple(notes),
+            upstream=tuple(upstream),
+            backward=tuple(recompute_lines + lines),
+            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
+            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
+            backward_scalars=tuple(sorted(emitter.scalars)),
+            jvp=tuple(jvp),
+            jvp_returns=tuple(jvp_returns),
+            jvp_scalars=tuple(jvp_scalars),
+            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
+            elementwise_docs=tuple(partials_docs),
+            rule_docs=tuple(rule_docs),
+        )
+
+    def _contribute(self, lines, target, code, static, grad_names, grad_shapes) -> None:
+        """Add ``code`` (of example shape ``static``) to ``target``'s gradient."""
+        guard = self.upstream[target]
+        want = self.shape(target)
+        if self.values[target].kind != TENSOR:
+            code, static = _summed_to(code, static, want)
+        g = grad_names[target]
+        if target in grad_shapes:
+            lines.append(Line(f"{g} = {g} + {code}", guard))
+            grad_shapes[target] = broadcast([grad_shapes[target], static])
+        else:
+            lines.append(Line(f"{g} = {code}", guard))
+            grad_shapes[target] = static
+
+    def _rule_shape(self, node: Value, operand: int, g_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The example shape of the gradient a structural node passes to an operand."""
+        call = node.expr
+        x = str(call.operand_exprs[0])
+        if node.kind == REDUCE:
+            x_shape = self.shape(x)
+            dims = reduced_dims(call, x_shape)
+            if isinstance(call, (ReduceSum, ReduceMean)):
+                if call.keepdim or not call.dims:
+                    return g_shape  # as it is: it broadcasts over the reduced dimensions
+                ones = iter(g_shape)
+                return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
+            return x_shape
+        if node.kind == SOFTMAX:
+            return broadcast([self.shape(x), g_shape])
+        if node.kind == TRANSPOSE:
+            d0, d1 = call.dims
+            swapped = list(g_shape)
+            swapped[d0], swapped[d1] = g_shape[d1], g_shape[d0]
+            return tuple(swapped)
+        assert node.kind == MATMUL
+        a, b = (self.shape(str(o)) for o in call.operand_exprs)
+        g = node.shape
+        if len(a) == 1 and len(b) == 1:
+            return b if operand == 0 else a
+        if operand == 0:
+            if len(b) == 1:
+                return (*g, b[0])
+            if len(a) == 1:
+                return (
+                    matmul_shape((1, *g), _transposed_shape(b), "g", "b")[-1:]
+                    if len(g) == 1
+                    else matmul_shape(g[:-1] + (1,) + g[-1:], _transposed_shape(b), "g", "b")[:-2] + (b[-2],)
+                )
+            return matmul_shape(g, _transposed_shape(b), "g", "b")
+        if len(a) == 1:
+            return (*g[:-1], a[0], g[-1])
+        if len(b) == 1:
+            return matmul_shape(_transposed_shape(a), (*g, 1), "a", "g")[:-1]
+        return matmul_shape(_transposed_shape(a), g, "a", "g")
+
+    def _masked(self, partial: sympy.Expr) -> sympy.Expr:
+        """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
+        intermediates = {sympy.Symbol(n, real=True) for n, v in self.values.items() if v.kind not in (TENSOR, SCALAR)}
+
+        def mask_of(condition: sympy.Basic) -> sympy.Symbol:
+            if condition not in self.masks:
+                self.masks[condition] = f"mask{len(self.masks)}" if self.masks else "mask"
+            return sympy.Symbol(self.masks[condition])
+
+        def replace(node: sympy.Basic) -> sympy.Basic:
+            if isinstance(node, sympy.Heaviside):
+                if node.args[1] in (0, 1) and node.free_symbols & intermediates:
+                    return sympy.Piecewise((1, mask_of(step_relational(node))), (0, True))
+                return node
+            pairs = [
+                (
+                    p.expr,
+                    mask_of(p.cond) if p.cond.free_symbols & intermediates and p.cond is not sympy.true else p.cond,
+                )
+                for p in node.args
+            ]
+            return sympy.Piecewise(*pairs)
+
+        return partial.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), replace)
+
+    def _resolve(self, emitter: _Requests) -> tuple[list[str], list[str], list[str], list[str]]:
+        """From the values backward reads: what is saved, what is recomputed (in order), the hidden
+        outputs, and a note on each saved tensor."""
+        wanted = set(emitter.values)
+        recomputed: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for name in list(wanted):
+                v = self.values[name]
+                if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
+                    continue
+                if v.kind in (ELEMENTWISE, TRANSPOSE):
+                    recomputed.add(name)
+                    for s in v.expr.free_symbols:
+                        if s.name in self.values and s.name not in wanted:
+                            wanted.add(s.name)
+                            changed = True
+        for name in list(wanted):
+            if self.values[name].kind == SCALAR:
+                wanted.discard(name)
+                emitter.scalars.add(name)
+        hidden = [
+            v.name for v in self.nodes if v.name in wanted and v.name not in recomputed and v.name not in self.visible
+        ]
+        hidden += list(self.masks.values())
+        saved, notes = [], []
+        for v in self.program.values:
+            if v.name in wanted and v.name not in recomputed:
+                saved.append(v.name)
+                notes.append(_note(v, self.visible))
+        for mask in self.masks.values():
+            saved.append(mask)
+            notes.append(f"{mask}: a bool mask, one byte an element, instead of the intermediate its condition reads")
+        ordered = [v.name for v in self.nodes if v.name in recomputed]
+        return saved, ordered, hidden, notes
+
+    # -- forward mode ------------------------------------------------------------------------------------
+
+    def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
+        lines = []
+        emitter = _Everything(self)
+        tangents = {n: n + TANGENT for n in self.tensor_args}
+        scalars: set[str] = set()
+        for v in self.nodes:
+            lines.append(f"{v.name} = {self.forward_expr(v)}")
+            scalars |= {s.name for s in v.expr.free_symbols if s.name in self.scalars}
+            t = v.name + TANGENT
+            if v.kind == ELEMENTWISE:
+                partials = dict(self.derivation.node(v.name).partials)
+                total = sympy.Add(
+                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
+                )
+                scalars |= {s.name for s in total.free_symbols if s.name in self.scalars}
+                code = self.print(total, extra=set(tangents.values()) | {t})
+            else:
+                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
+                code = tangent_code(v, operands, emitter)
+            tangents[v.name] = t
+            lines.append(f"{t} = {code}")
+        for mask, condition in ((m, c) for c, m in self.masks.items()):
+            lines.append(f"{mask} = {self.print(condition)}")
+        returns = [tangents[v] for v in self.visible] + [
+            "None" if h in self.masks.values() else tangents[h] for h in hidden
+        ]
+        return lines, returns, sorted(scalars)
+
+
+class _Requests(Emitter):
+    """Records what backward's rules read: values, and shapes at run time."""
+
+    def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
+        self.values: set[str] = set()
+        self.shapes: set[str] = set()  # tensor arguments whose shapes are read
+        self.scalars: set[str] = set()
+
+    def value(self, name: str) -> str:
+        self.values.add(name)
+        return name
+
+    def request_symbols(self, expr: sympy.Expr) -> None:
+        for s in expr.free_symbols:
+            if s.name in self.planner.values:
+                if self.planner.values[s.name].kind == SCALAR:
+                    self.scalars.add(s.name)
+                else:
+                    self.values.add(s.name)
+
+    def shape(self, name: str) -> str:
+        v = self.planner.values[name]
+        if v.kind == TENSOR:
+            self.shapes.add(name)
+            return f"{name}_shape"
+        if v.kind in (ELEMENTWISE, SOFTMAX):
+            for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
+                if s.name in self.planner.values and self.planner.values[s.name].shape == v.shape:
+                    if self.planner.values[s.name].kind != SCALAR:
+                        return self.shape(s.name)
+        return f"{self.value(name)}.shape"
+
+    def example_shape(self, name: str) -> tuple[int, ...]:
+        return self.planner.shape(name)
+
+
+class _Everything(_Requests):
+    """jvp recomputes every value: each is at hand."""
+
+    def shape(self, name: str) -> str:
+        return f"{name}.shape"
+
+
+def returned_grad(hidden: str) -> str:
+    """backward's parameter for the gradient of a hidden output (not None only in a second derivative)."""
+    return f"grad_{hidden}_returned"
+
+
+def _transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
+def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """``code`` (of example shape ``have``) summed over the dimensions it has beyond ``want``: leading
+    ones, and those where ``want`` is 1 (kept). Where ``have`` is 1 and ``want`` not, it stays 1: it
+    broadcasts."""
+    lead = len(have) - len(want)
+    if lead > 0:
+        code = f"({code}).sum(dim={_dims(tuple(range(lead)))})"
+        have = have[lead:]
+    keep = tuple(d - len(want) for d, (h, w) in enumerate(zip(have, want)) if w == 1 and h > 1) if lead >= 0 else ()
+    if keep:
+        code = f"({code}).sum(dim={_dims(keep)}, keepdim=True)"
+        have = tuple(1 if d - len(want) in keep else h for d, h in enumerate(have))
+    return code, have
+
+
+def _dims(dims: tuple[int, ...]) -> str:
+    return str(dims[0]) if len(dims) == 1 else str(dims)
+
+
+def _note(v: Value, visible: list[str]) -> str:
+    if v.kind == TENSOR:
+        return f"{v.name}: an input"
+    if v.name in visible:
+        return f"{v.name}: an output"
+    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(v.kind, "a value")
+    return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    n = 1
+    for s in shape:
+        n *= s
+    return f"{n} element{'s' if n != 1 else ''} in the example"

@@ -1,0 +1,263 @@
+"""Stage 4b: the derivative of each node of a structured program, one rule per kind of node.
+
+As PyTorch's ``tools/autograd/derivatives.yaml`` gives each op its backward formula (and forward-mode
+formula) in terms of ``grad``, ``self`` and ``result``, this module gives each kind of node of
+:mod:`.structural` its vector-Jacobian product and its Jacobian-vector product as torch code over the
+node's operands, its result and the incoming gradient or tangents. An elementwise node's rule is the
+symbolic one: its partial derivatives in each value it reads, taken by :func:`.derivation.differentiate`
+in stable primitives; the gradient it passes on is the incoming one times the partial.
+
+The rules never see shapes beyond the example ones: a gradient that reaches a node with fewer elements
+than its result (the gradient of a reduction's operand before it meets another term) broadcasts, and a
+rule that needs the exact shape (a matrix product, log_softmax) expands it first (:mod:`.dataflow`).
+
+Rules, with ``g`` the gradient of the result ``y``, ``t`` a tangent, dims the reduced dimensions (``g``
+and ``y`` unsqueezed there where keepdim is False):
+
+========== ============================================== =================================================
+node       gradient of the operand                        tangent of the result
+========== ============================================== =================================================
+sum        g (broadcast)                                  sum(t)
+mean       g / n (n elements reduced)                     mean(t)
+logsumexp  g * exp(x - y)  (the softmax of x)             sum(exp(x - y) * t)
+amax/amin  g * (x == y) / count(x == y) (ties share)      sum(t * (x == y)) / count(x == y)
+softmax    y * (g - sum(g * y))                           y * (t - sum(y * t))
+log_softmax g - exp(y) * sum(g)                           t - sum(exp(y) * t)
+a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
+transpose  g transposed back                              t transposed
+========== ============================================== =================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .derivation import differentiate
+from .program import ELEMENTWISE, Program, Value
+from .stable import stabilize
+from .structural import (
+    AMax,
+    AMin,
+    LogSoftmax,
+    LogSumExp,
+    MatrixProduct,
+    ReduceMean,
+    ReduceSum,
+    Reduction,
+    Softmax,
+    Structural,
+    Transposed,
+    reduced_dims,
+    spelled,
+)
+
+
+@dataclass(frozen=True)
+class ElementwiseNode:
+    """An elementwise node in stable primitives, with its partial derivative in each tensor value it reads."""
+
+    name: str
+    forward: sympy.Expr
+    partials: tuple[tuple[str, sympy.Expr], ...]  # read -> d node / d read
+
+
+@dataclass(frozen=True)
+class ProgramDerivation:
+    """A structured program with every elementwise node's partial derivatives (the structural nodes'
+    rules are the functions below)."""
+
+    program: Program
+    elementwise: tuple[ElementwiseNode, ...]
+
+    def node(self, name: str) -> ElementwiseNode:
+        return next(n for n in self.elementwise if n.name == name)
+
+
+def derive_program(program: Program, *, where: str) -> ProgramDerivation:
+    """The partial derivatives of every elementwise node of ``program`` in the tensor values it reads."""
+    scalars = {sympy.Symbol(n, real=True) for n in program.parsed.scalar_names} | {
+        program.parsed.symbols[n] for n in program.parsed.scalar_names
+    }
+    nodes = []
+    for value in program.values:
+        if value.kind != ELEMENTWISE:
+            continue
+        reads = [s for s in value.expr.free_symbols if s not in scalars]
+        tensors = frozenset(reads)
+        forward = stabilize(value.expr, tensors)
+        what = f"the step {value.name!r}" if not value.name.startswith("tmp") else "the forward"
+        partials = tuple(
+            (s.name, differentiate(forward, s, tensors, what=what, where=where))
+            for s in sorted(reads, key=lambda s: s.name)
+        )
+        nodes.append(ElementwiseNode(value.name, forward, partials))
+    return ProgramDerivation(program, tuple(nodes))
+
+
+# -- the structural rules, as torch code -------------------------------------------------------------------
+
+
+class Emitter:
+    """What a rule may ask while it writes code: a value's name (the value must reach backward or jvp), a
+    value's shape at run time, and the example shapes."""
+
+    def value(self, name: str) -> str:
+        raise NotImplementedError
+
+    def shape(self, name: str) -> str:
+        raise NotImplementedError
+
+    def example_shape(self, name: str) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+def _dims_argument(dims: tuple[int, ...]) -> str:
+    return str(dims[0]) if len(dims) == 1 else str(tuple(dims))
+
+
+def negative_dims(call: Reduction, rank: int) -> tuple[int, ...]:
+    """The reduced dimensions, counted from the end (robust to leading batch dimensions)."""
+    return tuple(d - rank for d in reduced_dims(call, (1,) * rank))
+
+
+def reduce_code(call: Reduction, operand: str, rank: int) -> str:
+    """The torch code of a reduction of ``operand`` (a name, or code in parentheses)."""
+    dims = negative_dims(call, rank)
+    everything = not call.dims
+    keep = ", keepdim=True" if call.keepdim else ""
+    if isinstance(call, LogSumExp):
+        return f"torch.logsumexp({operand}, dim={_dims_argument(dims)}{keep})"
+    method = {ReduceSum: "sum", ReduceMean: "mean", AMax: "amax", AMin: "amin"}[type(call)]
+    if everything and not call.keepdim:
+        return f"{operand}.{method}()"
+    return f"{operand}.{method}(dim={_dims_argument(dims)}{keep})"
+
+
+def unsqueezed(code: str, call: Reduction, rank: int) -> str:
+    """``code`` (shaped like the reduction's result) with the reduced dimensions put back as size 1."""
+    if call.keepdim or not call.dims:  # a 0-d result broadcasts as it is
+        return code
+    for d in sorted(negative_dims(call, rank), reverse=True):
+        code = f"{code}.unsqueeze({d})"
+    return code
+
+
+def forward_code(call: Structural, operands: list[str], ranks: list[int]) -> str:
+    """The torch code computing ``call`` of the values ``operands`` (names)."""
+    if isinstance(call, Reduction):
+        return reduce_code(call, operands[0], ranks[0])
+    if isinstance(call, Softmax):
+        function = "torch.log_softmax" if isinstance(call, LogSoftmax) else "torch.softmax"
+        return f"{function}({operands[0]}, dim={call.dim})"
+    if isinstance(call, MatrixProduct):
+        return f"{operands[0]} @ {operands[1]}"
+    assert isinstance(call, Transposed)
+    return f"{operands[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+
+
+def needs_exact_gradient(call: Structural) -> bool:
+    """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
+    to it): sums over it, or multiplies matrices with it."""
+    return isinstance(call, (MatrixProduct, LogSoftmax))
+
+
+def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
+    """The gradient that ``node`` passes to its operand number ``operand``, given its own gradient ``g``
+    (a name). The result may have fewer elements than the operand where it broadcasts to it."""
+    call = node.expr
+    x = str(call.operand_exprs[0])
+    if isinstance(call, Reduction):
+        rank = len(emit.example_shape(x))
+        dims = negative_dims(call, rank)
+        grad = unsqueezed(g, call, rank)
+        if isinstance(call, ReduceSum):
+            return grad
+        if isinstance(call, ReduceMean):
+            shape = emit.shape(x)
+            count = f"{shape}.numel()" if not call.dims else " * ".join(f"{shape}[{d}]" for d in dims)
+            return f"{grad} / {count}" if len(dims) == 1 or not call.dims else f"{grad} / ({count})"
+        y = unsqueezed(emit.value(node.name), call, rank)
+        if isinstance(call, LogSumExp):
+            return f"{grad} * torch.exp({emit.value(x)} - {y})"
+        ties = f"({emit.value(x)} == {y})"
+        return f"{grad} * {ties} / {reduce_code(_keeping(call), ties, rank)}"
+    if isinstance(call, Softmax):
+        y = emit.value(node.name)
+        if isinstance(call, LogSoftmax):
+            return f"{g} - torch.exp({y}) * {g}.sum(dim={call.dim}, keepdim=True)"
+        return f"{y} * ({g} - ({g} * {y}).sum(dim={call.dim}, keepdim=True))"
+    if isinstance(call, Transposed):
+        return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
+    return _matmul_backward(call, operand, g, emit)
+
+
+def _keeping(call: Reduction) -> Reduction:
+    """The sum over the same dimensions as ``call``, keeping them (it counts ties)."""
+    return ReduceSum(call.args[0], call.args[1], sympy.true)
+
+
+def _matmul_backward(call: MatrixProduct, operand: int, g: str, emit: Emitter) -> str:
+    a, b = (str(o) for o in call.operand_exprs)
+    ra, rb = len(emit.example_shape(a)), len(emit.example_shape(b))
+    if ra == 1 and rb == 1:  # a dot product
+        return f"{g} * {emit.value(b if operand == 0 else a)}"
+    if operand == 0:
+        if rb == 1:  # (..., n, k) @ (k,): the outer product of g and b
+            return f"{g}.unsqueeze(-1) * {emit.value(b)}"
+        if ra == 1:
+            return f"({g}.unsqueeze(-2) @ {emit.value(b)}.mT).squeeze(-2)"
+        return f"{g} @ {emit.value(b)}.mT"
+    if ra == 1:  # (k,) @ (..., k, m)
+        return f"{emit.value(a)}.unsqueeze(-1) * {g}.unsqueeze(-2)"
+    if rb == 1:
+        return f"({emit.value(a)}.mT @ {g}.unsqueeze(-1)).squeeze(-1)"
+    return f"{emit.value(a)}.mT @ {g}"
+
+
+def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
+    """The tangent of ``node``'s result given its operands' tangents (names)."""
+    call = node.expr
+    x = str(call.operand_exprs[0])
+    if isinstance(call, Reduction):
+        rank = len(emit.example_shape(x))
+        if isinstance(call, (ReduceSum, ReduceMean)):
+            return reduce_code(call, tangents[0], rank)
+        y = unsqueezed(emit.value(node.name), call, rank)
+        if isinstance(call, LogSumExp):
+            return reduce_code(_summing(call), f"(torch.exp({emit.value(x)} - {y}) * {tangents[0]})", rank)
+        ties = f"({emit.value(x)} == {y})"
+        total = reduce_code(_summing(call), f"({tangents[0]} * {ties})", rank)
+        return f"{total} / {reduce_code(_summing(call), ties, rank)}"
+    if isinstance(call, Softmax):
+        y = emit.value(node.name)
+        if isinstance(call, LogSoftmax):
+            return f"{tangents[0]} - (torch.exp({y}) * {tangents[0]}).sum(dim={call.dim}, keepdim=True)"
+        return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
+    if isinstance(call, Transposed):
+        return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+    a, b = (str(o) for o in call.operand_exprs)
+    return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
+
+
+def _summing(call: Reduction) -> Reduction:
+    """The sum over the same dimensions as ``call``, keeping them as it does."""
+    return ReduceSum(*call.args)
+
+
+def describe(node: Value) -> str:
+    """One line on the rule a structural node's gradient follows, for a comment in backward."""
+    call = node.expr
+    rules = {
+        ReduceSum: "spreads over the summed dimensions",
+        ReduceMean: "spreads evenly over the averaged dimensions",
+        LogSumExp: "is the softmax of its operand",
+        AMax: "goes to the largest elements, shared between ties",
+        AMin: "goes to the smallest elements, shared between ties",
+        Softmax: "is y * (g - sum(g * y))",
+        LogSoftmax: "is g - softmax * sum(g)",
+        MatrixProduct: "is g @ b^T for a and a^T @ g for b",
+        Transposed: "is transposed back",
+    }
+    return f"{node.name} = {spelled(call)}: its gradient {rules[type(call)]}"

@@ -1,0 +1,330 @@
+"""The language's operations that are not elementwise: reductions, softmax, matrix products, transpose.
+
+Stage 2 (:mod:`.expression`) parses ``sum(e, dim=-1, keepdim=True)``, ``softmax(e, dim=-1)``, ``a @ b``
+and ``transpose(e, 0, 1)`` into the placeholders below: sympy functions that sympy treats as opaque real
+numbers, so that the elementwise math around them (``x - mean(x, dim=-1, keepdim=True)``) is ordinary
+sympy. Stage 3 (:mod:`.program`) lifts each placeholder out into a node of its own kind, with its shape;
+stage 4b (:mod:`.rules`) holds each kind's derivative rule, as PyTorch's derivatives.yaml does.
+
+A placeholder's arguments are its operands (expressions) and its parameters (sympy integers, tuples,
+booleans), which have no free symbols: ``expr.free_symbols`` of a lifted node is what it reads.
+"""
+
+from __future__ import annotations
+
+import sympy
+import sympy.printing.str
+
+#: Node kinds (stage 3): a reduction over dimensions, softmax/log_softmax along one, a matrix product, a
+#: transpose of two dimensions.
+REDUCE = "reduce"
+SOFTMAX = "softmax"
+MATMUL = "matmul"
+TRANSPOSE = "transpose"
+
+
+class Structural(sympy.Function):
+    """A non-elementwise operation, opaque to sympy: never differentiated or simplified into."""
+
+    kind = ""
+    spelling = ""
+    operands = 1  # the leading arguments that are expressions; the rest are parameters
+
+    @classmethod
+    def eval(cls, *args):  # noqa: D102 - sympy's hook: leave the call unevaluated
+        return None
+
+    def _eval_is_real(self) -> bool:
+        return True
+
+    def _eval_is_finite(self) -> bool | None:
+        return None
+
+    def fdiff(self, argindex=1):
+        raise TypeError(f"{self.spelling} is differentiated by its rule (scaffold.rules), not by sympy")
+
+    @property
+    def operand_exprs(self) -> tuple[sympy.Expr, ...]:
+        return self.args[: self.operands]
+
+    def with_operands(self, *operands: sympy.Expr) -> Structural:
+        return type(self)(*operands, *self.args[self.operands :])
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        """The call as the language writes it."""
+        return f"{self.spelling}({printer._print(self.args[0])}{self._parameters()})"
+
+    def _parameters(self) -> str:
+        return ""
+
+
+class Reduction(Structural):
+    """``name(e, dim=D, keepdim=K)``: arguments (e, Tuple of dims or () for all dimensions, keepdim)."""
+
+    kind = REDUCE
+    nargs = 3
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.args[1])
+
+    @property
+    def keepdim(self) -> bool:
+        return bool(self.args[2])
+
+    def _parameters(self) -> str:
+        dims = self.dims
+        text = "" if not dims else f", dim={dims[0]}" if len(dims) == 1 else f", dim={dims}"
+        return text + (", keepdim=True" if self.keepdim else "")
+
+
+class ReduceSum(Reduction):
+    spelling = "sum"
+
+
+class ReduceMean(Reduction):
+    spelling = "mean"
+
+
+class LogSumExp(Reduction):
+    spelling = "logsumexp"
+
+
+class AMax(Reduction):
+    spelling = "amax"
+
+
+class AMin(Reduction):
+    spelling = "amin"
+
+
+class Softmax(Structural):
+    """``softmax(e, dim=D)``: arguments (e, D)."""
+
+    kind = SOFTMAX
+    spelling = "softmax"
+    nargs = 2
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    def _parameters(self) -> str:
+        return f", dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    spelling = "log_softmax"
+
+
+class MatrixProduct(Structural):
+    """``a @ b``, as torch.matmul: arguments (a, b)."""
+
+    kind = MATMUL
+    spelling = "@"
+    operands = 2
+    nargs = 2
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        return f"({printer._print(self.args[0])} @ {printer._print(self.args[1])})"
+
+
+class Transposed(Structural):
+    """``transpose(e, d0, d1)``: arguments (e, d0, d1)."""
+
+    kind = TRANSPOSE
+    spelling = "transpose"
+    nargs = 3
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        return int(self.args[1]), int(self.args[2])
+
+    def _parameters(self) -> str:
+        return f", {self.dims[0]}, {self.dims[1]}"
+
+
+REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
+SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
+#: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose"}
+
+
+#: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
+#: only, so a printer names each.)
+CLASSES: tuple[type[Structural], ...] = (*REDUCTIONS.values(), *SOFTMAXES.values(), MatrixProduct, Transposed)
+
+
+class _LanguagePrinter(sympy.printing.str.StrPrinter):
+    def _print_Structural(self, expr: Structural) -> str:
+        return expr.spelled(self)
+
+
+for _class in CLASSES:
+    setattr(_LanguagePrinter, f"_print_{_class.__name__}", _LanguagePrinter._print_Structural)
+
+
+def spelled(expr: sympy.Basic) -> str:
+    """``expr`` as the language writes it (sympy's str, with reductions and products in their spelling)."""
+    return _LanguagePrinter().doprint(expr)
+
+
+def has_structural(expr: sympy.Basic) -> bool:
+    return expr.has(Structural)
+
+
+def example(spelling: str) -> str:
+    """How the language writes a call to ``spelling``."""
+    if spelling in REDUCTIONS:
+        return f"{spelling}(x, dim=-1, keepdim=True)"
+    if spelling in SOFTMAXES:
+        return f"{spelling}(x, dim=-1)"
+    return "transpose(x, -1, -2)"
+
+
+# -- shapes -------------------------------------------------------------------------------------------------
+
+
+class ShapeError(ValueError):
+    """Shapes that do not fit together; the message names them (stage 3 adds the line)."""
+
+
+def normalized_dim(dim: int, rank: int, what: str) -> int:
+    """``dim`` counted from the front of a value of rank ``rank``, or a ShapeError."""
+    if not -rank <= dim < rank:
+        valid = f"-{rank} to {rank - 1}" if rank else "none: it has no dimensions"
+        raise ShapeError(f"dim={dim} is out of range for {what} (valid: {valid})")
+    return dim % rank
+
+
+def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tuple[str, ...]) -> tuple[int, ...]:
+    """The shape of ``call`` applied to operands of ``shapes`` (described as ``what`` in messages)."""
+    if isinstance(call, Reduction):
+        (shape,) = shapes
+        dims = _reduced_dims(call, shape, what[0])
+        if call.keepdim:
+            return tuple(1 if i in dims else n for i, n in enumerate(shape))
+        return tuple(n for i, n in enumerate(shape) if i not in dims)
+    if isinstance(call, Softmax):
+        normalized_dim(call.dim, len(shapes[0]), what[0])
+        return shapes[0]
+    if isinstance(call, Transposed):
+        (shape,) = shapes
+        d0, d1 = (normalized_dim(d, len(shape), what[0]) for d in call.dims)
+        swapped = list(shape)
+        swapped[d0], swapped[d1] = shape[d1], shape[d0]
+        return tuple(swapped)
+    return matmul_shape(*shapes, *what)
+
+
+def reduced_dims(call: Reduction, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions ``call`` reduces, counted from the front, sorted (all of them where dim is omitted)."""
+    return _reduced_dims(call, shape, "the operand")
+
+
+def _reduced_dims(call: Reduction, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    if not call.dims:
+        return tuple(range(len(shape)))
+    dims = [normalized_dim(d, len(shape), what) for d in call.dims]
+    if len(set(dims)) < len(dims):
+        raise ShapeError(f"dim={tuple(call.dims)} names a dimension of {what} twice")
+    return tuple(sorted(dims))
+
+
+def matmul_shape(a: tuple[int, ...], b: tuple[int, ...], a_what: str, b_what: str) -> tuple[int, ...]:
+    """torch.matmul's result shape: vectors are promoted and their dimension removed again, batch
+    dimensions broadcast."""
+    if not a or not b:
+        zero = a_what if not a else b_what
+        raise ShapeError(f"@ needs operands with at least one dimension; {zero} has none")
+    left = (1, *a) if len(a) == 1 else a
+    right = (*b, 1) if len(b) == 1 else b
+    if left[-1] != right[-2]:
+        raise ShapeError(f"@ of {a_what} and {b_what}: the inner dimensions {left[-1]} and {right[-2]} differ")
+    batch = _broadcast_batch(left[:-2], right[:-2], a, b, a_what, b_what)
+    shape = (*batch, left[-2], right[-1])
+    if len(a) == 1:
+        shape = shape[:-2] + shape[-1:]
+    if len(b) == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _broadcast_batch(left, right, a, b, a_what, b_what) -> tuple[int, ...]:
+    rank = max(len(left), len(right))
+    left, right = (1,) * (rank - len(left)) + tuple(left), (1,) * (rank - len(right)) + tuple(right)
+    batch = []
+    for m, n in zip(left, right):
+        if m != n and 1 not in (m, n):
+            raise ShapeError(
+                f"@ of {a_what} and {b_what}: the batch dimensions {list(left)} and {list(right)} do not broadcast"
+            )
+        batch.append(max(m, n))
+    return tuple(batch)
+
+
+# -- stable forms ------------------------------------------------------------------------------------------
+
+
+def stable_forms(expr: sympy.Basic) -> sympy.Basic:
+    """``expr`` with the textbook forms of logsumexp, softmax and log_softmax replaced by the operations
+    themselves, which are finite where their textbook forms overflow (x = 1000), in forward and backward:
+
+    * ``log(sum(exp(e), dim))`` -> ``logsumexp(e, dim)``;
+    * ``exp(e) / sum(exp(e), dim=d, keepdim=True)`` and ``exp(e - logsumexp(e, dim=d, keepdim=True))``
+      -> ``softmax(e, dim=d)``;
+    * ``log(softmax(e, dim=d))`` and ``e - logsumexp(e, dim=d, keepdim=True)`` -> ``log_softmax(e, dim=d)``,
+      and ``exp(log_softmax(e, dim=d))`` -> ``softmax(e, dim=d)``.
+    """
+    if not expr.args:
+        return expr
+    args = [stable_forms(a) for a in expr.args]
+    if any(a is not b for a, b in zip(args, expr.args)):
+        expr = expr.func(*args)
+    return _stable_form(expr)
+
+
+def _stable_form(expr: sympy.Basic) -> sympy.Basic:
+    if isinstance(expr, sympy.log):
+        (inner,) = expr.args
+        if isinstance(inner, ReduceSum) and isinstance(inner.args[0], sympy.exp):
+            return LogSumExp(inner.args[0].args[0], *inner.args[1:])
+        if type(inner) is Softmax:
+            return LogSoftmax(*inner.args)
+    if isinstance(expr, sympy.exp):
+        (inner,) = expr.args
+        if isinstance(inner, LogSoftmax):
+            return Softmax(*inner.args)
+        along = _minus_logsumexp(inner)
+        if along is not None:
+            return Softmax(*along)
+    if isinstance(expr, sympy.Add):
+        along = _minus_logsumexp(expr)
+        if along is not None:
+            return LogSoftmax(*along)
+    if isinstance(expr, sympy.Mul):
+        for factor in expr.args:
+            base, exponent = factor.as_base_exp()
+            if exponent != -1 or not _one_dim_kept(base, ReduceSum) or not isinstance(base.args[0], sympy.exp):
+                continue
+            numerator = base.args[0]
+            if numerator in expr.args:
+                rest = [f for f in expr.args if f is not factor and f is not numerator]
+                return sympy.Mul(Softmax(numerator.args[0], base.args[1][0]), *rest)
+    return expr
+
+
+def _one_dim_kept(expr: sympy.Basic, kind: type[Reduction]) -> bool:
+    return isinstance(expr, kind) and len(expr.args[1]) == 1 and expr.keepdim
+
+
+def _minus_logsumexp(expr: sympy.Basic) -> tuple[sympy.Expr, sympy.Integer] | None:
+    """(e, d) where ``expr`` is ``e - logsumexp(e, dim=d, keepdim=True)``."""
+    if not isinstance(expr, sympy.Add):
+        return None
+    for term in expr.args:
+        if term.could_extract_minus_sign() and _one_dim_kept(-term, LogSumExp):
+            lse = -term
+            if sympy.Add(*[t for t in expr.args if t is not term]) == lse.args[0]:
+                return lse.args[0], lse.args[1][0]
+    return None
