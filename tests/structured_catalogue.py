@@ -1,0 +1,186 @@
+"""Ops that reduce, normalize or multiply matrices (structured programs), each with PyTorch's own
+implementation: the issue's list (logsumexp in its textbook form, softmax, log_softmax, soft-target
+cross-entropy, MSE, RMSNorm and LayerNorm with weights, fused Linear+ReLU, a bilinear form, attention,
+cosine similarity, L2 normalisation, softmax entropy, amax, a Gram matrix, logistic-regression NLL, a sum
+of squares, mean/variance and log_softmax with its logsumexp), and more of the same kind.
+
+Entries are :class:`catalogue.CatalogueOp`: a spec mapping and ``native``, the op in torch, taking the
+op's arguments in call order and returning what it returns.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - the usual name
+
+try:
+    from .catalogue import CatalogueOp
+except ImportError:  # tests/ run as a plain folder, not a package
+    from catalogue import CatalogueOp
+
+
+def _op(name: str, forward: str, tensors: dict, native, scalars: dict | None = None, **extra) -> CatalogueOp:
+    spec = {"forward": forward, "tensors": tensors, **extra}
+    if scalars:
+        spec["scalars"] = scalars
+    return CatalogueOp(name, spec, native)
+
+
+ROWS = {"x": {"shape": [8, 16]}}
+PROBABILITIES = {"shape": [8, 16], "domain": [0.0, 1.0]}
+
+
+def _entropy(x):
+    return torch.distributions.Categorical(logits=x).entropy()
+
+
+def _kl(p, q):
+    return F.kl_div(F.log_softmax(q, -1), F.log_softmax(p, -1), log_target=True, reduction="none").sum(-1)
+
+
+STRUCTURED: list[CatalogueOp] = [
+    # --- the issue's list ---------------------------------------------------------------------------------
+    _op("logsumexp_textbook", "log(sum(exp(x), dim=-1))", ROWS, lambda x: torch.logsumexp(x, -1)),
+    _op("softmax_textbook", "exp(x) / sum(exp(x), dim=-1, keepdim=True)", ROWS, lambda x: F.softmax(x, -1)),
+    _op(
+        "log_softmax_textbook",
+        "x - log(sum(exp(x), dim=-1, keepdim=True))",
+        ROWS,
+        lambda x: F.log_softmax(x, -1),
+    ),
+    _op(
+        "soft_cross_entropy",
+        "-sum(target * log_softmax(logits, dim=-1), dim=-1)",
+        {"logits": {"shape": [8, 16]}, "target": PROBABILITIES},
+        lambda logits, target: F.cross_entropy(logits, target, reduction="none"),
+    ),
+    _op(
+        "mse_mean",
+        "mean((input - target)**2)",
+        {"input": {"shape": [8, 16]}, "target": {"shape": [8, 16]}},
+        lambda input, target: F.mse_loss(input, target),
+    ),
+    _op(
+        "rms_norm",
+        "x * weight / sqrt(mean(x**2, dim=-1, keepdim=True) + eps)",
+        {"x": {"shape": [8, 16]}, "weight": {"shape": [16], "learnable": True, "init": 1.0}},
+        lambda x, weight, eps: F.rms_norm(x, (16,), weight, eps),
+        {"eps": {"default": 1e-6}},
+    ),
+    _op(
+        "layer_norm",
+        "mu = mean(x, dim=-1, keepdim=True)\n"
+        "xc = x - mu\n"
+        "var = mean(xc**2, dim=-1, keepdim=True)\n"
+        "xc / sqrt(var + eps) * weight + bias",
+        {
+            "x": {"shape": [8, 16]},
+            "weight": {"shape": [16], "learnable": True, "init": 1.0},
+            "bias": {"shape": [16], "learnable": True, "init": 0.0},
+        },
+        lambda x, weight, bias, eps: F.layer_norm(x, (16,), weight, bias, eps),
+        {"eps": {"default": 1e-5}},
+    ),
+    _op(
+        "linear_relu",
+        "Max(0, x @ transpose(weight, 0, 1) + bias)",
+        {"x": {"shape": [8, 16]}, "weight": {"shape": [32, 16]}, "bias": {"shape": [32]}},
+        lambda x, weight, bias: F.relu(F.linear(x, weight, bias)),
+    ),
+    _op(
+        "bilinear_form",
+        "sum((x @ A) * y, dim=-1)",
+        {"x": {"shape": [8, 16]}, "A": {"shape": [16, 12]}, "y": {"shape": [8, 12]}},
+        lambda x, A, y: F.bilinear(x, y, A[None]).squeeze(-1),
+    ),
+    _op(
+        "attention",
+        "softmax(q @ transpose(k, -1, -2) * scale, dim=-1) @ v",
+        {"q": {"shape": [8, 16]}, "k": {"shape": [6, 16]}, "v": {"shape": [6, 16]}},
+        lambda q, k, v, scale: F.scaled_dot_product_attention(q, k, v, scale=scale),
+        {"scale": {"default": 0.25}},
+    ),
+    _op(
+        "cosine_similarity",
+        "sum(a * b, dim=-1) / sqrt(sum(a**2, dim=-1) * sum(b**2, dim=-1))",
+        {"a": {"shape": [8, 16]}, "b": {"shape": [8, 16]}},
+        lambda a, b: F.cosine_similarity(a, b, dim=-1, eps=0.0),
+    ),
+    _op("l2_normalize", "x / sqrt(sum(x**2, dim=-1, keepdim=True))", ROWS, lambda x: F.normalize(x, dim=-1)),
+    _op(
+        "softmax_entropy",
+        "p = softmax(x, dim=-1)\n-sum(p * log_softmax(x, dim=-1), dim=-1)",
+        ROWS,
+        _entropy,
+    ),
+    _op("amax_rows", "amax(x, dim=-1)", ROWS, lambda x: torch.amax(x, -1)),
+    _op("gram", "x @ transpose(x, -1, -2)", ROWS, lambda x: x @ x.mT),
+    _op(
+        "logistic_nll",
+        "z = x @ w\nmean(softplus(z) - t * z)",
+        {"x": {"shape": [8, 16]}, "w": {"shape": [16]}, "t": {"shape": [8], "domain": [0.0, 1.0]}},
+        lambda x, w, t: F.binary_cross_entropy_with_logits(x @ w, t),
+    ),
+    _op("sum_of_squares", "sum(x**2)", ROWS, lambda x: (x**2).sum()),
+    _op(
+        "mean_variance",
+        "mean_ = mean(x, dim=-1)\nvariance = mean((x - mean(x, dim=-1, keepdim=True))**2, dim=-1)",
+        ROWS,
+        lambda x: tuple(reversed(torch.var_mean(x, -1, correction=0))),
+        outputs=["mean_", "variance"],
+    ),
+    _op(
+        "log_softmax_and_logsumexp",
+        "lse = logsumexp(x, dim=-1, keepdim=True)\nlog_probs = x - lse",
+        ROWS,
+        lambda x: (F.log_softmax(x, -1), torch.logsumexp(x, -1, keepdim=True)),
+        outputs=["log_probs", "lse"],
+    ),
+    # --- more of the same kind ------------------------------------------------------------------------------
+    _op(
+        "instance_center",
+        "x - mean(x, dim=(-2, -1), keepdim=True)",
+        {"x": {"shape": [3, 6, 8]}},
+        lambda x: x - x.mean((-2, -1), keepdim=True),
+    ),
+    _op(
+        "kl_softmax",
+        "sum(softmax(p, dim=-1) * (log_softmax(p, dim=-1) - log_softmax(q, dim=-1)), dim=-1)",
+        {"p": {"shape": [8, 16]}, "q": {"shape": [8, 16]}},
+        _kl,
+    ),
+    _op(
+        "batched_attention",
+        "softmax(q @ transpose(k, -1, -2) / 4, dim=-1) @ v",
+        {"q": {"shape": [2, 8, 16]}, "k": {"shape": [2, 6, 16]}, "v": {"shape": [2, 6, 16]}},
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.25),
+    ),
+    _op("matvec", "tanh(W @ x)", {"W": {"shape": [8, 16]}, "x": {"shape": [16]}}, lambda W, x: torch.tanh(W @ x)),
+    _op("dot", "a @ b", {"a": {"shape": [16]}, "b": {"shape": [16]}}, lambda a, b: a @ b),
+    _op(
+        "swiglu",
+        "h = x @ w1\nh * sigmoid(h) * (x @ w2)",
+        {"x": {"shape": [8, 16]}, "w1": {"shape": [16, 32]}, "w2": {"shape": [16, 32]}},
+        lambda x, w1, w2: F.silu(x @ w1) * (x @ w2),
+    ),
+    _op(
+        "softmax_temperature_columns",
+        "softmax(x / temperature, dim=0)",
+        ROWS,
+        lambda x, temperature: F.softmax(x / temperature, 0),
+        {"temperature": {"default": 2.0}},
+    ),
+    _op("amin_all", "amin(x)", ROWS, lambda x: torch.amin(x)),
+    _op(
+        "logsumexp_columns_kept",
+        "logsumexp(2 * x, dim=0, keepdim=True)",
+        ROWS,
+        lambda x: torch.logsumexp(2 * x, 0, keepdim=True),
+    ),
+    _op(
+        "weighted_mean_pool",
+        "sum(softmax(s, dim=-1) * x, dim=-1)",
+        {"s": {"shape": [8, 16]}, "x": {"shape": [8, 16]}},
+        lambda s, x: (F.softmax(s, -1) * x).sum(-1),
+    ),
+]

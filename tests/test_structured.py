@@ -1,0 +1,282 @@
+"""Structured programs: forwards that reduce, normalize, multiply matrices or transpose.
+
+* every op of tests/structured_catalogue.py against PyTorch's own implementation, values and gradients
+  (float64), and its generated tests, which pass as generated and fail with a wrong backward;
+* the stable forms: the textbook logsumexp, softmax and log_softmax are finite where torch's are (x = 1000);
+* what backward saves: what a careful hand-written Function saves (softmax its output, a fused Linear+ReLU
+  its inputs and a bool mask, norms the input and the per-row statistic);
+* needs_input_grad skips the matrix products nobody needs;
+* the language: its forms, and clear messages for the ones it refuses and for shapes that do not fit.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from scaffold import compile_op, generate_op, spec_from_mapping
+from scaffold.bench import saved_bytes
+from scaffold.errors import ScaffoldError
+
+try:
+    from .conftest import BackgroundPytest, make_spec
+    from .structured_catalogue import STRUCTURED
+except ImportError:  # tests/ run as a plain folder, not a package
+    from conftest import BackgroundPytest, make_spec
+    from structured_catalogue import STRUCTURED
+
+_BY_NAME = {op.name: op for op in STRUCTURED}
+_counter = itertools.count()
+
+
+def _spec(name: str):
+    return spec_from_mapping(_BY_NAME[name].mapping(), source=f"{name}.toml")
+
+
+@functools.cache
+def _files(name: str) -> dict[str, str]:
+    return generate_op(_spec(name))
+
+
+def _module(name: str, folder: Path):
+    (folder / f"{name}.py").write_text(_files(name)[f"{name}.py"], encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location(f"_structured_{name}_{next(_counter)}", folder / f"{name}.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _inputs(name: str, seed: int = 0, shift: float = 0.0) -> tuple[list[torch.Tensor], list]:
+    spec = _spec(name)
+    domains = {d.name: d for d in compile_op(spec).domains}
+    generator = torch.Generator().manual_seed(seed)
+    tensors = []
+    for t in spec.tensors:
+        d = domains[t.name]
+        x = torch.rand(t.shape, generator=generator, dtype=torch.float64) * (d.high - d.low) + d.low + shift
+        tensors.append(x.requires_grad_())
+    return tensors, [s.default for s in spec.scalars]
+
+
+def _tuple(value) -> tuple[torch.Tensor, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+@pytest.fixture(scope="module")
+def generated_folder(tmp_path_factory):
+    """Every op's files in one folder, and their generated tests running in the background."""
+    folder = tmp_path_factory.mktemp("structured")
+    for op in STRUCTURED:
+        for path, text in _files(op.name).items():
+            (folder / path).write_text(text, encoding="utf-8")
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    run = BackgroundPytest(folder, "--tb=short", str(folder))
+    yield folder, run
+    run.close()
+
+
+def test_the_catalogue_has_the_issues_ops(generated_folder):
+    wanted = {
+        "logsumexp_textbook", "softmax_textbook", "log_softmax_textbook", "soft_cross_entropy", "mse_mean",
+        "rms_norm", "layer_norm", "linear_relu", "bilinear_form", "attention", "cosine_similarity",
+        "l2_normalize", "softmax_entropy", "amax_rows", "gram", "logistic_nll", "sum_of_squares",
+        "mean_variance", "log_softmax_and_logsumexp",
+    }  # fmt: skip
+    assert wanted <= set(_BY_NAME)
+    assert _spec("layer_norm").forward.count("\n") == 3, "LayerNorm is written in four lines"
+
+
+@pytest.mark.parametrize("name", list(_BY_NAME))
+def test_matches_pytorch(name: str, tmp_path: Path):
+    """Value and gradients (for a random upstream gradient) against PyTorch's own op, in float64."""
+    module = _module(name, tmp_path)
+    op = getattr(module, name)
+    native = _BY_NAME[name].native
+    inputs, scalars = _inputs(name)
+    outs, expected = _tuple(op(*inputs, *scalars)), _tuple(native(*inputs, *scalars))
+    assert len(outs) == len(expected)
+    generator = torch.Generator().manual_seed(1)
+    upstream = [torch.randn(e.shape, generator=generator, dtype=torch.float64) for e in expected]
+    grads = torch.autograd.grad(outs, inputs, upstream, retain_graph=True)
+    expected_grads = torch.autograd.grad(expected, inputs, upstream, retain_graph=True)
+    for out, e in zip(outs, expected):
+        assert out.shape == e.shape
+        torch.testing.assert_close(out, e, rtol=1e-9, atol=1e-10)
+    for x, grad, e in zip(inputs, grads, expected_grads):
+        assert grad.shape == x.shape
+        torch.testing.assert_close(grad, e, rtol=1e-8, atol=1e-10)
+    # second derivatives, against torch's own double backward
+    for got, want in zip(_hessian_vector(outs, inputs, upstream), _hessian_vector(expected, inputs, upstream)):
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
+def _hessian_vector(outs, inputs, upstream) -> list[torch.Tensor]:
+    """The gradient of the sum of the first input's gradient: second derivatives (zeros where there are none)."""
+    total = sum((o * u).sum() for o, u in zip(outs, upstream))
+    first = torch.autograd.grad(total, inputs, create_graph=True)[0]
+    if not first.requires_grad:  # the gradient is constant in every input (a sum, amax)
+        return [torch.zeros_like(x) for x in inputs]
+    second = torch.autograd.grad(first.sum(), inputs, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(second, inputs)]
+
+
+@pytest.mark.parametrize(
+    "name", ["logsumexp_textbook", "softmax_textbook", "log_softmax_textbook", "log_softmax_and_logsumexp"]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_textbook_forms_are_finite_where_torchs_ops_are(name: str, dtype: torch.dtype, tmp_path: Path):
+    """At x = 1000 the textbook forms overflow (exp(1000) is inf); the generated op is torch's."""
+    module = _module(name, tmp_path)
+    inputs, scalars = _inputs(name, shift=1000.0)
+    x = inputs[0].detach().to(dtype).requires_grad_()
+    outs, expected = _tuple(getattr(module, name)(x, *scalars)), _tuple(_BY_NAME[name].native(x, *scalars))
+    for out, e in zip(outs, expected):
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, e)
+    grad = torch.autograd.grad(sum(o.sum() for o in outs), x)[0]
+    expected_grad = torch.autograd.grad(sum(e.sum() for e in expected), x)[0]
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad, expected_grad)
+
+
+_F64 = 8  # bytes per float64 element
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("softmax_textbook", 8 * 16 * _F64),  # its output only
+        ("logsumexp_textbook", (8 * 16 + 8) * _F64),  # its input and output
+        ("linear_relu", (8 * 16 + 32 * 16) * _F64 + 8 * 32),  # x, weight and a bool mask: not x @ w.T + b
+        ("rms_norm", (8 * 16 + 16 + 8) * _F64),  # x, weight and the mean square of each row
+        ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # x, weight, the mean and variance of each row
+        ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
+        ("soft_cross_entropy", (8 * 16 + 8 * 16) * _F64),  # target and log_softmax
+    ],
+)
+def test_saves_what_a_hand_written_function_saves(name: str, expected: int, tmp_path: Path):
+    module = _module(name, tmp_path)
+    inputs, scalars = _inputs(name)
+    assert saved_bytes(getattr(module, name), [*inputs, *scalars]) == expected
+
+
+class _CountProducts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.matmul):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("needed", "products"), [((True, False, False), 1), ((False, True, False), 1), ((False, False, True), 0)])
+def test_needs_input_grad_skips_products_nobody_needs(needed, products: int, tmp_path: Path):
+    module = _module("linear_relu", tmp_path)
+    inputs, _ = _inputs("linear_relu")
+    inputs = [x.detach().requires_grad_(n) for x, n in zip(inputs, needed)]
+    out = module.linear_relu(*inputs)
+    with _CountProducts() as counter:
+        torch.autograd.grad(out.sum(), [x for x in inputs if x.requires_grad])
+    assert counter.count == products
+
+
+def test_generated_tests_pass(generated_folder):
+    """Every op's generated tests, as generated, in one pytest process."""
+    _, run = generated_folder
+    result = run.wait()
+    tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
+    assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
+
+
+@pytest.mark.parametrize("name", ["attention", "layer_norm", "linear_relu", "logsumexp_textbook", "mean_variance"])
+def test_generated_tests_catch_a_wrong_backward(name: str, tmp_path: Path):
+    """backward's gradients scaled by 1.01: gradcheck, the reference comparison and more fail."""
+    files = dict(_files(name))
+    module = files[f"{name}.py"]
+    head, tail = module.split("    def backward(", 1)
+    body, rest = tail.split("\n        return ", 1)
+    returned, after = rest.split("\n", 1)
+    scaled = f"tuple(None if g is None else g * 1.01 for g in ({returned.rstrip(',')},))"
+    files[f"{name}.py"] = f"{head}    def backward({body}\n        return {scaled}\n{after}"
+    for path, text in files.items():
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    result = BackgroundPytest(tmp_path, "-k", "gradcheck or reference or float32 or hessian", str(tmp_path)).wait()
+    failed = result.stdout.count("FAILED")
+    assert failed >= 4, result.stdout[-3000:]
+
+
+# -- the language --------------------------------------------------------------------------------------------
+
+
+def _error(forward: str, tensors: dict, **extra) -> str:
+    with pytest.raises(ScaffoldError) as info:
+        generate_op(make_spec("op", forward, tensors, **extra), time_limit=None)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("forward", "message"),
+    [
+        ("sum(x, 1)", "sum() takes one expression and dim and keepdim as keywords (got 2 positional"),
+        ("sum(x, dim=())", "sum() got dim=(), which names no dimension"),
+        ("mean(x, axis=1)", "mean() got 'axis', an unknown keyword"),
+        ("sum(x, dim=1.5)", "sum() takes dimensions as literal integers"),
+        ("sum(x, dim=-1, keepdim=1)", "sum() takes keepdim=True or keepdim=False"),
+        ("softmax(x)", "softmax() needs the dimension it normalizes along"),
+        ("softmax(x, dim=-1, keepdim=True)", "softmax() got 'keepdim', an unknown keyword"),
+        ("transpose(x, 0)", "transpose() takes an expression and two dimensions"),
+        ("h = sum\nh", "'sum' is a function; call it"),
+    ],
+)
+def test_forms_the_language_refuses(forward: str, message: str):
+    assert message in _error(forward, {"x": {"shape": [4, 8]}})
+
+
+def test_shapes_that_do_not_fit_are_refused_naming_the_line():
+    message = _error("h = x @ w\nsum(h, dim=-1)", {"x": {"shape": [4, 8]}, "w": {"shape": [4, 8]}})
+    assert "line 1" in message
+    assert "@ of x (shape [4, 8]) and w (shape [4, 8]): the inner dimensions 8 and 4 differ" in message
+    message = _error("s = sum(x, dim=2)\ns * 2", {"x": {"shape": [4, 8]}})
+    assert "line 1" in message and "dim=2 is out of range for x (shape [4, 8]) (valid: -2 to 1)" in message
+    message = _error("x * sum(x, dim=-1)", {"x": {"shape": [4, 8]}})
+    assert "do not broadcast together: sum(x, dim=-1) [4], x [4, 8]" in message
+    assert "keepdim=True" in message
+    message = _error("sum(x, dim=(0, -2))", {"x": {"shape": [4, 8]}})
+    assert "names a dimension of x (shape [4, 8]) twice" in message
+
+
+def test_example_shapes_need_not_broadcast_when_the_forward_multiplies_matrices():
+    spec = make_spec("op", "x @ transpose(w, 0, 1)", {"x": {"shape": [4, 8]}, "w": {"shape": [6, 8]}})
+    program = compile_op(spec).program
+    assert program.outputs[0].shape == (4, 6)
+
+
+def test_reductions_shapes_follow_torch():
+    def shape(forward: str, x_shape: list[int]) -> tuple[int, ...]:
+        return compile_op(make_spec("op", forward, {"x": {"shape": x_shape}})).program.outputs[0].shape
+
+    assert shape("sum(x)", [4, 8]) == ()
+    assert shape("mean(x, dim=0)", [4, 8]) == (8,)
+    assert shape("amax(x, dim=(0, 2), keepdim=True)", [3, 4, 5]) == (1, 4, 1)
+    assert shape("logsumexp(x, dim=-1)", [3, 4, 5]) == (3, 4)
+    assert shape("softmax(x, dim=1)", [3, 4]) == (3, 4)
+    assert shape("transpose(x, 0, 2)", [3, 4, 5]) == (5, 4, 3)
+    assert shape("x @ transpose(x, -1, -2)", [2, 3, 4]) == (2, 3, 3)
+
+
+def test_a_structured_op_works_from_the_command_line(tmp_path: Path):
+    from scaffold.cli import main
+
+    args = ["new", "op", "rowsum", "--forward", "sum(x**2, dim=-1)", "--tensor", "x=4,8", "--output-dir", str(tmp_path)]
+    assert main(args) == 0
+    assert "def backward" in (tmp_path / "rowsum.py").read_text()
+    assert (tmp_path / "test_rowsum.py").is_file()
