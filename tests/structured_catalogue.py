@@ -89,9 +89,9 @@ STRUCTURED: list[CatalogueOp] = [
     ),
     _op(
         "bilinear_form",
-        "sum((x @ A) * y, dim=-1)",
-        {"x": {"shape": [8, 16]}, "A": {"shape": [16, 12]}, "y": {"shape": [8, 12]}},
-        lambda x, A, y: F.bilinear(x, y, A[None]).squeeze(-1),
+        "sum((x @ m) * y, dim=-1)",
+        {"x": {"shape": [8, 16]}, "m": {"shape": [16, 12]}, "y": {"shape": [8, 12]}},
+        lambda x, m, y: F.bilinear(x, y, m[None]).squeeze(-1),
     ),
     _op(
         "attention",
@@ -155,7 +155,7 @@ STRUCTURED: list[CatalogueOp] = [
         {"q": {"shape": [2, 8, 16]}, "k": {"shape": [2, 6, 16]}, "v": {"shape": [2, 6, 16]}},
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.25),
     ),
-    _op("matvec", "tanh(W @ x)", {"W": {"shape": [8, 16]}, "x": {"shape": [16]}}, lambda W, x: torch.tanh(W @ x)),
+    _op("matvec", "tanh(w @ x)", {"w": {"shape": [8, 16]}, "x": {"shape": [16]}}, lambda w, x: torch.tanh(w @ x)),
     _op("dot", "a @ b", {"a": {"shape": [16]}, "b": {"shape": [16]}}, lambda a, b: a @ b),
     _op(
         "swiglu",

@@ -177,7 +177,9 @@ class _CountProducts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize(("needed", "products"), [((True, False, False), 1), ((False, True, False), 1), ((False, False, True), 0)])
+@pytest.mark.parametrize(
+    ("needed", "products"), [((True, False, False), 1), ((False, True, False), 1), ((False, False, True), 0)]
+)
 def test_needs_input_grad_skips_products_nobody_needs(needed, products: int, tmp_path: Path):
     module = _module("linear_relu", tmp_path)
     inputs, _ = _inputs("linear_relu")
