@@ -28,6 +28,7 @@ import sympy
 
 from .errors import error_context
 from .lowering import step_relational
+from .plan import straight_line
 from .printing import IMPORTS, print_torch
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, broadcast
 from .rules import (
@@ -97,6 +98,9 @@ class _Planner:
         self.imports: set[str] = set()
         self.upstream = self._upstream()
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+        # names code may not take for a temporary: the values, their gradients and what backward takes
+        self.taken = {*self.values, *(f"grad_{n}" for n in self.values), GRAD_OUTPUT, "ctx", "torch", "math"}
+        self.taken |= {f"{n}_shape" for n in self.values} | {f"mask{k}" for k in range(64)} | {"mask"}
 
     # -- which arguments each value depends on ----------------------------------------------------------
 
@@ -161,19 +165,7 @@ class _Planner:
             hidden_grad_lines[node.name] = len(lines)
             targets = [r for r in node.reads if self.upstream[r]]
             if node.kind == ELEMENTWISE:
-                partials = dict(self.derivation.node(node.name).partials)
-                for read in targets:
-                    partial = self._masked(partials[read])
-                    partials_docs.append((f"d {node.name} / d {read}", sympy.sstr(partials[read])))
-                    grad_symbol = sympy.Symbol(g, real=True)
-                    code = self.print(grad_symbol * partial, extra={g})
-                    emitter.request_symbols(partial)
-                    shapes = [grad_shapes[node.name]] + [
-                        self.shape(s.name)
-                        for s in partial.free_symbols
-                        if s.name in self.values and self.is_tensor(s.name)
-                    ]
-                    self._contribute(lines, read, code, broadcast(shapes), grad_names, grad_shapes)
+                self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
                 continue
             rule_docs.append(describe(node))
             lines.append(Line(f"# {describe(node)}", guard))
@@ -251,6 +243,40 @@ class _Planner:
             rule_docs=tuple(rule_docs),
         )
 
+    def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
+        """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
+        reciprocal square root) computed once, where some gradient that reads them is needed."""
+        partials = dict(self.derivation.node(node.name).partials)
+        grad_symbol = sympy.Symbol(g, real=True)
+        exprs = []
+        for read in targets:
+            partial = self._masked(partials[read])
+            docs.append((f"d {node.name} / d {read}", sympy.sstr(partials[read])))
+            emitter.request_symbols(partial)
+            exprs.append(grad_symbol * partial)
+        scalars = frozenset(sympy.Symbol(n, real=True) for n in self.scalars) | frozenset(
+            self.program.parsed.symbols[n] for n in self.scalars
+        )
+        steps, reduced = straight_line(exprs, self.taken, scalars)
+        temporaries = {step.name: step.expr for step in steps}
+        reads = {name: _closure(expr.free_symbols, temporaries) for name, expr in temporaries.items()}
+        tensors = {g} | set(self.masks.values())
+        for step in steps:
+            self.taken.add(step.name)
+            users = [r for r, e in zip(targets, reduced) if step.name in _closure(e.free_symbols, temporaries)]
+            guard = frozenset().union(*(self.upstream[r] for r in users))
+            if any(s.name in tensors or self.is_tensor(s.name) for s in step.expr.free_symbols):
+                tensors.add(step.name)
+            lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors)}", guard))
+        for read, expr in zip(targets, reduced):
+            shapes = [grad_shapes[node.name]] + [
+                self.shape(s)
+                for s in _closure(expr.free_symbols, temporaries) | reads.get(read, set())
+                if s in self.values and self.is_tensor(s)
+            ]
+            code = self.print(expr, extra=tensors)
+            self._contribute(lines, read, code, broadcast(shapes), grad_names, grad_shapes)
+
     def _contribute(self, lines, target, code, static, grad_names, grad_shapes) -> None:
         """Add ``code`` (of example shape ``static``) to ``target``'s gradient."""
         guard = self.upstream[target]
@@ -259,7 +285,8 @@ class _Planner:
             code, static = _summed_to(code, static, want)
         g = grad_names[target]
         if target in grad_shapes:
-            lines.append(Line(f"{g} = {g} + {code}", guard))
+            total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
+            lines.append(Line(f"{g} = {total}", guard))
             grad_shapes[target] = broadcast([grad_shapes[target], static])
         else:
             lines.append(Line(f"{g} = {code}", guard))
@@ -443,6 +470,20 @@ class _Everything(_Requests):
         return f"{name}.shape"
 
 
+def _closure(symbols, temporaries: dict[str, sympy.Expr]) -> set[str]:
+    """The names ``symbols`` read, through the temporaries they name."""
+    names: set[str] = set()
+    pending = [s.name for s in symbols]
+    while pending:
+        name = pending.pop()
+        if name in names:
+            continue
+        names.add(name)
+        if name in temporaries:
+            pending += [s.name for s in temporaries[name].free_symbols]
+    return names
+
+
 def returned_grad(hidden: str) -> str:
     """backward's parameter for the gradient of a hidden output (not None only in a second derivative)."""
     return f"grad_{hidden}_returned"
@@ -458,13 +499,18 @@ def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple
     broadcasts."""
     lead = len(have) - len(want)
     if lead > 0:
-        code = f"({code}).sum(dim={_dims(tuple(range(lead)))})"
+        code = f"{_atom(code)}.sum(dim={_dims(tuple(range(lead)))})"
         have = have[lead:]
     keep = tuple(d - len(want) for d, (h, w) in enumerate(zip(have, want)) if w == 1 and h > 1) if lead >= 0 else ()
     if keep:
-        code = f"({code}).sum(dim={_dims(keep)}, keepdim=True)"
+        code = f"{_atom(code)}.sum(dim={_dims(keep)}, keepdim=True)"
         have = tuple(1 if d - len(want) in keep else h for d, h in enumerate(have))
     return code, have
+
+
+def _atom(code: str) -> str:
+    """``code`` as the receiver of a method call: parenthesized unless it is a name."""
+    return code if code.isidentifier() else f"({code})"
 
 
 def _dims(dims: tuple[int, ...]) -> str:

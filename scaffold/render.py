@@ -1123,11 +1123,11 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
     by_name = {d.name: d for d in domains}
     optional = bool(plan.hidden) or len(plan.visible) > 1
     written = parsed.written or " ".join(spec.forward.split())
-    forward_doc = [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps] + [
-        _docstring_text(f"{spec.name}({', '.join(arguments)}) = {parsed.output_text or written}")
-    ]
-    if not parsed.steps:
-        forward_doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
+    # the forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line
+    forward_doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
+    forward_doc += [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps]
+    if parsed.steps:
+        forward_doc.append(_docstring_text(f"return {parsed.output_text}"))
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
     return ProgramView(
