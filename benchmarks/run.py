@@ -2,8 +2,10 @@
 
     python benchmarks/run.py                                  # the default ops, float32, 4 Mi elements
     python benchmarks/run.py --ops gelu,mish --no-compile --min-time 0.2
+    python benchmarks/run.py --structured                     # norms, softmax losses, attention, ...
 
-For every op (from tests/catalogue.py, with PyTorch's own implementation as the native op):
+For every op (from tests/catalogue.py or tests/structured_catalogue.py, with PyTorch's own implementation as
+the native op):
 :func:`scaffold.bench.bench_op`, then one table row of ratios of forward+backward time and of bytes
 saved for backward. The table goes to stdout, progress to stderr; nothing is written to disk.
 """
@@ -25,6 +27,16 @@ DEFAULT_OPS = (
     "sigmoid", "tanh_op", "mse", "huber", "bce_with_logits", "log_cosh", "affine", "lerp", "mul",
 )  # fmt: skip
 
+#: Ops that reduce, normalize or multiply matrices, with a native PyTorch equivalent.
+STRUCTURED_OPS = (
+    "logsumexp_textbook", "softmax_textbook", "log_softmax_textbook", "soft_cross_entropy", "mse_mean", "rms_norm",
+    "layer_norm", "linear_relu", "attention", "cosine_similarity", "l2_normalize", "softmax_entropy", "amax_rows",
+    "gram", "logistic_nll", "sum_of_squares", "mean_variance", "log_softmax_and_logsumexp", "bilinear_form",
+)  # fmt: skip
+#: A structured op's example dimensions (all but the batch one) are this many times wider in the benchmark:
+#: rows of 1024 features, as in a model, not the catalogue's 16.
+WIDTH = 64
+
 COLUMNS = (
     ("eager vs plain", "eager fwd+bwd"),
     ("eager saved vs plain", "eager saved"),
@@ -38,6 +50,7 @@ COLUMNS = (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", help=f"comma-separated catalogue ops (default: {','.join(DEFAULT_OPS)})")
+    parser.add_argument("--structured", action="store_true", help=f"the structured ops: {','.join(STRUCTURED_OPS)}")
     parser.add_argument("--numel", type=int, default=None, help="elements per input (default: 4194304)")
     parser.add_argument("--min-time", type=float, default=None, help="seconds each timing runs for (default: 1)")
     parser.add_argument("--no-compile", action="store_true", help="skip scaffold fused and plain torch.compile")
@@ -48,11 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _catalogue() -> dict:
-    return {op.name: op for op in importlib.import_module("catalogue").OPS}
+    ops = [*importlib.import_module("catalogue").OPS, *importlib.import_module("structured_catalogue").STRUCTURED]
+    return {op.name: op for op in ops}
 
 
-def _selected(text: str | None, catalogue: dict) -> list:
-    names = [n.strip() for n in text.split(",") if n.strip()] if text else list(DEFAULT_OPS)
+def _selected(text: str | None, catalogue: dict, structured: bool = False) -> list:
+    default = STRUCTURED_OPS if structured else DEFAULT_OPS
+    names = [n.strip() for n in text.split(",") if n.strip()] if text else list(default)
     unknown = [n for n in names if n not in catalogue]
     if not names or unknown:
         raise SystemExit(f"run.py: error: not in tests/catalogue.py: {', '.join(unknown) or 'no ops given'}")
@@ -110,6 +125,19 @@ def _table(results: list[tuple[str, dict[str, float | None], str]], *, compiled:
     return lines
 
 
+def _widened(spec):
+    """A structured op's spec with every dimension above 1 but the first tensor's first made WIDTH times wider."""
+    import dataclasses
+
+    batch = spec.tensors[0].shape[0] if spec.tensors[0].shape else None
+
+    def wider(t, index):
+        return tuple(n if n == 1 or (d == 0 and n == batch) else n * WIDTH for d, n in enumerate(t.shape))
+
+    tensors = tuple(dataclasses.replace(t, shape=wider(t, i)) for i, t in enumerate(spec.tensors))
+    return dataclasses.replace(spec, tensors=tensors)
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -122,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scaffold.errors import ScaffoldError
     from scaffold.spec import spec_from_mapping
 
-    ops = _selected(args.ops, _catalogue())
+    ops = _selected(args.ops, _catalogue(), args.structured)
     try:  # settings wrong for every op are reported once
         bench.resolve_dtype(args.dtype), bench.resolve_device(args.device)
     except ScaffoldError as exc:
@@ -139,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(prefix + message, file=sys.stderr, flush=True)
 
         try:
+            spec = spec_from_mapping(op.mapping(), source=f"tests/catalogue.py: {op.name}")
             report = bench.bench_op(
-                spec_from_mapping(op.mapping(), source=f"tests/catalogue.py: {op.name}"),
+                _widened(spec) if spec.structured else spec,
                 device=args.device,
                 dtype=args.dtype,
                 native=op.native,

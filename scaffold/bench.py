@@ -44,9 +44,11 @@ from torch.utils import benchmark
 from .api import compile_op, generate_op
 from .domain import InputDomain
 from .errors import BenchError, SpecError
+from .expression import parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
+from .program import build_program
 from .project import find_project
-from .render import reference_module
+from .render import program_reference_module, reference_module
 from .spec import OpSpec, check_identifier
 
 #: Elements of the largest input by default: 4 Mi float32 values are 16 MiB, beyond most CPU caches.
@@ -224,6 +226,42 @@ def scaled_shapes(
     return out
 
 
+def scaled_program_shapes(spec: OpSpec, numel: int) -> list[tuple[int, ...]]:
+    """The example shapes of a structured op with its batch dimension grown, so that the largest value the
+    forward computes (an input, a step or an output) has about ``numel`` elements.
+
+    The batch dimension is the first tensor's first one: it grows in every tensor whose first dimension
+    has that size (and in no parameter). Where even the example is larger, the example shapes are kept.
+    """
+    first = spec.tensors[0].shape
+    if not first:
+        return [tuple(t.shape) for t in spec.tensors]
+    batch = first[0]
+
+    def shapes(size: int) -> list[tuple[int, ...]]:
+        return [
+            (size, *t.shape[1:]) if t.shape and t.shape[0] == batch and not t.learnable else tuple(t.shape)
+            for t in spec.tensors
+        ]
+
+    def largest(size: int) -> int:
+        tensors = tuple(dataclasses.replace(t, shape=s) for t, s in zip(spec.tensors, shapes(size)))
+        grown = dataclasses.replace(spec, tensors=tensors)
+        program = build_program(parse_forward(grown), grown)
+        return max(math.prod(v.shape) for v in program.values)
+
+    low, high = 1, max(1, numel)  # the largest multiple k of the batch size with largest(k * batch) <= numel
+    if largest(batch) > numel:
+        return shapes(batch)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if largest(batch * middle) <= numel:
+            low = middle
+        else:
+            high = middle - 1
+    return shapes(batch * low)
+
+
 def _uniform(shape: tuple[int, ...], domain: InputDomain, generator: torch.Generator) -> torch.Tensor:
     x = torch.rand(shape, generator=generator, dtype=torch.float64) * (domain.high - domain.low) + domain.low
     for point in domain.avoid:
@@ -243,7 +281,10 @@ def make_inputs(
 ) -> list[torch.Tensor]:
     """Seeded inputs, uniform in their domains and away from the points to avoid; all require grad."""
     by_name = {d.name: d for d in domains}
-    shapes = scaled_shapes([t.shape for t in spec.tensors], numel, [t.learnable for t in spec.tensors])
+    if spec.structured:
+        shapes = scaled_program_shapes(spec, numel)
+    else:
+        shapes = scaled_shapes([t.shape for t in spec.tensors], numel, [t.learnable for t in spec.tensors])
     generator = torch.Generator().manual_seed(seed)
     tensors = [_uniform(shape, by_name[t.name], generator) for t, shape in zip(spec.tensors, shapes)]
     return [x.to(device=device, dtype=dtype).requires_grad_(True) for x in tensors]
@@ -272,7 +313,11 @@ def _sources(spec: OpSpec, fused: bool) -> _Sources:
             fused_source = generate_op(dataclasses.replace(spec, fuse=True), time_limit=None)[f"{spec.name}.py"]
         except Exception as exc:  # the eager op exists: report the fused one as unavailable
             fused_error = f"generating it failed: {_first_line(exc)}"
-    return _Sources(eager, fused_source, fused_error, reference_module(eager_spec, op.plan), op.domains)
+    if op.program.structured:
+        reference = program_reference_module(eager_spec, op.parsed)
+    else:
+        reference = reference_module(eager_spec, op.plan)
+    return _Sources(eager, fused_source, fused_error, reference, op.domains)
 
 
 @contextmanager

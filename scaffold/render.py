@@ -1113,6 +1113,9 @@ class ProgramView:
     module_forward_params: list[str]
     module_call_args: list[str]
     extra_repr: str
+    fuse: bool
+    backward_params: list[str]
+    backward_args: list[str]
 
 
 def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...]) -> ProgramView:
@@ -1164,6 +1167,12 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
         backward_blocks=_program_blocks(plan, tensor_names),
+        fuse=spec.fuse,
+        backward_params=["needs_input_grad", *plan.upstream, *plan.saved, *plan.backward_scalars]
+        + [f"{n}_shape" for n in plan.shapes],
+        backward_args=["ctx.needs_input_grad", *plan.upstream, *plan.saved]
+        + [f"ctx.{n}" for n in plan.backward_scalars]
+        + [f"ctx.{n}_shape" for n in plan.shapes],
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
         jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
         jvp_scalars=list(plan.jvp_scalars),
@@ -1187,7 +1196,7 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
         guard = (
             None
             if not line.guard or line.guard == everything
-            else " or ".join(f"ctx.needs_input_grad[{i}]" for i in sorted(line.guard))
+            else " or ".join(f"needs_input_grad[{i}]" for i in sorted(line.guard))
         )
         text = "    " * line.indent + line.text
         if blocks and guard == last:
@@ -1239,9 +1248,7 @@ def _program_test_view(
     own_device_fixture: bool,
 ) -> TestView:
     code = _CodePrinter(spec)
-    names = {*parsed.symbols, *(s.name for s in parsed.steps), OUTPUT}
-    steps, exprs = straight_line(list(parsed.exprs), names)
-    reference_lines = code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
+    reference_lines = _program_reference_lines(code, parsed)
     shapes = program_small_shapes(spec)
     inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes))
     return TestView(
@@ -1264,6 +1271,23 @@ def _program_test_view(
         outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
         structured=True,
     )
+
+
+def _program_reference_lines(code: _CodePrinter, parsed) -> list[str]:
+    """The body of a structured op's ``reference``: its forward as written (no stable forms), in plain torch."""
+    names = {*parsed.symbols, *(s.name for s in parsed.steps), OUTPUT}
+    steps, exprs = straight_line(list(parsed.exprs), names)
+    return code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
+
+
+def program_reference_module(spec: OpSpec, parsed) -> str:
+    """:func:`reference_module` for a structured op."""
+    code = _CodePrinter(spec)
+    lines = _program_reference_lines(code, parsed)
+    imports = [IMPORTS[alias] for alias in sorted(code.imports)] + ["import torch"]
+    params = ", ".join(a.name for a in spec.arguments)
+    body = "".join(f"    {line}\n" for line in lines)
+    return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"
 
 
 #: Sizes the tests of a structured op give the example's distinct sizes above 1, in order of size: distinct

@@ -64,7 +64,7 @@ STRUCTURED: list[CatalogueOp] = [
         "rms_norm",
         "x * weight / sqrt(mean(x**2, dim=-1, keepdim=True) + eps)",
         {"x": {"shape": [8, 16]}, "weight": {"shape": [16], "learnable": True, "init": 1.0}},
-        lambda x, weight, eps: F.rms_norm(x, (16,), weight, eps),
+        lambda x, weight, eps: F.rms_norm(x, x.shape[-1:], weight, eps),
         {"eps": {"default": 1e-6}},
     ),
     _op(
@@ -78,7 +78,7 @@ STRUCTURED: list[CatalogueOp] = [
             "weight": {"shape": [16], "learnable": True, "init": 1.0},
             "bias": {"shape": [16], "learnable": True, "init": 0.0},
         },
-        lambda x, weight, bias, eps: F.layer_norm(x, (16,), weight, bias, eps),
+        lambda x, weight, bias, eps: F.layer_norm(x, x.shape[-1:], weight, bias, eps),
         {"eps": {"default": 1e-5}},
     ),
     _op(
