@@ -76,6 +76,8 @@ class ProgramPlan:
     jvp_returns: tuple[str, ...]
     jvp_scalars: tuple[str, ...]
     imports: tuple[str, ...]
+    # the example shape of each tensor backward takes (saved values, upstream gradients), for stage 6b
+    parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     elementwise_docs: tuple[tuple[str, str], ...] = ()  # "d tmp1 / d x", formula
     rule_docs: tuple[str, ...] = ()
 
@@ -239,6 +241,11 @@ class _Planner:
             jvp_returns=tuple(jvp_returns),
             jvp_scalars=tuple(jvp_scalars),
             imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
+            parameter_shapes=tuple(
+                [(n, self.shape(n)) for n in saved if n not in self.masks.values()]
+                + [(grad_names[v], self.shape(v)) for v in self.visible]
+                + [(returned_grad(h), self.shape(h)) for h in hidden_values]
+            ),
             elementwise_docs=tuple(partials_docs),
             rule_docs=tuple(rule_docs),
         )
@@ -259,7 +266,6 @@ class _Planner:
         )
         steps, reduced = straight_line(exprs, self.taken, scalars)
         temporaries = {step.name: step.expr for step in steps}
-        reads = {name: _closure(expr.free_symbols, temporaries) for name, expr in temporaries.items()}
         tensors = {g} | set(self.masks.values())
         for step in steps:
             self.taken.add(step.name)
@@ -268,21 +274,37 @@ class _Planner:
             if any(s.name in tensors or self.is_tensor(s.name) for s in step.expr.free_symbols):
                 tensors.add(step.name)
             lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors)}", guard))
-        for read, expr in zip(targets, reduced):
-            shapes = [grad_shapes[node.name]] + [
-                self.shape(s)
-                for s in _closure(expr.free_symbols, temporaries) | reads.get(read, set())
-                if s in self.values and self.is_tensor(s)
-            ]
-            code = self.print(expr, extra=tensors)
-            self._contribute(lines, read, code, broadcast(shapes), grad_names, grad_shapes)
 
-    def _contribute(self, lines, target, code, static, grad_names, grad_shapes) -> None:
-        """Add ``code`` (of example shape ``static``) to ``target``'s gradient."""
+        def shape_of(expr: sympy.Basic) -> tuple[int, ...]:
+            names = _closure(expr.free_symbols, temporaries)
+            shapes = [self.shape(s) for s in names if s in self.values and self.is_tensor(s)]
+            return broadcast(shapes + ([grad_shapes[node.name]] if g in names else []))
+
+        for read, expr in zip(targets, reduced):
+            have, want = shape_of(expr), self.shape(read)
+            outer = sympy.S.One
+            if self.values[read].kind != TENSOR and have != want:
+                # factors constant along the dimensions summed over multiply the sum, not each term
+                summed = _summed_dims(have, want)
+                factors = sympy.Mul.make_args(expr)
+                constant = [
+                    f for f in factors if all(d < 0 or shape_of(f)[d] == 1 for d in _aligned(summed, shape_of(f), have))
+                ]
+                if constant and len(constant) < len(factors):
+                    outer = sympy.Mul(*constant)
+                    expr = sympy.Mul(*[f for f in factors if f not in constant])
+            code = self.print(expr, extra=tensors)
+            self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=self.print(outer, extra=tensors))
+
+    def _contribute(self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1") -> None:
+        """Add ``code`` (of example shape ``static``), summed to ``target``'s shape and then multiplied by
+        ``outer``, to ``target``'s gradient."""
         guard = self.upstream[target]
         want = self.shape(target)
         if self.values[target].kind != TENSOR:
             code, static = _summed_to(code, static, want)
+        if outer != "1":
+            code = f"-{_atom(code) if code[0] == '-' else code}" if outer == "-1" else f"{outer} * {code}"
         g = grad_names[target]
         if target in grad_shapes:
             total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
@@ -462,6 +484,10 @@ class _Requests(Emitter):
     def example_shape(self, name: str) -> tuple[int, ...]:
         return self.planner.shape(name)
 
+    def module(self, alias: str) -> str:
+        self.planner.imports.add(alias)
+        return alias
+
 
 class _Everything(_Requests):
     """jvp recomputes every value: each is at hand."""
@@ -506,6 +532,18 @@ def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple
         code = f"{_atom(code)}.sum(dim={_dims(keep)}, keepdim=True)"
         have = tuple(1 if d - len(want) in keep else h for d, h in enumerate(have))
     return code, have
+
+
+def _summed_dims(have: tuple[int, ...], want: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions of ``have`` (counted from its front) that summing it to ``want`` removes or keeps as 1."""
+    lead = len(have) - len(want)
+    return tuple(range(lead)) + tuple(lead + d for d, w in enumerate(want) if w == 1 and have[lead + d] > 1)
+
+
+def _aligned(dims: tuple[int, ...], shape: tuple[int, ...], full: tuple[int, ...]) -> list[int]:
+    """``dims`` of ``full`` as dimensions of ``shape`` (aligned from the right; -1 where it has none)."""
+    offset = len(full) - len(shape)
+    return [d - offset if d >= offset else -1 for d in dims]
 
 
 def _atom(code: str) -> str:

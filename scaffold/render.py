@@ -1116,6 +1116,8 @@ class ProgramView:
     fuse: bool
     backward_params: list[str]
     backward_args: list[str]
+    parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
+    backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
 
 
 def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...]) -> ProgramView:
@@ -1173,6 +1175,7 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         backward_args=["ctx.needs_input_grad", *plan.upstream, *plan.saved]
         + [f"ctx.{n}" for n in plan.backward_scalars]
         + [f"ctx.{n}_shape" for n in plan.shapes],
+        parameter_kinds=_program_parameter_kinds(plan),
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
         jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
         jvp_scalars=list(plan.jvp_scalars),
@@ -1185,6 +1188,31 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
     )
+
+
+def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
+    """What _backward's parameters are, for stage 6b: each tensor with the dimensions in which its example
+    shape is above 1 (counted from the right) standing for the arguments its shape broadcasts from: a
+    tensor broadcasts into another where its dimensions are a subset (the program's shapes are those of
+    the example, up to sizes); masks as masks, scalars as numbers."""
+    kinds: dict[str, Kind] = {}
+    for name, shape in plan.parameter_shapes:
+        kinds[name] = Kind(TENSOR, frozenset(f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1))
+    for mask in plan.masks:
+        kinds[mask] = Kind(BOOL, frozenset())
+    for name in plan.backward_scalars:
+        kinds[name] = Kind(NUMBER)
+    return kinds
+
+
+def _program_in_place(env: jinja2.Environment, view: ProgramView) -> str:
+    """The module's text, its _backward computing in place where it can (stage 6b; not in fused mode)."""
+    template = env.get_template(TEMPLATES["program"])
+    if view.fuse:
+        return template.render(view=view)
+    module = template.render(view=dataclasses.replace(view, backward_in_place=True))
+    rewritten = reuse_temporaries(module, "_backward", view.parameter_kinds)
+    return rewritten if rewritten != module else template.render(view=view)
 
 
 def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
@@ -1221,7 +1249,7 @@ def render_program_op(
 ) -> dict[str, str]:
     """:func:`render_op` for a structured program."""
     env = environment()
-    module = env.get_template(TEMPLATES["program"]).render(view=program_module_view(spec, parsed, plan, domains))
+    module = _program_in_place(env, program_module_view(spec, parsed, plan, domains))
     tests = _program_test_view(
         spec,
         parsed,

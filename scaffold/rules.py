@@ -112,6 +112,10 @@ class Emitter:
     def example_shape(self, name: str) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def module(self, alias: str) -> str:
+        """``alias`` (a key of printing.IMPORTS), which the generated module then imports."""
+        raise NotImplementedError
+
 
 def _dims_argument(dims: tuple[int, ...]) -> str:
     return str(dims[0]) if len(dims) == 1 else str(tuple(dims))
@@ -176,7 +180,10 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
             return grad
         if isinstance(call, ReduceMean):
             shape = emit.shape(x)
-            count = f"{shape}.numel()" if not call.dims else " * ".join(f"{shape}[{d}]" for d in dims)
+            # math.prod, not Size.numel: torch.func.functionalize passes a shape as a plain tuple
+            count = (
+                f"{emit.module('math')}.prod({shape})" if not call.dims else " * ".join(f"{shape}[{d}]" for d in dims)
+            )
             return f"{grad} / {count}" if len(dims) == 1 or not call.dims else f"{grad} / ({count})"
         y = unsqueezed(emit.value(node.name), call, rank)
         if isinstance(call, LogSumExp):
