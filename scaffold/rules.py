@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import sympy
 
 from .derivation import differentiate
+from .errors import DerivationError
 from .program import ELEMENTWISE, Program, Value
 from .stable import stabilize
 from .structural import (
@@ -77,6 +78,12 @@ class ProgramDerivation:
 
 def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     """The partial derivatives of every elementwise node of ``program`` in the tensor values it reads."""
+    if program.parsed.gradients:
+        raise DerivationError(
+            "custom gradients are not supported yet in a forward that reduces, normalizes or multiplies matrices",
+            where=where.replace(": forward", ": gradients"),
+            hint="remove the gradients table, or write the op without sum/mean/softmax/@ (elementwise ops take them)",
+        )
     scalars = {sympy.Symbol(n, real=True) for n in program.parsed.scalar_names} | {
         program.parsed.symbols[n] for n in program.parsed.scalar_names
     }

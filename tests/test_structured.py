@@ -256,6 +256,12 @@ def test_shapes_that_do_not_fit_are_refused_naming_the_line():
     assert "names a dimension of x (shape [4, 8]) twice" in message
 
 
+def test_custom_gradients_are_refused_with_a_message():
+    message = _error("sum(x, dim=-1)", {"x": {"shape": [4, 8]}}, gradients={"x": "grad"})
+    assert "custom gradients are not supported yet in a forward that reduces" in message
+    assert "op.toml: gradients" in message
+
+
 def test_example_shapes_need_not_broadcast_when_the_forward_multiplies_matrices():
     spec = make_spec("op", "x @ transpose(w, 0, 1)", {"x": {"shape": [4, 8]}, "w": {"shape": [6, 8]}})
     program = compile_op(spec).program
