@@ -178,6 +178,8 @@ class _Planner:
                 if operand not in targets:
                     continue
                 code = backward_code(node, i, exact, emitter)
+                lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
+                emitter.pending.clear()
                 static = self._rule_shape(node, i, grad_shapes[node.name])
                 self._contribute(lines, operand, code, static, grad_names, grad_shapes)
 
@@ -456,6 +458,7 @@ class _Requests(Emitter):
         self.values: set[str] = set()
         self.shapes: set[str] = set()  # tensor arguments whose shapes are read
         self.scalars: set[str] = set()
+        self.pending: list[str] = []  # temporaries a rule asked for, to assign before its result
 
     def value(self, name: str) -> str:
         self.values.add(name)
@@ -487,6 +490,22 @@ class _Requests(Emitter):
     def module(self, alias: str) -> str:
         self.planner.imports.add(alias)
         return alias
+
+    def softmax_of(self, name: str, dims: tuple[int, ...]) -> str | None:
+        rank = len(self.planner.shape(name))
+        for v in self.planner.nodes:
+            if v.kind == SOFTMAX and str(v.expr.args[0]) == name and (v.expr.dim % rank) - rank == dims[0]:
+                if len(dims) == 1:
+                    return (
+                        self.value(v.name) if type(v.expr).__name__ == "Softmax" else f"torch.exp({self.value(v.name)})"
+                    )
+        return None
+
+    def temporary(self, code: str) -> str:
+        name = next(f"tmp{k}" for k in range(10**6) if f"tmp{k}" not in self.planner.taken)
+        self.planner.taken.add(name)
+        self.pending.append(f"{name} = {code}")
+        return name
 
 
 class _Everything(_Requests):

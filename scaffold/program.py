@@ -194,7 +194,7 @@ class _Lifter:
                 where=self.at(line),
                 hint="reduce, normalize or multiply expressions of the tensor arguments",
             )
-        name = self.step_name(written) or name or self.fresh()
+        name = self.step_name(written) or name or self.fresh(_NAMES.get(type(formula).__name__, "tmp"))
         self.taken.add(name)
         kind = formula.kind if isinstance(formula, Structural) else ELEMENTWISE
         shape = self.shape(formula, written, line)
@@ -238,15 +238,29 @@ class _Lifter:
                 return step.name
         return None
 
-    def fresh(self) -> str:
+    def fresh(self, stem: str) -> str:
+        """``stem`` numbered (tmp0, tmp1; probs, probs1) so that no value has it yet."""
         k = 0
-        while f"tmp{k}" in self.taken:
+        while (f"{stem}{k}" if k or stem == "tmp" else stem) in self.taken:
             k += 1
-        return f"tmp{k}"
+        return f"{stem}{k}" if k or stem == "tmp" else stem
 
     def at(self, line: int) -> str:
         return f"{self.where}, line {line}" if line else self.where
 
+
+#: What an unnamed structural node is called in the generated code (an elementwise one is tmp0, tmp1, ...).
+_NAMES = {
+    "ReduceSum": "total",
+    "ReduceMean": "average",
+    "LogSumExp": "lse",
+    "AMax": "largest",
+    "AMin": "smallest",
+    "Softmax": "probs",
+    "LogSoftmax": "log_probs",
+    "MatrixProduct": "product",
+    "Transposed": "transposed",
+}
 
 _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import textwrap
 from collections.abc import Callable, Mapping
@@ -1027,31 +1028,30 @@ def render_op(
     goes relative to it (default: the file's name), or without one in scaffold's own style.
     """
     env = environment()
-    view = module_view(spec, derivation, plan, domains)
-    module = _in_place(env, view)
-    tests = test_view(
-        spec,
-        derivation,
-        plan,
-        domains,
-        module_import=module_import or spec.name,
-        testing_module=testing_module,
-        own_device_fixture=not shared_device_fixture,
-    )
-    test = env.get_template(TEMPLATES["test"]).render(view=tests)
-    return _finished(
-        spec, {f"{spec.name}.py": module, f"test_{spec.name}.py": test}, module_import, project_root, paths
-    )
+    module = _in_place(env, module_view(spec, derivation, plan, domains))
+    tests = functools.partial(test_view, spec, derivation, plan, domains)
+    return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 
 def _finished(
     spec: OpSpec,
-    files: dict[str, str],
+    module: str,
+    tests: Callable[..., TestView],
     module_import: str | None,
+    shared_device_fixture: bool,
+    testing_module: str,
     project_root: str | Path | None,
     paths: Mapping[str, str | PurePath] | None,
 ) -> dict[str, str]:
-    """The rendered files, checked to parse and formatted (ruff) as the project at ``project_root`` would."""
+    """The module and its test file (from the view ``tests`` makes), checked to parse and formatted (ruff)
+    as the project at ``project_root`` would."""
+    view = tests(
+        module_import=module_import or spec.name,
+        testing_module=testing_module,
+        own_device_fixture=not shared_device_fixture,
+    )
+    test = environment().get_template(TEMPLATES["test"]).render(view=view)
+    files = {f"{spec.name}.py": module, f"test_{spec.name}.py": test}
     for path, text in files.items():
         try:
             ast.parse(text, filename=path)
@@ -1250,19 +1250,8 @@ def render_program_op(
     """:func:`render_op` for a structured program."""
     env = environment()
     module = _program_in_place(env, program_module_view(spec, parsed, plan, domains))
-    tests = _program_test_view(
-        spec,
-        parsed,
-        plan,
-        domains,
-        module_import=module_import or spec.name,
-        testing_module=testing_module,
-        own_device_fixture=not shared_device_fixture,
-    )
-    test = env.get_template(TEMPLATES["test"]).render(view=tests)
-    return _finished(
-        spec, {f"{spec.name}.py": module, f"test_{spec.name}.py": test}, module_import, project_root, paths
-    )
+    tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
+    return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 
 def _program_test_view(

@@ -123,6 +123,15 @@ class Emitter:
         """``alias`` (a key of printing.IMPORTS), which the generated module then imports."""
         raise NotImplementedError
 
+    def temporary(self, code: str) -> str:
+        """The name of a temporary assigned ``code`` just before the rule's result (read twice there)."""
+        raise NotImplementedError
+
+    def softmax_of(self, name: str, dims: tuple[int, ...]) -> str | None:
+        """Code for the softmax of the value ``name`` along ``dims`` (counted from the end) from a softmax or
+        log_softmax node of the program, or None where it has none."""
+        return None
+
 
 def _dims_argument(dims: tuple[int, ...]) -> str:
     return str(dims[0]) if len(dims) == 1 else str(tuple(dims))
@@ -133,11 +142,12 @@ def negative_dims(call: Reduction, rank: int) -> tuple[int, ...]:
     return tuple(d - rank for d in reduced_dims(call, (1,) * rank))
 
 
-def reduce_code(call: Reduction, operand: str, rank: int) -> str:
-    """The torch code of a reduction of ``operand`` (a name, or code in parentheses)."""
+def reduce_code(call: Reduction, operand: str, rank: int, dtype: str | None = None) -> str:
+    """The torch code of a reduction of ``operand`` (a name, or code in parentheses), a sum accumulating in
+    ``dtype`` where given."""
     dims = negative_dims(call, rank)
     everything = not call.dims
-    keep = ", keepdim=True" if call.keepdim else ""
+    keep = (", keepdim=True" if call.keepdim else "") + (f", dtype={dtype}" if dtype else "")
     if isinstance(call, LogSumExp):
         return f"torch.logsumexp({operand}, dim={_dims_argument(dims)}{keep})"
     method = {ReduceSum: "sum", ReduceMean: "mean", AMax: "amax", AMin: "amin"}[type(call)]
@@ -171,7 +181,7 @@ def forward_code(call: Structural, operands: list[str], ranks: list[int]) -> str
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, LogSoftmax))
+    return isinstance(call, (MatrixProduct, Softmax))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -192,16 +202,23 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
                 f"{emit.module('math')}.prod({shape})" if not call.dims else " * ".join(f"{shape}[{d}]" for d in dims)
             )
             return f"{grad} / {count}" if len(dims) == 1 or not call.dims else f"{grad} / ({count})"
+        if isinstance(call, LogSumExp):
+            softmax = emit.softmax_of(x, dims)  # the program's own softmax of x, where it has one
+            if softmax is not None:
+                return f"{grad} * {softmax}"
         y = unsqueezed(emit.value(node.name), call, rank)
         if isinstance(call, LogSumExp):
             return f"{grad} * torch.exp({emit.value(x)} - {y})"
-        ties = f"({emit.value(x)} == {y})"
-        return f"{grad} * {ties} / {reduce_code(_keeping(call), ties, rank)}"
+        # where, and a count in the gradient's dtype: a bool sum counts in int64, slowly
+        ties = emit.temporary(f"{emit.value(x)} == {y}")
+        count = reduce_code(_keeping(call), ties, rank, dtype=f"{g}.dtype")
+        return f"torch.where({ties}, {grad} / {count}, 0)"
     if isinstance(call, Softmax):
+        # PyTorch's own backward kernels (one pass, and differentiable again): y * (g - sum(g * y)) for
+        # softmax, g - exp(y) * sum(g) for log_softmax
         y = emit.value(node.name)
-        if isinstance(call, LogSoftmax):
-            return f"{g} - torch.exp({y}) * {g}.sum(dim={call.dim}, keepdim=True)"
-        return f"{y} * ({g} - ({g} * {y}).sum(dim={call.dim}, keepdim=True))"
+        kernel = "_log_softmax_backward_data" if isinstance(call, LogSoftmax) else "_softmax_backward_data"
+        return f"torch.{kernel}({g}, {y}, {call.dim}, {y}.dtype)"
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
     return _matmul_backward(call, operand, g, emit)
@@ -262,16 +279,20 @@ def _summing(call: Reduction) -> Reduction:
 
 def describe(node: Value) -> str:
     """One line on the rule a structural node's gradient follows, for a comment in backward."""
-    call = node.expr
-    rules = {
-        ReduceSum: "spreads over the summed dimensions",
-        ReduceMean: "spreads evenly over the averaged dimensions",
-        LogSumExp: "is the softmax of its operand",
-        AMax: "goes to the largest elements, shared between ties",
-        AMin: "goes to the smallest elements, shared between ties",
-        Softmax: "is y * (g - sum(g * y))",
-        LogSoftmax: "is g - softmax * sum(g)",
-        MatrixProduct: "is g @ b^T for a and a^T @ g for b",
-        Transposed: "is transposed back",
-    }
-    return f"{node.name} = {spelled(call)}: its gradient {rules[type(call)]}"
+    call, y = node.expr, node.name
+    x = str(call.operand_exprs[0])
+    if isinstance(call, MatrixProduct):
+        b = str(call.operand_exprs[1])
+        rule = f"{x}'s gradient is g @ {b}^T, {b}'s is {x}^T @ g"
+    else:
+        rule = {
+            ReduceSum: f"{x}'s gradient is g, spread over the summed dimensions",
+            ReduceMean: f"{x}'s gradient is g spread evenly over the averaged dimensions",
+            LogSumExp: f"{x}'s gradient is g times the softmax of {x}, exp({x} - {y})",
+            AMax: f"{x}'s gradient is g at its largest elements, shared between ties",
+            AMin: f"{x}'s gradient is g at its smallest elements, shared between ties",
+            Softmax: f"{x}'s gradient is {y} * (g - sum(g * {y}))",
+            LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
+            Transposed: f"{x}'s gradient is g transposed back",
+        }[type(call)]
+    return f"{y} = {spelled(call)}: {rule}"

@@ -273,8 +273,9 @@ def stable_forms(expr: sympy.Basic) -> sympy.Basic:
     * ``log(sum(exp(e), dim))`` -> ``logsumexp(e, dim)``;
     * ``exp(e) / sum(exp(e), dim=d, keepdim=True)`` and ``exp(e - logsumexp(e, dim=d, keepdim=True))``
       -> ``softmax(e, dim=d)``;
-    * ``log(softmax(e, dim=d))`` and ``e - logsumexp(e, dim=d, keepdim=True)`` -> ``log_softmax(e, dim=d)``,
-      and ``exp(log_softmax(e, dim=d))`` -> ``softmax(e, dim=d)``.
+    * ``log(softmax(e, dim=d))`` and ``e - logsumexp(e, dim=d, keepdim=True)`` -> ``log_softmax(e, dim=d)``
+      (``e - logsumexp`` is finite too, but loses e's digits to the cancellation: at e = 1000 float32 keeps
+      1e-4), and ``exp(log_softmax(e, dim=d))`` -> ``softmax(e, dim=d)``.
     """
     if not expr.args:
         return expr

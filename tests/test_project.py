@@ -626,3 +626,16 @@ def test_a_base_formatted_by_another_ruff_is_reformatted_before_the_merge(
     # Either way the result is the new generation with the user's edit; the new record names today's ruff.
     assert text == base.read_text() + HELPER
     assert 'ruff = "0.17.6"\n' in record.read_text()
+
+
+def test_a_structured_op_in_a_project_passes_its_tests(project, scaffold):
+    """An op that reduces and multiplies matrices, added to a project: its module, test and record are
+    written as for any op, and the project's own tests (without scaffold installed) pass."""
+    args = ["new", "op", "row_softmax_linear", "--forward", "softmax(x @ transpose(w, 0, 1), dim=-1)"]
+    code, out, err = scaffold(*args, "--tensor", "x=4,8", "--tensor", "w=6,8", cwd=project)
+    assert code == 0, err
+    module = (project / "src/demo_ops/ops/row_softmax_linear.py").read_text()
+    assert "torch.softmax(" in module and "ctx.save_for_backward(x, w, out)" in module
+    assert (project / ".scaffold/row_softmax_linear/record.toml").is_file()
+    result = project_tests(project)
+    assert result.returncode == 0, result.stdout[-3000:]
