@@ -258,9 +258,10 @@ class _Planner:
         partials = dict(self.derivation.node(node.name).partials)
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
+        docs += [(f"d {node.name} / d {read}", sympy.sstr(partials[read])) for read in targets]
+        targets = [read for read in targets if partials[read] != 0]  # a value only a condition reads
         for read in targets:
             partial = self._masked(partials[read])
-            docs.append((f"d {node.name} / d {read}", sympy.sstr(partials[read])))
             emitter.request_symbols(partial)
             exprs.append(grad_symbol * partial)
         scalars = frozenset(sympy.Symbol(n, real=True) for n in self.scalars) | frozenset(

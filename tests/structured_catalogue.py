@@ -178,6 +178,38 @@ STRUCTURED: list[CatalogueOp] = [
         lambda x: torch.logsumexp(2 * x, 0, keepdim=True),
     ),
     _op(
+        "mlp_two_layers",
+        "Max(0, x @ w1) @ w2",
+        {"x": {"shape": [8, 16]}, "w1": {"shape": [16, 32]}, "w2": {"shape": [32, 4]}},
+        lambda x, w1, w2: F.relu(x @ w1) @ w2,
+    ),
+    _op(
+        "broadcast_batched_product",
+        "a @ b",
+        {"a": {"shape": [2, 1, 4, 5]}, "b": {"shape": [3, 5, 6]}},
+        lambda a, b: a @ b,
+    ),
+    _op(
+        "sign_by_row_sum",
+        "Piecewise((x, sum(x, dim=-1, keepdim=True) > 0), (-x, True))",
+        ROWS,
+        lambda x: torch.where(x.sum(-1, keepdim=True) > 0, x, -x),
+    ),
+    _op(
+        "smooth_max",
+        "t * logsumexp(x / t, dim=-1)",
+        ROWS,
+        lambda x, t: t * torch.logsumexp(x / t, -1),
+        {"t": {"default": 0.5}},
+    ),
+    _op(
+        "row_extremes",
+        "hi = amax(x, dim=-1)\nlo = amin(x, dim=-1)",
+        ROWS,
+        lambda x: (torch.amax(x, -1), torch.amin(x, -1)),
+        outputs=["hi", "lo"],
+    ),
+    _op(
         "weighted_mean_pool",
         "sum(softmax(s, dim=-1) * x, dim=-1)",
         {"s": {"shape": [8, 16]}, "x": {"shape": [8, 16]}},
