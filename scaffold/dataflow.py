@@ -102,7 +102,7 @@ class _Planner:
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*self.values, *(f"grad_{n}" for n in self.values), GRAD_OUTPUT, "ctx", "torch", "math"}
-        self.taken |= {f"{n}_shape" for n in self.values} | {f"mask{k}" for k in range(64)} | {"mask"}
+        self.taken |= {f"{n}_shape" for n in self.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
 
     # -- which arguments each value depends on ----------------------------------------------------------
 
@@ -364,7 +364,10 @@ class _Planner:
 
         def mask_of(condition: sympy.Basic) -> sympy.Symbol:
             if condition not in self.masks:
-                self.masks[condition] = f"mask{len(self.masks)}" if self.masks else "mask"
+                taken = {*self.values, *self.masks.values()}
+                self.masks[condition] = next(
+                    n for n in ("mask", *(f"mask{k}" for k in range(1, 10**6))) if n not in taken
+                )
             return sympy.Symbol(self.masks[condition])
 
         def replace(node: sympy.Basic) -> sympy.Basic:
