@@ -390,6 +390,17 @@ class _Planner:
         """From the values backward reads: what is saved, what is recomputed (in order), the hidden
         outputs, and a note on each saved tensor."""
         wanted = set(emitter.values)
+        # an elementwise intermediate of several inputs that backward reads instead of them (input - target)
+        # is kept where that saves bytes: the inputs themselves are not read
+        kept = {
+            name
+            for name in wanted
+            if self.values[name].kind == ELEMENTWISE
+            and name not in self.visible
+            and len(arguments := [r for r in self.values[name].reads if self.values[r].kind == TENSOR]) >= 2
+            and not set(arguments) & wanted
+            and sum(_elements(self.shape(r)) for r in arguments) > _elements(self.shape(name))
+        }
         recomputed: set[str] = set()
         changed = True
         while changed:
@@ -398,7 +409,7 @@ class _Planner:
                 v = self.values[name]
                 if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
                     continue
-                if v.kind in (ELEMENTWISE, TRANSPOSE):
+                if v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept:
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.values and s.name not in wanted:
@@ -583,12 +594,19 @@ def _note(v: Value, visible: list[str]) -> str:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
-    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(v.kind, "a value")
+    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(
+        v.kind, "read instead of the inputs it combines"
+    )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
 
 
-def _size(shape: tuple[int, ...]) -> str:
+def _elements(shape: tuple[int, ...]) -> int:
     n = 1
     for s in shape:
         n *= s
+    return n
+
+
+def _size(shape: tuple[int, ...]) -> str:
+    n = _elements(shape)
     return f"{n} element{'s' if n != 1 else ''} in the example"

@@ -177,9 +177,16 @@ class _Lifter:
         return expr.func(*[self.lift(a) for a in expr.args])
 
     def operand(self, written: sympy.Basic) -> sympy.Symbol:
-        """The value an operand of a structural call is: a value already, or a new elementwise node."""
+        """The value an operand of a structural call is: a value already, or a new elementwise node (two,
+        where it combines several tensors through one subexpression: see :func:`_combination`)."""
         lifted = self.lift(written)
-        return lifted if lifted.is_Symbol else self.node(lifted, None, written)
+        if lifted.is_Symbol:
+            return lifted
+        combination = _combination(lifted, self.tensors)
+        if combination is not None:
+            inner = self.node(combination, None, combination)
+            lifted = lifted.xreplace({combination: inner, -combination: -inner})
+        return self.node(lifted, None, written)
 
     def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic) -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
@@ -247,6 +254,31 @@ class _Lifter:
 
     def at(self, line: int) -> str:
         return f"{self.where}, line {line}" if line else self.where
+
+
+def _combination(formula: sympy.Basic, tensors: set[sympy.Symbol]) -> sympy.Expr | None:
+    """The smallest part of ``formula`` through which it reads all of its (two or more) tensor arguments,
+    where there is one and it is not the whole: ``input - target`` in ``(input - target)**2``.
+
+    Computed as a node of its own, it is all backward needs of them (``2*(input - target)``): saving it
+    costs one tensor where recomputing it costs them all (:mod:`.dataflow` decides which).
+    """
+    arguments = formula.free_symbols & tensors
+    if len(arguments) < 2:
+        return None
+    marker = sympy.Dummy()
+    candidates = sorted(
+        {
+            node
+            for node in sympy.preorder_traversal(formula)
+            if isinstance(node, sympy.Expr) and not node.is_Atom and node != formula and node.free_symbols >= arguments
+        },
+        key=sympy.count_ops,
+    )
+    for candidate in candidates:
+        if not formula.xreplace({candidate: marker, -candidate: -marker}).free_symbols & arguments:
+            return candidate
+    return None
 
 
 #: What an unnamed structural node is called in the generated code (an elementwise one is tmp0, tmp1, ...).

@@ -1160,7 +1160,12 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         optional_grads=optional,
         masks=list(plan.masks),
         saved=list(plan.saved),
-        saved_comment=["Saved for backward:", *(f"  {n}" for n in plan.saved_notes)],
+        saved_comment=["Saved for backward:"]
+        + [
+            line
+            for note in plan.saved_notes
+            for line in textwrap.wrap(note, COMMENT_WIDTH, initial_indent="  ", subsequent_indent="    ")
+        ],
         ctx_scalars=ctx_scalars,
         shapes=list(plan.shapes),
         zero_outputs=list(plan.visible) if optional else [],

@@ -158,6 +158,8 @@ _F64 = 8  # bytes per float64 element
         ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # x, weight, the mean and variance of each row
         ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
         ("soft_cross_entropy", (8 * 16 + 8 * 16) * _F64),  # target and log_softmax
+        ("mse_mean", 8 * 16 * _F64),  # input - target, not both inputs
+        ("log_softmax_and_logsumexp", 8 * 16 * _F64),  # log_probs: the softmax logsumexp's gradient needs
     ],
 )
 def test_saves_what_a_hand_written_function_saves(name: str, expected: int, tmp_path: Path):
