@@ -327,3 +327,17 @@ def test_the_cli_imports_torch_only_for_bench():
     code = "import sys, scaffold.cli; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
+def test_a_structured_op_grows_its_batch_dimension_and_is_timed_against_its_native_op():
+    spec = make_spec("rownorm", "x / sqrt(sum(x**2, dim=-1, keepdim=True))", {"x": {"shape": [8, 16]}})
+    assert bench.scaled_program_shapes(spec, 4096) == [(256, 16)]
+    gram = make_spec("gram", "x @ transpose(x, -1, -2)", {"x": {"shape": [8, 16]}})
+    assert bench.scaled_program_shapes(gram, 4096) == [(64, 16)]  # its 64 x 64 result is the largest value
+    report = bench.bench_op(
+        spec, native=lambda x: torch.nn.functional.normalize(x, dim=-1), native_name="torch", **FAST
+    )
+    rows = {row.name: row for row in report.rows}
+    assert rows[bench.EAGER].fwd_bwd is not None and rows[bench.PLAIN].fwd_bwd is not None
+    assert not rows["native torch"].note, rows["native torch"].note
+    assert rows[bench.EAGER].saved_bytes <= rows[bench.PLAIN].saved_bytes
