@@ -143,6 +143,40 @@ class _Planner:
         operands = [str(o) for o in v.expr.operand_exprs]
         return forward_code(v.expr, operands, [len(self.shape(o)) for o in operands])
 
+    def _forward_lines(self) -> list[str]:
+        """forward's statements. A log_softmax and a logsumexp of the same value along the same dimension
+        share their work, as torch computes each: the maximum, and the log of the sum of exponentials of the
+        value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that)."""
+        lines, shared = [], {}
+        for v in self.nodes:
+            key = _log_normalizer(v, self.shape)
+            partners = [w for w in self.nodes if w is not v and _log_normalizer(w, self.shape) == key]
+            if key is None or not partners:
+                lines.append(f"{v.name} = {self.forward_expr(v)}")
+                continue
+            operand, dim = key
+            if key not in shared:
+                names = [self._temporary() for _ in range(3)]
+                largest, shifted, log_sum = names
+                lines += [
+                    f"{largest} = {operand}.amax(dim={dim}, keepdim=True)",
+                    f"{shifted} = {operand} - {largest}",
+                    f"{log_sum} = torch.exp({shifted}).sum(dim={dim}, keepdim=True).log()",
+                ]
+                shared[key] = names
+            largest, shifted, log_sum = shared[key]
+            if v.kind == SOFTMAX:
+                lines.append(f"{v.name} = {shifted} - {log_sum}")
+            else:
+                lse = f"{largest} + {log_sum}"
+                lines.append(f"{v.name} = {lse}" if v.expr.keepdim else f"{v.name} = ({lse}).squeeze({dim})")
+        return lines
+
+    def _temporary(self) -> str:
+        name = next(f"tmp{k}" for k in range(10**6) if f"tmp{k}" not in self.taken)
+        self.taken.add(name)
+        return name
+
     # -- backward ------------------------------------------------------------------------------------------
 
     def plan(self) -> ProgramPlan:
@@ -223,7 +257,7 @@ class _Planner:
             for s in self.values[name].expr.free_symbols:
                 if s.name in self.scalars:
                     emitter.scalars.add(s.name)
-        forward = [f"{v.name} = {self.forward_expr(v)}" for v in self.nodes]
+        forward = self._forward_lines()
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
         return ProgramPlan(
@@ -598,6 +632,17 @@ def _note(v: Value, visible: list[str]) -> str:
         v.kind, "read instead of the inputs it combines"
     )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
+
+
+def _log_normalizer(v: Value, shape) -> tuple[str, int] | None:
+    """(operand, dimension from the end) of a log_softmax or a logsumexp over one dimension, else None."""
+    call = v.expr
+    if type(call).__name__ == "LogSoftmax" or (type(call).__name__ == "LogSumExp" and len(call.dims) == 1):
+        operand = str(call.args[0])
+        rank = len(shape(operand))
+        dim = call.dim if v.kind == SOFTMAX else call.dims[0]
+        return operand, dim % rank - rank
+    return None
 
 
 def _elements(shape: tuple[int, ...]) -> int:
