@@ -120,7 +120,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
     where = f"{spec.source}: forward"
     symbols = make_symbols(spec)
     for name in symbols:
-        if name in KNOWN_NAMES:
+        if name in KNOWN_NAMES and name not in structural.SPELLINGS:  # an argument may be called mean
             raise ExpressionError(
                 f"argument name {name!r} is also the name of a function or constant in expressions",
                 where=where,
@@ -378,7 +378,7 @@ def _step_name(
             where=where,
             hint=f"name the step differently, e.g. {name + '_1'!r}",
         )
-    if name in KNOWN_NAMES:
+    if name in KNOWN_NAMES and name not in structural.SPELLINGS:
         raise ExpressionError(
             f"{name!r} is the name of a function or constant in expressions",
             where=where,
@@ -456,7 +456,8 @@ class _Builder:
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
         if functions.by_spelling(name) is not None or name == "Piecewise" or name in structural.SPELLINGS:
-            raise self.fail(node, f"{name!r} is a function; call it, e.g. {name}(x)")
+            call = structural.example(name) if name in structural.SPELLINGS else f"{name}(x)"
+            raise self.fail(node, f"{name!r} is a function; call it, e.g. {call}")
         declared = ", ".join(self.symbols) or "none"
         raise self.fail(
             node,
@@ -559,6 +560,9 @@ class _Builder:
                 hint="expressions are math only: no attributes, methods, imports or Python builtins",
             )
         name = node.func.id
+        if name in self.symbols:
+            hint = f"rename the argument or step {name!r} to call {name}()" if name in KNOWN_NAMES else None
+            raise self.fail(node, f"{name!r} is an argument or step, not a function", hint=hint)
         if name in structural.SPELLINGS:
             return self._structural(node, depth)
         if node.keywords:
@@ -569,8 +573,6 @@ class _Builder:
             return self._piecewise(node, depth)
         function = functions.by_spelling(name)
         if function is None:
-            if name in self.symbols:
-                raise self.fail(node, f"{name!r} is an argument, not a function")
             supported = {*functions.spellings(), "Piecewise"}
             raise self.fail(
                 node,

@@ -290,3 +290,13 @@ def test_a_structured_op_works_from_the_command_line(tmp_path: Path):
     assert main(args) == 0
     assert "def backward" in (tmp_path / "rowsum.py").read_text()
     assert (tmp_path / "test_rowsum.py").is_file()
+
+
+def test_an_argument_may_be_called_mean():
+    """The structural spellings are not reserved: a Gaussian's mean stays an argument, and calling it says so."""
+    tensors = {"x": {}, "mean": {}, "var": {"domain": [0.5, 2.0]}}
+    files = generate_op(make_spec("gaussian_nll", "(x - mean)**2 / (2*var) + log(var) / 2", tensors), time_limit=None)
+    assert "def gaussian_nll(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor)" in files["gaussian_nll.py"]
+    message = _error("mean(x, dim=-1) * mean", {"x": {"shape": [4, 8]}, "mean": {"shape": [4]}})
+    assert "'mean' is an argument or step, not a function" in message
+    assert "rename the argument or step 'mean' to call mean()" in message
