@@ -200,22 +200,24 @@ def test_generated_tests_pass(generated_folder):
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
 
 
-@pytest.mark.parametrize("name", ["attention", "layer_norm", "linear_relu", "mean_variance"])
-def test_generated_tests_catch_a_wrong_backward(name: str, tmp_path: Path):
-    """backward's gradients scaled by 1.01: gradcheck, the reference comparison and more fail."""
-    files = dict(_files(name))
-    module = files[f"{name}.py"]
-    head, tail = module.split("    def backward(", 1)
-    body, rest = tail.split("\n        return ", 1)
-    returned, after = rest.split("\n", 1)
-    scaled = f"tuple(None if g is None else g * 1.01 for g in ({returned.rstrip(',')},))"
-    files[f"{name}.py"] = f"{head}    def backward({body}\n        return {scaled}\n{after}"
-    for path, text in files.items():
-        (tmp_path / path).write_text(text, encoding="utf-8")
+def test_generated_tests_catch_a_wrong_backward(tmp_path: Path):
+    """backward's gradients scaled by 1.01, in four ops (one pytest process): gradcheck, the reference
+    comparison, float32 and the hessian fail for each."""
+    names = ["attention", "layer_norm", "linear_relu", "mean_variance"]
+    for name in names:
+        files = dict(_files(name))
+        head, tail = files[f"{name}.py"].split("    def backward(", 1)
+        body, rest = tail.split("\n        return ", 1)
+        returned, after = rest.split("\n", 1)
+        scaled = f"tuple(None if g is None else g * 1.01 for g in ({returned.rstrip(',')},))"
+        files[f"{name}.py"] = f"{head}    def backward({body}\n        return {scaled}\n{after}"
+        for path, text in files.items():
+            (tmp_path / path).write_text(text, encoding="utf-8")
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
     result = BackgroundPytest(tmp_path, "-k", "gradcheck or reference or float32 or hessian", str(tmp_path)).wait()
-    failed = result.stdout.count("FAILED")
-    assert failed >= 4, result.stdout[-3000:]
+    for name in names:
+        failed = result.stdout.count(f"test_{name}.py::")
+        assert failed >= 4, f"{name}: only {failed} failed\n" + result.stdout[-3000:]
 
 
 # -- the language --------------------------------------------------------------------------------------------
