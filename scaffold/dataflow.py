@@ -22,6 +22,7 @@ jvp recomputes the forward from the inputs alongside the tangents (forward mode 
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 import sympy
@@ -136,10 +137,10 @@ class _Planner:
 
     def forward_expr(self, v: Value) -> str:
         if v.kind == ELEMENTWISE:
-            node = self.derivation.node(v.name)
-            if node.forward.is_Symbol and self.values[node.forward.name].kind == TENSOR:
-                return f"{node.forward.name}.view_as({node.forward.name})"  # an input leaves as a view of it
-            return self.print(node.forward)
+            code = self.print(self.derivation.node(v.name).forward)
+            # A value that may be another one itself (an input, or a case between values on a bool scalar)
+            # is a view of it: forward may not return one tensor twice, nor an input as it is.
+            return f"{_atom(code)}[...]" if _may_alias(code) else code
         operands = [str(o) for o in v.expr.operand_exprs]
         return forward_code(v.expr, operands, [len(self.shape(o)) for o in operands])
 
@@ -612,6 +613,16 @@ def _aligned(dims: tuple[int, ...], shape: tuple[int, ...], full: tuple[int, ...
     """``dims`` of ``full`` as dimensions of ``shape`` (aligned from the right; -1 where it has none)."""
     offset = len(full) - len(shape)
     return [d - offset if d >= offset else -1 for d in dims]
+
+
+def _may_alias(code: str) -> bool:
+    """Whether printed code may evaluate to one of the names it reads, not a new tensor: a name, or a
+    Python case (``a if flag else b``) with a name among its branches."""
+
+    def leaves(node: ast.expr) -> list[ast.expr]:
+        return leaves(node.body) + leaves(node.orelse) if isinstance(node, ast.IfExp) else [node]
+
+    return any(isinstance(leaf, ast.Name) for leaf in leaves(ast.parse(code, mode="eval").body))
 
 
 def _atom(code: str) -> str:

@@ -1272,7 +1272,9 @@ def _program_test_view(
     code = _CodePrinter(spec)
     reference_lines = _program_reference_lines(code, parsed)
     shapes = program_small_shapes(spec)
-    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes))
+    # the Module's parameters have their example shapes, and the example's shapes fit them together
+    module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
+    inputs = _input_views(spec, domains, shapes, module_shapes)
     return TestView(
         version=__version__,
         source=spec.source,

@@ -210,6 +210,23 @@ STRUCTURED: list[CatalogueOp] = [
         outputs=["hi", "lo"],
     ),
     _op(
+        "linear_gelu_learned",
+        "h = x @ transpose(weight, 0, 1) + bias\nh * sigmoid(1.702 * h)",
+        {
+            "x": {"shape": [8, 16]},
+            "weight": {"shape": [32, 16], "learnable": True, "init": 0.1},
+            "bias": {"shape": [32], "learnable": True, "init": 0.0},
+        },
+        lambda x, weight, bias: F.linear(x, weight, bias) * torch.sigmoid(1.702 * F.linear(x, weight, bias)),
+    ),
+    _op(
+        "softmax_or_log_softmax",
+        "Piecewise((softmax(x, dim=-1), probabilities), (log_softmax(x, dim=-1), True))",
+        ROWS,
+        lambda x, probabilities: F.softmax(x, -1) if probabilities else F.log_softmax(x, -1),
+        {"probabilities": {"type": "bool", "default": True}},
+    ),
+    _op(
         "weighted_mean_pool",
         "sum(softmax(s, dim=-1) * x, dim=-1)",
         {"s": {"shape": [8, 16]}, "x": {"shape": [8, 16]}},
