@@ -84,12 +84,18 @@ class ProgramPlan:
 
 
 def plan_program(derivation: ProgramDerivation, *, where: str) -> ProgramPlan:
+    """The plan of a structured program. Where it saves masks, it is planned again without a mask for any
+    condition on values it saves anyway (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
     with error_context(where):
-        return _Planner(derivation, where).plan()
+        plan = _Planner(derivation, where).plan()
+        if plan.masks:
+            plan = _Planner(derivation, where, frozenset(plan.saved) - frozenset(plan.masks)).plan()
+        return plan
 
 
 class _Planner:
-    def __init__(self, derivation: ProgramDerivation, where: str) -> None:
+    def __init__(self, derivation: ProgramDerivation, where: str, unmasked: frozenset[str] = frozenset()) -> None:
+        self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
         self.derivation = derivation
         self.program: Program = derivation.program
         self.where = where
@@ -396,6 +402,11 @@ class _Planner:
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
         intermediates = {sympy.Symbol(n, real=True) for n, v in self.values.items() if v.kind not in (TENSOR, SCALAR)}
+        saved = {sympy.Symbol(n, real=True) for n in self.unmasked}
+
+        def maskable(symbols: set[sympy.Symbol]) -> bool:
+            tensors = {s for s in symbols if s.name in self.values and self.values[s.name].kind != SCALAR}
+            return bool(tensors & intermediates) and not tensors <= saved
 
         def mask_of(condition: sympy.Basic) -> sympy.Symbol:
             if condition not in self.masks:
@@ -407,13 +418,13 @@ class _Planner:
 
         def replace(node: sympy.Basic) -> sympy.Basic:
             if isinstance(node, sympy.Heaviside):
-                if node.args[1] in (0, 1) and node.free_symbols & intermediates:
+                if node.args[1] in (0, 1) and maskable(node.free_symbols):
                     return sympy.Piecewise((1, mask_of(step_relational(node))), (0, True))
                 return node
             pairs = [
                 (
                     p.expr,
-                    mask_of(p.cond) if p.cond.free_symbols & intermediates and p.cond is not sympy.true else p.cond,
+                    mask_of(p.cond) if maskable(p.cond.free_symbols) and p.cond is not sympy.true else p.cond,
                 )
                 for p in node.args
             ]
