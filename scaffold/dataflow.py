@@ -213,7 +213,9 @@ class _Planner:
             rule_docs.append(describe(node))
             lines.append(Line(f"# {describe(node)}", guard))
             exact = g
-            if needs_exact_gradient(node.expr) and grad_shapes[node.name] != self.shape(node.name):
+            have = grad_shapes[node.name]
+            # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
+            if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
                 exact = f"{g}.expand({emitter.shape(node.name)})"
             for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
                 if operand not in targets:
@@ -221,7 +223,7 @@ class _Planner:
                 code = backward_code(node, i, exact, emitter)
                 lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
                 emitter.pending.clear()
-                static = self._rule_shape(node, i, grad_shapes[node.name])
+                static = self._rule_shape(node, i, node.shape if exact != g else have)
                 self._contribute(lines, operand, code, static, grad_names, grad_shapes)
 
         # what backward reads: saved, or recomputed from what is saved
@@ -368,15 +370,17 @@ class _Planner:
             if isinstance(call, (ReduceSum, ReduceMean)):
                 if call.keepdim or not call.dims:
                     return g_shape  # as it is: it broadcasts over the reduced dimensions
-                ones = iter(g_shape)
+                # g broadcasts to the result: as many dimensions as it, then a 1 at each reduced one
+                ones = iter((1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape))
                 return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
             return x_shape
         if node.kind == SOFTMAX:
             return broadcast([self.shape(x), g_shape])
         if node.kind == TRANSPOSE:
             d0, d1 = call.dims
-            swapped = list(g_shape)
-            swapped[d0], swapped[d1] = g_shape[d1], g_shape[d0]
+            padded = (1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape)
+            swapped = list(padded)
+            swapped[d0], swapped[d1] = padded[d1], padded[d0]
             return tuple(swapped)
         assert node.kind == MATMUL
         a, b = (self.shape(str(o)) for o in call.operand_exprs)

@@ -1202,7 +1202,9 @@ def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
     the example, up to sizes); masks as masks, scalars as numbers."""
     kinds: dict[str, Kind] = {}
     for name, shape in plan.parameter_shapes:
-        kinds[name] = Kind(TENSOR, frozenset(f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1))
+        # and its rank: a (16,) receiver cannot take a (1, 16) operand, whose result has two dimensions
+        dims = {f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1}
+        kinds[name] = Kind(TENSOR, frozenset(dims | {f"rank{k}" for k in range(1, len(shape) + 1)}))
     for mask in plan.masks:
         kinds[mask] = Kind(BOOL, frozenset())
     for name in plan.backward_scalars:

@@ -227,6 +227,32 @@ STRUCTURED: list[CatalogueOp] = [
         {"probabilities": {"type": "bool", "default": True}},
     ),
     _op(
+        "batch_norm_training",
+        "m = mean(x, dim=0, keepdim=True)\nv = mean((x - m)**2, dim=0, keepdim=True)\n(x - m) / sqrt(v + eps) * g",
+        {"x": {"shape": [8, 16]}, "g": {"shape": [16]}},
+        lambda x, g, eps: F.batch_norm(x, None, None, g, None, training=True, eps=eps),
+        {"eps": {"default": 1e-5}},
+    ),
+    _op(
+        "contrastive_loss",
+        "s = a @ transpose(b, 0, 1) / t\nmean(logsumexp(s, dim=-1) - sum(s * eye, dim=-1))",
+        {"a": {"shape": [6, 8]}, "b": {"shape": [6, 8]}, "eye": {"shape": [6, 6], "domain": [0.0, 1.0]}},
+        lambda a, b, eye, t: (torch.logsumexp(a @ b.T / t, -1) - (a @ b.T / t * eye).sum(-1)).mean(),
+        {"t": {"default": 0.5}},
+    ),
+    _op(
+        "transposed_sum",
+        "sum(transpose(x, 0, 1) * w)",
+        {"x": {"shape": [8, 16]}, "w": {"shape": [16, 8]}},
+        lambda x, w: (x.T * w).sum(),
+    ),
+    _op(
+        "transposed_total",
+        "sum(transpose(x, 0, 2), dim=(0, 1))",
+        {"x": {"shape": [2, 4, 6]}},
+        lambda x: x.transpose(0, 2).sum((0, 1)),
+    ),
+    _op(
         "weighted_mean_pool",
         "sum(softmax(s, dim=-1) * x, dim=-1)",
         {"s": {"shape": [8, 16]}, "x": {"shape": [8, 16]}},
