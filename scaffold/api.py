@@ -20,7 +20,7 @@ from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
 from .program import Program, build_program
-from .render import TESTING_MODULE, render_op, render_program_op
+from .render import TESTING_MODULE, render_op
 from .rules import ProgramDerivation, derive_program
 from .spec import OpSpec
 
@@ -94,10 +94,9 @@ def _generate(
     paths: Mapping[str, str | PurePath] | None,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
-    render = render_program_op if op.program.structured else render_op
-    files = render(
+    files = render_op(
         spec,
-        op.parsed if op.program.structured else op.derivation,
+        op.derivation,
         op.plan,
         op.domains,
         module_import=module_import,

@@ -41,7 +41,18 @@ from .rules import (
     needs_exact_gradient,
     tangent_code,
 )
-from .structural import MATMUL, REDUCE, SOFTMAX, TRANSPOSE, ReduceMean, ReduceSum, matmul_shape, reduced_dims
+from .structural import (
+    MATMUL,
+    REDUCE,
+    SOFTMAX,
+    TRANSPOSE,
+    LogSoftmax,
+    LogSumExp,
+    ReduceMean,
+    ReduceSum,
+    matmul_shape,
+    reduced_dims,
+)
 
 GRAD_OUTPUT = "grad_output"
 TANGENT = "_tangent"
@@ -562,13 +573,12 @@ class _Requests(Emitter):
             if v.kind == SOFTMAX and str(v.expr.args[0]) == name and (v.expr.dim % rank) - rank == dims[0]:
                 if len(dims) == 1:
                     return (
-                        self.value(v.name) if type(v.expr).__name__ == "Softmax" else f"torch.exp({self.value(v.name)})"
+                        self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
                     )
         return None
 
     def temporary(self, code: str) -> str:
-        name = next(f"tmp{k}" for k in range(10**6) if f"tmp{k}" not in self.planner.taken)
-        self.planner.taken.add(name)
+        name = self.planner._temporary()
         self.pending.append(f"{name} = {code}")
         return name
 
@@ -663,7 +673,7 @@ def _note(v: Value, visible: list[str]) -> str:
 def _log_normalizer(v: Value, shape) -> tuple[str, int] | None:
     """(operand, dimension from the end) of a log_softmax or a logsumexp over one dimension, else None."""
     call = v.expr
-    if type(call).__name__ == "LogSoftmax" or (type(call).__name__ == "LogSumExp" and len(call.dims) == 1):
+    if isinstance(call, LogSoftmax) or (isinstance(call, LogSumExp) and len(call.dims) == 1):
         operand = str(call.args[0])
         rank = len(shape(operand))
         dim = call.dim if v.kind == SOFTMAX else call.dims[0]

@@ -201,7 +201,7 @@ class _Lifter:
                 where=self.at(line),
                 hint="reduce, normalize or multiply expressions of the tensor arguments",
             )
-        name = self.step_name(written) or name or self.fresh(_NAMES.get(type(formula).__name__, "tmp"))
+        name = self.step_name(written) or name or self.fresh(formula.stem if isinstance(formula, Structural) else "tmp")
         self.taken.add(name)
         kind = formula.kind if isinstance(formula, Structural) else ELEMENTWISE
         shape = self.shape(formula, written, line)
@@ -280,19 +280,6 @@ def _combination(formula: sympy.Basic, tensors: set[sympy.Symbol]) -> sympy.Expr
             return candidate
     return None
 
-
-#: What an unnamed structural node is called in the generated code (an elementwise one is tmp0, tmp1, ...).
-_NAMES = {
-    "ReduceSum": "total",
-    "ReduceMean": "average",
-    "LogSumExp": "lse",
-    "AMax": "largest",
-    "AMin": "smallest",
-    "Softmax": "probs",
-    "LogSoftmax": "log_probs",
-    "MatrixProduct": "product",
-    "Transposed": "transposed",
-}
 
 _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",

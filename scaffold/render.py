@@ -30,6 +30,7 @@ from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
 from .printing import IMPORTS, print_torch
+from .rules import ProgramDerivation
 from .spec import OpSpec
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
@@ -1007,8 +1008,8 @@ def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
 
 def render_op(
     spec: OpSpec,
-    derivation: Derivation,
-    plan: BackwardPlan,
+    derivation: Derivation | ProgramDerivation,
+    plan: BackwardPlan | ProgramPlan,
     domains: tuple[InputDomain, ...],
     *,
     module_import: str | None = None,
@@ -1026,10 +1027,17 @@ def render_op(
     The templates are filled in memory, then ruff formats the result (:mod:`scaffold.formatting`), the last
     step: with the ruff settings of the project at ``project_root``, where ``paths`` says where each file
     goes relative to it (default: the file's name), or without one in scaffold's own style.
+
+    A structured program (a ProgramDerivation and ProgramPlan) fills ``templates/program_op.py.j2``.
     """
     env = environment()
-    module = _in_place(env, module_view(spec, derivation, plan, domains))
-    tests = functools.partial(test_view, spec, derivation, plan, domains)
+    if isinstance(plan, ProgramPlan):
+        parsed = derivation.program.parsed
+        module = _program_in_place(env, program_module_view(spec, parsed, plan, domains))
+        tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
+    else:
+        module = _in_place(env, module_view(spec, derivation, plan, domains))
+        tests = functools.partial(test_view, spec, derivation, plan, domains)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 
@@ -1240,25 +1248,6 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
             blocks.append(Block(guard, [text]))
             last = guard
     return blocks
-
-
-def render_program_op(
-    spec: OpSpec,
-    parsed,
-    plan: ProgramPlan,
-    domains: tuple[InputDomain, ...],
-    *,
-    module_import: str | None = None,
-    shared_device_fixture: bool = False,
-    testing_module: str = TESTING_MODULE,
-    project_root: str | Path | None = None,
-    paths: Mapping[str, str | PurePath] | None = None,
-) -> dict[str, str]:
-    """:func:`render_op` for a structured program."""
-    env = environment()
-    module = _program_in_place(env, program_module_view(spec, parsed, plan, domains))
-    tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
-    return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 
 def _program_test_view(

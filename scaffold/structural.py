@@ -28,6 +28,7 @@ class Structural(sympy.Function):
 
     kind = ""
     spelling = ""
+    stem = "tmp"  # what the generated code calls an unnamed one (probs, probs1, ...)
     operands = 1  # the leading arguments that are expressions; the rest are parameters
 
     @classmethod
@@ -79,22 +80,27 @@ class Reduction(Structural):
 
 
 class ReduceSum(Reduction):
+    stem = "total"
     spelling = "sum"
 
 
 class ReduceMean(Reduction):
+    stem = "average"
     spelling = "mean"
 
 
 class LogSumExp(Reduction):
+    stem = "lse"
     spelling = "logsumexp"
 
 
 class AMax(Reduction):
+    stem = "largest"
     spelling = "amax"
 
 
 class AMin(Reduction):
+    stem = "smallest"
     spelling = "amin"
 
 
@@ -103,6 +109,7 @@ class Softmax(Structural):
 
     kind = SOFTMAX
     spelling = "softmax"
+    stem = "probs"
     nargs = 2
 
     @property
@@ -115,6 +122,7 @@ class Softmax(Structural):
 
 class LogSoftmax(Softmax):
     spelling = "log_softmax"
+    stem = "log_probs"
 
 
 class MatrixProduct(Structural):
@@ -122,6 +130,7 @@ class MatrixProduct(Structural):
 
     kind = MATMUL
     spelling = "@"
+    stem = "product"
     operands = 2
     nargs = 2
 
@@ -134,6 +143,7 @@ class Transposed(Structural):
 
     kind = TRANSPOSE
     spelling = "transpose"
+    stem = "transposed"
     nargs = 3
 
     @property
