@@ -118,6 +118,14 @@ class _Planner:
         self.imports: set[str] = set()
         self.upstream = self._upstream()
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+        # softmax nodes with a log_softmax of the same value along the same dimension: softmax -> log_softmax
+        self.exp_of = {
+            v.name: w.name
+            for v in self.nodes
+            if v.kind == SOFTMAX and not isinstance(v.expr, LogSoftmax)
+            for w in self.nodes
+            if isinstance(w.expr, LogSoftmax) and w.expr.args == v.expr.args
+        }
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*self.values, *(f"grad_{n}" for n in self.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in self.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
@@ -272,7 +280,14 @@ class _Planner:
                 fix = f"{g}.expand({name}_shape)"
             lines.append(Line(f"{g} = {fix}", index))
 
-        recompute_lines = [Line(f"{v} = {self.forward_expr(self.values[v])}") for v in recomputed]
+        recompute_lines = [
+            Line(
+                f"{v} = torch.exp({self.exp_of[v]})"
+                if v in self.exp_of
+                else f"{v} = {self.forward_expr(self.values[v])}"
+            )
+            for v in recomputed
+        ]
         for name in recomputed:
             for s in self.values[name].expr.free_symbols:
                 if s.name in self.scalars:
@@ -470,7 +485,11 @@ class _Planner:
                 v = self.values[name]
                 if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
                     continue
-                if v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept:
+                if name in self.exp_of:  # a softmax beside its log_softmax: exp(log_probs), not a tensor more
+                    recomputed.add(name)
+                    changed |= self.exp_of[name] not in wanted
+                    wanted.add(self.exp_of[name])
+                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept:
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.values and s.name not in wanted:

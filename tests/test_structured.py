@@ -159,6 +159,7 @@ _F64 = 8  # bytes per float64 element
         ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
         ("soft_cross_entropy", (8 * 16 + 8 * 16) * _F64),  # target and log_softmax
         ("mse_mean", 8 * 16 * _F64),  # input - target, not both inputs
+        ("softmax_entropy", 8 * 16 * _F64),  # log_softmax: the softmax beside it is its exp
         ("mlp_two_layers", (8 * 16 + 16 * 32 + 32 * 4 + 8 * 32) * _F64),  # x @ w1, and no mask beside it
         ("log_softmax_and_logsumexp", 8 * 16 * _F64),  # log_probs: the softmax logsumexp's gradient needs
     ],
