@@ -13,7 +13,11 @@ What backward reads decides what is kept from forward, as a careful hand-written
 * the result of a reduction, softmax or product that backward reads (a norm's per-row statistic,
   attention's probabilities) is saved: forward returns it as a hidden output, so that a second
   derivative reaches it (a Function's intermediates are saved that way);
-* elementwise intermediates and transposes are recomputed in backward from what is saved: they cost
+* a part hoisted out of a formula (:mod:`.program`: a norm's ``rsqrt = 1/sqrt(var + eps)``) is saved
+  the same way, and its derivatives are written in terms of its own value where they can be
+  (``-rsqrt**3/2``, not ``-(var + eps)**(-3/2)/2``), so that backward needs neither what it reads nor a
+  root at every element (a compiler fusing backward into one loop recomputes such parts per element);
+* other elementwise intermediates and transposes are recomputed in backward from what is saved: they cost
   one pass over memory, not a tensor kept alive between forward and backward.
 
 Backward's code is differentiable torch code on saved tensors, so a second derivative differentiates it.
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from . import structural
 from .errors import error_context
 from .lowering import step_relational
 from .plan import straight_line
@@ -115,6 +120,8 @@ class _Planner:
         self.scalars = {v.name for v in self.program.values if v.kind == SCALAR}
         self.nodes = [v for v in self.program.values if v.kind not in (TENSOR, SCALAR)]
         self.visible = [o.value for o in self.program.outputs]
+        self.hoisted = self.program.hoisted
+        self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
         self.upstream = self._upstream()
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
@@ -218,24 +225,44 @@ class _Planner:
         rule_docs = []
         hidden_grad_lines: dict[str, int] = {}
 
+        only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
         for node in reversed(self.nodes):
             guard = self.upstream[node.name]
+            targets = [r for r in node.reads if self.upstream[r]]
+            if guard and node.name in self.zero_summed and node.name not in grad_shapes:
+                # every share of its gradient summed to zero (see _sums_to_zero): what remains is the one
+                # a second derivative passes to it as a hidden output
+                if not all(t in grad_shapes for t in targets):  # there is no gradient to add it to
+                    raise AssertionError(f"{node.name}: a zero-sum gradient with nowhere to go")
+                only_returned[node.name] = len(lines)
+                grad_shapes[node.name] = node.shape
             if not guard or node.name not in grad_shapes:
                 continue
             g = grad_names[node.name]
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
             hidden_grad_lines[node.name] = len(lines)
-            targets = [r for r in node.reads if self.upstream[r]]
             if node.kind == ELEMENTWISE:
                 self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
                 continue
+            gram = self._gram(node)
             rule_docs.append(describe(node))
-            lines.append(Line(f"# {describe(node)}", guard))
+            if gram is None:
+                lines.append(Line(f"# {describe(node)}", guard))
             exact = g
             have = grad_shapes[node.name]
             # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
             if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
                 exact = f"{g}.expand({emitter.shape(node.name)})"
+            if gram is not None:  # one product of the sum of a's two shares, not two products
+                a, first = gram
+                emitter.value(a)
+                both = f"({_atom(exact)} + {_atom(exact)}.mT)"
+                code = f"{both} @ {a}" if first else f"{a} @ {both}"
+                shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
+                product = f"{node.name} = {structural.spelled(node.expr)}"
+                lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
+                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes)
+                continue
             for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
                 if operand not in targets:
                     continue
@@ -249,8 +276,19 @@ class _Planner:
         saved, recomputed, hidden, notes = self._resolve(emitter)
         hidden_values = [h for h in hidden if h not in self.masks.values()]
         upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
+        starts = sorted(hidden_grad_lines.values())  # where each node's lines begin
+        for name, at in sorted(only_returned.items(), key=lambda item: -item[1]):
+            assert name in hidden_values, name  # the centred value's formula reads it
+            end = min((k for k in starts if k > at), default=len(lines))
+            guard = self.upstream[name]
+            lines[at:end] = [
+                Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
+                Line(f"{grad_names[name]} = {returned_grad(name)}", guard, 1),
+                *(Line(line.text, line.guard, line.indent + 1) for line in lines[at:end]),
+            ]
+            hidden_grad_lines = {n: k + 2 if k > at else k for n, k in hidden_grad_lines.items()}
         for name in sorted(hidden_values, key=lambda n: -hidden_grad_lines.get(n, -1)):
-            if name in hidden_grad_lines and name in grad_shapes:
+            if name in hidden_grad_lines and name in grad_shapes and name not in only_returned:
                 at = hidden_grad_lines[name]
                 guard = self.upstream[name]
                 lines[at:at] = [
@@ -325,6 +363,8 @@ class _Planner:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
         reciprocal square root) computed once, where some gradient that reads them is needed."""
         partials = dict(self.derivation.node(node.name).partials)
+        if node.name in self.hoisted:  # in terms of its own value, which backward has
+            partials = {read: p.subs(node.expr, sympy.Symbol(node.name, real=True)) for read, p in partials.items()}
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
         docs += [(f"d {node.name} / d {read}", sympy.sstr(partials[read])) for read in targets]
@@ -347,8 +387,11 @@ class _Planner:
                 tensors.add(step.name)
             lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors)}", guard))
 
+        conditions = {mask: condition for condition, mask in self.masks.items()}
+
         def shape_of(expr: sympy.Basic) -> tuple[int, ...]:
             names = _closure(expr.free_symbols, temporaries)
+            names |= {s.name for n in names if n in conditions for s in conditions[n].free_symbols}  # a mask's
             shapes = [self.shape(s) for s in names if s in self.values and self.is_tensor(s)]
             return broadcast(shapes + ([grad_shapes[node.name]] if g in names else []))
 
@@ -365,8 +408,32 @@ class _Planner:
                 if constant and len(constant) < len(factors):
                     outer = sympy.Mul(*constant)
                     expr = sympy.Mul(*[f for f in factors if f not in constant])
+                if self._sums_to_zero(read, expr.xreplace(_resolved(temporaries)), have, summed, shape_of):
+                    self.zero_summed.add(read)
+                    continue
             code = self.print(expr, extra=tensors)
             self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=self.print(outer, extra=tensors))
+
+    def _sums_to_zero(
+        self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
+    ) -> bool:
+        """Whether ``part`` (of example shape ``have``) sums to zero over the dimensions ``summed``: it is a
+        multiple of ``read - x``, ``read`` being ``mean(x, dim=summed, keepdim=True)`` (a centred value sums
+        to zero along the dimensions its mean was taken over: the variance's share of a LayerNorm's mean
+        gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
+        computed."""
+        call = self.values[read].expr
+        if not isinstance(call, ReduceMean) or not call.keepdim:
+            return False
+        x = str(call.args[0])
+        if self.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
+            return False
+        ratio = sympy.cancel(part / (sympy.Symbol(read, real=True) - sympy.Symbol(x, real=True)))
+        for symbol in ratio.free_symbols:  # the multiple: constant along those dimensions
+            shape = shape_of(symbol)
+            if any(d >= 0 and shape[d] != 1 for d in _aligned(summed, shape, have)):
+                return False
+        return True
 
     def _contribute(self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1") -> None:
         """Add ``code`` (of example shape ``static``), summed to ``target``'s shape and then multiplied by
@@ -385,6 +452,23 @@ class _Planner:
         else:
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
+
+    def _gram(self, node: Value) -> tuple[str, bool] | None:
+        """(a, whether a is the left operand) where ``node`` is ``a @ transpose(a, -1, -2)`` or
+        ``transpose(a, -1, -2) @ a``, and nothing else reads the transpose; else None."""
+        if node.kind != MATMUL:
+            return None
+        left, right = (str(o) for o in node.expr.operand_exprs)
+        for a, t, first in ((left, right, True), (right, left, False)):
+            value = self.values[t]
+            if value.kind != TRANSPOSE or str(value.expr.args[0]) != a or t in self.visible:
+                continue
+            rank = len(self.shape(a))
+            if rank < 2 or sorted(d % rank for d in value.expr.dims) != [rank - 2, rank - 1]:
+                continue
+            if [c.name for c in self.program.consumers(t)] == [node.name]:
+                return a, first
+        return None
 
     def _rule_shape(self, node: Value, operand: int, g_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The example shape of the gradient a structural node passes to an operand."""
@@ -489,7 +573,7 @@ class _Planner:
                     recomputed.add(name)
                     changed |= self.exp_of[name] not in wanted
                     wanted.add(self.exp_of[name])
-                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept:
+                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.hoisted:
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.values and s.name not in wanted:
@@ -507,7 +591,7 @@ class _Planner:
         for v in self.program.values:
             if v.name in wanted and v.name not in recomputed:
                 saved.append(v.name)
-                notes.append(_note(v, self.visible))
+                notes.append(_note(v, self.visible, self.hoisted))
         for mask in self.masks.values():
             saved.append(mask)
             notes.append(f"{mask}: a bool mask, one byte an element, instead of the intermediate its condition reads")
@@ -623,6 +707,14 @@ def _closure(symbols, temporaries: dict[str, sympy.Expr]) -> set[str]:
     return names
 
 
+def _resolved(temporaries: dict[str, sympy.Expr]) -> dict[sympy.Symbol, sympy.Expr]:
+    """Each temporary's symbol -> its expression over values (temporaries read earlier ones)."""
+    resolved: dict[sympy.Symbol, sympy.Expr] = {}
+    for name, expr in temporaries.items():
+        resolved[sympy.Symbol(name, real=True)] = expr.xreplace(resolved)
+    return resolved
+
+
 def returned_grad(hidden: str) -> str:
     """backward's parameter for the gradient of a hidden output (not None only in a second derivative)."""
     return f"grad_{hidden}_returned"
@@ -678,13 +770,13 @@ def _dims(dims: tuple[int, ...]) -> str:
     return str(dims[0]) if len(dims) == 1 else str(dims)
 
 
-def _note(v: Value, visible: list[str]) -> str:
+def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
     if v.kind == TENSOR:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
     what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(
-        v.kind, "read instead of the inputs it combines"
+        v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
     )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
 

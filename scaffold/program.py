@@ -12,6 +12,12 @@ each such operation is lifted out into a node of its own kind, whose derivative 
 (:mod:`.rules`, as PyTorch's derivatives.yaml gives one per op), and the elementwise math between them
 into elementwise nodes (the operand of a reduction, the formula of an output). Every node's shape is
 known from the spec's example shapes; shapes that do not fit together are refused here, naming the line.
+
+A costly part of an elementwise formula that reads only reductions' results, or values smaller than the
+formula (a norm's ``1/sqrt(var + eps)``), is hoisted into a node of its own, as a loop-invariant
+expression is hoisted out of a loop: computed once per row, not once per element of the broadcast result
+(a compiler fusing the formula into one loop recomputes it at every element otherwise), and a value
+backward can keep instead of recomputing (:mod:`.dataflow`: a hand-written LayerNorm keeps ``rstd``).
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class Program:
     parsed: ParsedExpression
     values: tuple[Value, ...]  # arguments first, then the steps in order
     outputs: tuple[Output, ...]
+    hoisted: frozenset[str] = frozenset()  # elementwise nodes hoisted out of formulas (see _Lifter.hoisted)
 
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
@@ -147,6 +154,9 @@ class _Lifter:
         self.taken = {*parsed.symbols, *(s.name for s in parsed.steps), *parsed.output_names}
         self.where = f"{spec.source}: forward"
         self.tensors = {parsed.symbols[n] for n in parsed.tensor_names}
+        self.scalars = {s.name for s in spec.scalars}
+        # reductions' results, and the parts hoisted from formulas (see hoisted)
+        self.statistics: set[str] = set()
 
     def program(self) -> Program:
         outputs = []
@@ -166,7 +176,8 @@ class _Lifter:
                 where=f"{self.spec.source}: outputs",
                 hint="return each value once; the caller can use it twice",
             )
-        return Program(self.parsed, tuple(self.values), tuple(outputs))
+        hoisted = frozenset(self.statistics) - {v.name for v in self.values if v.kind != ELEMENTWISE}
+        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted - {o.value for o in outputs})
 
     def lift(self, expr: sympy.Basic) -> sympy.Basic:
         """``expr`` with each structural call replaced by its node's value."""
@@ -191,6 +202,8 @@ class _Lifter:
     def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic) -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
         is the formula over the arguments, for messages and for naming it after the step that assigns it."""
+        if not isinstance(formula, Structural):
+            formula = self.hoisted(formula, formula, self.line_of(written))
         if formula in self.by_expr:
             return self.by_expr[formula]
         line = self.line_of(written)
@@ -210,6 +223,60 @@ class _Lifter:
         self.shapes[name] = shape
         self.by_expr[formula] = symbol
         self.written[name] = written
+        if kind == structural.REDUCE:
+            self.statistics.add(name)
+        return symbol
+
+    def hoisted(self, expr: sympy.Basic, whole: sympy.Basic, line: int) -> sympy.Basic:
+        """``expr`` (part of the elementwise formula ``whole``) with each costly part that reads only smaller
+        values than ``whole``, or only reductions' results, replaced by a node of its own: a norm's
+        ``1/sqrt(var + eps)`` in ``(x - mu)/sqrt(var + eps)*weight``, the ``1/sqrt(total*total1)`` of a
+        cosine similarity. The factors (terms) of a product (sum) that have one such shape are one part."""
+        if expr is not whole and _costly(expr) and self.invariant(expr, whole):
+            return self.statistic(expr, line)
+        if not expr.args or not _costly(expr):
+            return expr
+        args = list(expr.args)
+        if isinstance(expr, (sympy.Mul, sympy.Add)):
+            groups: dict[tuple[int, ...], list[sympy.Basic]] = {}
+            for arg in args:
+                if self.invariant(arg, whole):
+                    groups.setdefault(self.broadcast_shape(arg), []).append(arg)
+            for group in groups.values():
+                part = expr.func(*group)
+                if len(group) > 1 and _costly(part) and part != whole:
+                    args = [a for a in args if a not in group] + [self.statistic(part, line)]
+        rebuilt = [self.hoisted(a, whole, line) for a in args]
+        return expr if rebuilt == list(expr.args) else expr.func(*rebuilt)
+
+    def invariant(self, expr: sympy.Basic, whole: sympy.Basic) -> bool:
+        """Whether ``expr`` reads tensors, each a reduction's result (or a part hoisted before), or has
+        fewer elements than ``whole``: it is the same along some dimension ``whole`` runs over."""
+        reads = [s.name for s in expr.free_symbols if self.shapes.get(s.name, ()) != () or s.name in self.statistics]
+        tensors = [n for n in reads if n not in self.scalars]
+        if not tensors:
+            return False
+        if all(n in self.statistics for n in tensors):
+            return True
+        return _elements(self.broadcast_shape(expr)) < _elements(self.broadcast_shape(whole))
+
+    def broadcast_shape(self, expr: sympy.Basic) -> tuple[int, ...]:
+        return broadcast([self.shapes[s.name] for s in expr.free_symbols if s.name in self.shapes])
+
+    def statistic(self, formula: sympy.Basic, line: int) -> sympy.Symbol:
+        """The node of a hoisted part: named after the step that assigns it, if one does."""
+        if formula in self.by_expr:
+            return self.by_expr[formula]
+        written = formula.xreplace({sympy.Symbol(n, real=True): w for n, w in self.written.items()})
+        name = self.step_name(written) or self.fresh(_stem(formula))
+        self.taken.add(name)
+        shape = self.broadcast_shape(formula)
+        symbol = sympy.Symbol(name, real=True)
+        self.values.append(Value(name, ELEMENTWISE, shape, formula, line))
+        self.shapes[name] = shape
+        self.by_expr[formula] = symbol
+        self.written[name] = written
+        self.statistics.add(name)
         return symbol
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
@@ -279,6 +346,35 @@ def _combination(formula: sympy.Basic, tensors: set[sympy.Symbol]) -> sympy.Expr
         if not formula.xreplace({candidate: marker, -candidate: -marker}).free_symbols & arguments:
             return candidate
     return None
+
+
+def _costly(expr: sympy.Basic) -> bool:
+    """Whether ``expr`` computes more than sums and products of its values: a function, a quotient, a
+    root."""
+    return any(
+        isinstance(node, (sympy.Function, sympy.Max, sympy.Min))
+        or (isinstance(node, sympy.Pow) and not _positive_integer(node.exp))
+        for node in sympy.preorder_traversal(expr)
+    )
+
+
+def _positive_integer(exponent: sympy.Basic) -> bool:
+    return bool(exponent.is_Integer and exponent > 0)
+
+
+def _stem(formula: sympy.Basic) -> str:
+    """A hoisted part's name: after its outermost operation where that is a root or a reciprocal."""
+    if isinstance(formula, sympy.Pow):
+        stems = {sympy.Rational(-1, 2): "rsqrt", sympy.Rational(1, 2): "root", sympy.Integer(-1): "inverse"}
+        return stems.get(formula.exp, "stat")
+    return "stat"
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 _SHAPE_HINT = {

@@ -154,8 +154,8 @@ _F64 = 8  # bytes per float64 element
         ("softmax_textbook", 8 * 16 * _F64),  # its output only
         ("logsumexp_textbook", (8 * 16 + 8) * _F64),  # its input and output
         ("linear_relu", (8 * 16 + 32 * 16) * _F64 + 8 * 32),  # x, weight and a bool mask: not x @ w.T + b
-        ("rms_norm", (8 * 16 + 16 + 8) * _F64),  # x, weight and the mean square of each row
-        ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # x, weight, the mean and variance of each row
+        ("rms_norm", (8 * 16 + 16 + 8) * _F64),  # x, weight and 1/sqrt(mean square + eps) of each row
+        ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # x, weight, the mean and 1/sqrt(var + eps) of each row
         ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
         ("soft_cross_entropy", (8 * 16 + 8 * 16) * _F64),  # target and log_softmax
         ("mse_mean", 8 * 16 * _F64),  # input - target, not both inputs
@@ -192,6 +192,58 @@ def test_needs_input_grad_skips_products_nobody_needs(needed, products: int, tmp
     with _CountProducts() as counter:
         torch.autograd.grad(out.sum(), [x for x in inputs if x.requires_grad])
     assert counter.count == products
+
+
+def test_a_gram_matrix_backward_is_one_product(tmp_path: Path):
+    """x @ transpose(x): x's two shares of the gradient, g @ x and g^T @ x, join before the product."""
+    module = _module("gram", tmp_path)
+    inputs, _ = _inputs("gram")
+    out = module.gram(*inputs)
+    with _CountProducts() as counter:
+        torch.autograd.grad(out.sum(), inputs)
+    assert counter.count == 1
+
+
+def _backward_source(name: str) -> str:
+    source = _files(name)[f"{name}.py"]
+    return source.split("def _backward(", 1)[1].split("\ndef ", 1)[0]
+
+
+def test_a_norms_statistic_is_hoisted_and_saved():
+    """1/sqrt(var + eps) is computed once per row in forward and saved: backward has no root to take, and
+    neither var nor the mean square is kept (saved bytes: test_saves_what_a_hand_written_function_saves)."""
+    for name, saved in [("layer_norm", "x, weight, mu, rsqrt"), ("rms_norm", "x, weight, rsqrt")]:
+        source = _files(name)[f"{name}.py"]
+        assert "    rsqrt = torch.rsqrt(" in source.split("def _backward(", 1)[0]
+        assert f"ctx.save_for_backward({saved})" in source
+        backward = _backward_source(name)
+        assert "sqrt" not in backward.replace("rsqrt", ""), backward
+        assert "rsqrt**3" in backward
+    program = compile_op(_spec("cosine_similarity")).program
+    assert [v.name for v in program.values if v.name in program.hoisted] == ["rsqrt"]
+
+
+def test_a_centred_value_is_not_summed_in_backward():
+    """sum(mean(x) - x) over the mean's dimensions is zero: the variance's share of the mean's gradient is not
+    computed (values and second derivatives against torch: test_matches_pytorch)."""
+    assert ".sum(" not in _backward_source("mean_variance")
+    assert _backward_source("layer_norm").count(".sum(") == 2  # mu's and rsqrt's, and the learned ones after
+    assert "if grad_average_returned is not None" in _backward_source("mean_variance")
+
+
+def test_functions_bind_arguments_without_inspecting_forward(tmp_path: Path, monkeypatch):
+    """Function.apply binds its arguments to forward's signature on every call; the generated module computes
+    that signature once."""
+    import inspect
+
+    module = _module("layer_norm", tmp_path)
+    inputs, scalars = _inputs("layer_norm")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("forward's signature inspected again")
+
+    monkeypatch.setattr(inspect, "_signature_from_function", refuse)
+    module.layer_norm(*inputs, *scalars).sum().backward()
 
 
 def test_generated_tests_pass(generated_folder):

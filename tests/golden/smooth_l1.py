@@ -9,6 +9,8 @@ Elementwise smooth L1 (Huber-like) loss, as torch.nn.functional.smooth_l1_loss(r
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -193,6 +195,12 @@ class _SmoothL1FunctionNoJvp(SmoothL1Function):
     one ("Unsupported custom jvp"), and compiled code has no use for it."""
 
     jvp = torch.autograd.Function.jvp
+
+
+# Function.apply binds its arguments to forward's signature on every call, through inspect.signature
+# (about 10 us, more than a small tensor's kernels take); the signature, computed once:
+SmoothL1Function.forward.__signature__ = inspect.signature(SmoothL1Function.forward)
+_SmoothL1Backward.forward.__signature__ = inspect.signature(_SmoothL1Backward.forward)
 
 
 def _function() -> type[SmoothL1Function]:

@@ -8,6 +8,8 @@ Swish (SiLU with a learnable slope): x * sigmoid(beta * x).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -174,6 +176,12 @@ class _SwishFunctionNoJvp(SwishFunction):
     one ("Unsupported custom jvp"), and compiled code has no use for it."""
 
     jvp = torch.autograd.Function.jvp
+
+
+# Function.apply binds its arguments to forward's signature on every call, through inspect.signature
+# (about 10 us, more than a small tensor's kernels take); the signature, computed once:
+SwishFunction.forward.__signature__ = inspect.signature(SwishFunction.forward)
+_SwishBackward.forward.__signature__ = inspect.signature(_SwishBackward.forward)
 
 
 def _function() -> type[SwishFunction]:
