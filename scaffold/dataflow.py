@@ -97,21 +97,27 @@ class ProgramPlan:
     parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     elementwise_docs: tuple[tuple[str, str], ...] = ()  # "d tmp1 / d x", formula
     rule_docs: tuple[str, ...] = ()
+    # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
+    constants: tuple[str, ...] = ()
 
 
-def plan_program(derivation: ProgramDerivation, *, where: str) -> ProgramPlan:
+def plan_program(derivation: ProgramDerivation, *, where: str, fused: bool = False) -> ProgramPlan:
     """The plan of a structured program. Where it saves masks, it is planned again without a mask for any
     condition on values it saves anyway (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
     with error_context(where):
-        plan = _Planner(derivation, where).plan()
+        plan = _Planner(derivation, where, fused=fused).plan()
         if plan.masks:
-            plan = _Planner(derivation, where, frozenset(plan.saved) - frozenset(plan.masks)).plan()
+            plan = _Planner(derivation, where, frozenset(plan.saved) - frozenset(plan.masks), fused=fused).plan()
         return plan
 
 
 class _Planner:
-    def __init__(self, derivation: ProgramDerivation, where: str, unmasked: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, derivation: ProgramDerivation, where: str, unmasked: frozenset[str] = frozenset(), *, fused: bool = False
+    ) -> None:
         self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
+        self.fused = fused  # the code runs through torch.compile: see _restatable
+        self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row
         self.derivation = derivation
         self.program: Program = derivation.program
         self.where = where
@@ -182,6 +188,18 @@ class _Planner:
         value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that)."""
         lines, shared = [], {}
         for v in self.nodes:
+            if v.name in self.restated:  # the statistics backward keeps, then the softmax from them
+                largest, log_sum = self.restated[v.name]
+                operand, dim = str(v.expr.args[0]), v.expr.dim
+                shifted = self._temporary()
+                log_probs = f"{shifted} - {log_sum}"
+                lines += [
+                    f"{largest} = {operand}.amax(dim={dim}, keepdim=True)",
+                    f"{shifted} = {operand} - {largest}",
+                    f"{log_sum} = torch.exp({shifted}).sum(dim={dim}, keepdim=True).log()",
+                    f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}",
+                ]
+                continue
             key = _log_normalizer(v, self.shape)
             partners = [w for w in self.nodes if w is not v and _log_normalizer(w, self.shape) == key]
             if key is None or not partners:
@@ -274,7 +292,8 @@ class _Planner:
 
         # what backward reads: saved, or recomputed from what is saved
         saved, recomputed, hidden, notes = self._resolve(emitter)
-        hidden_values = [h for h in hidden if h not in self.masks.values()]
+        constants = [stat for stats in self.restated.values() for stat in stats]
+        hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
         upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
         starts = sorted(hidden_grad_lines.values())  # where each node's lines begin
         for name, at in sorted(only_returned.items(), key=lambda item: -item[1]):
@@ -322,6 +341,8 @@ class _Planner:
             Line(
                 f"{v} = torch.exp({self.exp_of[v]})"
                 if v in self.exp_of
+                else f"{v} = {self._restated(v)}"
+                if v in self.restated
                 else f"{v} = {self.forward_expr(self.values[v])}"
             )
             for v in recomputed
@@ -351,12 +372,14 @@ class _Planner:
             jvp_scalars=tuple(jvp_scalars),
             imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
             parameter_shapes=tuple(
-                [(n, self.shape(n)) for n in saved if n not in self.masks.values()]
+                [(n, self.shape(n)) for n in saved if n in self.values]
+                + [(stat, self._row_shape(v)) for v, stats in self.restated.items() for stat in stats]
                 + [(grad_names[v], self.shape(v)) for v in self.visible]
                 + [(returned_grad(h), self.shape(h)) for h in hidden_values]
             ),
             elementwise_docs=tuple(partials_docs),
             rule_docs=tuple(rule_docs),
+            constants=tuple(constants),
         )
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
@@ -573,6 +596,12 @@ class _Planner:
                     recomputed.add(name)
                     changed |= self.exp_of[name] not in wanted
                     wanted.add(self.exp_of[name])
+                elif self._restatable(v):
+                    # fused: recomputed from two per-row statistics forward keeps (_restated)
+                    recomputed.add(name)
+                    self.restated[name] = (self._temporary(), self._temporary())
+                    changed |= str(v.expr.args[0]) not in wanted
+                    wanted.add(str(v.expr.args[0]))
                 elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.hoisted:
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
@@ -586,17 +615,75 @@ class _Planner:
         hidden = [
             v.name for v in self.nodes if v.name in wanted and v.name not in recomputed and v.name not in self.visible
         ]
+        # those that carry no gradient last, beside the masks: backward takes no gradient for them
+        hidden += [stat for stats in self.restated.values() for stat in stats]
         hidden += list(self.masks.values())
         saved, notes = [], []
         for v in self.program.values:
             if v.name in wanted and v.name not in recomputed:
                 saved.append(v.name)
                 notes.append(_note(v, self.visible, self.hoisted))
+        for name, (largest, log_sum) in self.restated.items():
+            saved += [largest, log_sum]
+            operand = self.values[name].expr.args[0]
+            notes += [
+                f"{largest}: the maximum of {operand} along each row of {name}, {_size(self._row_shape(name))}",
+                f"{log_sum}: the log of the sum of exp({operand} - {largest}) along it: backward recomputes {name} "
+                "from these, not a tensor of its size kept",
+            ]
         for mask in self.masks.values():
             saved.append(mask)
             notes.append(f"{mask}: a bool mask, one byte an element, instead of the intermediate its condition reads")
-        ordered = [v.name for v in self.nodes if v.name in recomputed]
-        return saved, ordered, hidden, notes
+        return saved, self._in_order(recomputed), hidden, notes
+
+    def _in_order(self, recomputed: set[str]) -> list[str]:
+        """The recomputed values, each after those its recomputation reads (a softmax recomputed as
+        exp(log_probs) after log_probs, which may come later in forward)."""
+
+        def reads(name: str) -> list[str]:
+            return [self.exp_of[name]] if name in self.exp_of else list(self.values[name].reads)
+
+        ordered: list[str] = []
+
+        def visit(name: str) -> None:
+            if name in recomputed and name not in ordered:
+                for read in reads(name):
+                    visit(read)
+                ordered.append(name)
+
+        for v in self.nodes:
+            visit(v.name)
+        return ordered
+
+    def _restatable(self, v: Value) -> bool:
+        """Whether fused backward recomputes the softmax (or log_softmax) ``v`` from two statistics per row
+        instead of keeping it: its operand is an input or elementwise math of inputs (recomputed in backward's
+        own loop), so that fused forward writes no tensor of its size (compiled plain math keeps those two
+        statistics too). Eager forward computes the softmax whole anyway: it keeps it."""
+        if not self.fused or v.kind != SOFTMAX or v.name in self.visible:
+            return False
+
+        def from_inputs(name: str) -> bool:
+            value = self.values[name]
+            return value.kind in (TENSOR, SCALAR) or (value.kind == ELEMENTWISE and all(map(from_inputs, value.reads)))
+
+        return from_inputs(str(v.expr.args[0]))
+
+    def _row_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a softmax's statistics: its own, 1 along the dimension it normalizes."""
+        shape = self.shape(name)
+        dim = self.values[name].expr.dim % len(shape)
+        return tuple(1 if d == dim else n for d, n in enumerate(shape))
+
+    def _restated(self, name: str) -> str:
+        """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
+        in a second derivative) as the softmax itself, whose derivative the statistics do not carry."""
+        call = self.values[name].expr
+        operand = str(call.args[0])
+        largest, log_sum = self.restated[name]
+        log_probs = f"{operand} - {largest} - {log_sum}"
+        cheap = log_probs if isinstance(call, LogSoftmax) else f"torch.exp({log_probs})"
+        return f"{self.forward_expr(self.values[name])} if torch.is_grad_enabled() else {cheap}"
 
     # -- forward mode ------------------------------------------------------------------------------------
 
@@ -623,9 +710,7 @@ class _Planner:
             lines.append(f"{t} = {code}")
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents[v] for v in self.visible] + [
-            "None" if h in self.masks.values() else tangents[h] for h in hidden
-        ]
+        returns = [tangents[v] for v in self.visible] + [tangents.get(h, "None") for h in hidden]
         return lines, returns, sorted(scalars)
 
 

@@ -1166,7 +1166,7 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
             n if n in plan.masks or n in plan.saved or (optional and n in plan.visible) else "_" for n in plan.returns
         ],
         optional_grads=optional,
-        masks=list(plan.masks),
+        masks=[*plan.constants, *plan.masks],  # marked non-differentiable
         saved=list(plan.saved),
         saved_comment=["Saved for backward:"]
         + [
@@ -1177,7 +1177,7 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         ctx_scalars=ctx_scalars,
         shapes=list(plan.shapes),
         zero_outputs=list(plan.visible) if optional else [],
-        upstream=list(plan.upstream) + (["*_"] if plan.masks else []),
+        upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
         zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],

@@ -378,3 +378,30 @@ def test_fused_mode_runs_forward_and_backward_through_torch_compile(tmp_path: Pa
     for grad, want in zip(grads, torch.autograd.grad(expected.sum(), inputs)):
         torch.testing.assert_close(grad, want)
     assert [f.__name__ for f in compiled] == ["_forward", "_backward"]
+
+
+@pytest.mark.parametrize("name", ["soft_cross_entropy", "softmax_entropy", "kl_softmax"])
+def test_fused_mode_keeps_a_softmaxs_statistics_not_the_softmax(name: str, tmp_path: Path, monkeypatch):
+    """fuse = true: a log_softmax of an input is recomputed in backward from its row maximum and log-sum,
+    which forward keeps (no tensor of the input's size is written for it); a second derivative differentiates
+    the log_softmax itself. torch.compile is the identity here; the generated tests compile it for real."""
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    mapping = {**_BY_NAME[name].mapping(), "fuse": True}
+    source = generate_op(spec_from_mapping(mapping, source=f"{name}.toml"), time_limit=None)[f"{name}.py"]
+    assert "ctx.mark_non_differentiable(tmp" in source
+    assert "log_probs" not in source.split("ctx.save_for_backward(", 1)[1].split(")", 1)[0]
+    assert "if torch.is_grad_enabled() else" in source
+    (tmp_path / f"{name}.py").write_text(source, encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location(f"_fused_{name}", tmp_path / f"{name}.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    inputs, scalars = _inputs(name)
+    outs, expected = _tuple(getattr(module, name)(*inputs, *scalars)), _tuple(_BY_NAME[name].native(*inputs))
+    upstream = [torch.randn_like(e) for e in expected]
+    for out, e in zip(outs, expected):
+        torch.testing.assert_close(out, e)
+    grads = torch.autograd.grad(outs, inputs, upstream, retain_graph=True)
+    for grad, want in zip(grads, torch.autograd.grad(expected, inputs, upstream, retain_graph=True)):
+        torch.testing.assert_close(grad, want)
+    for got, want in zip(_hessian_vector(outs, inputs, upstream), _hessian_vector(expected, inputs, upstream)):
+        torch.testing.assert_close(got, want)
