@@ -46,6 +46,7 @@ from .rules import (
     needs_exact_gradient,
     tangent_code,
 )
+from .stable import finite_at_zero, xexpy
 from .structural import (
     MATMUL,
     REDUCE,
@@ -169,6 +170,11 @@ class _Planner:
         tensors = {n for n in self.values if self.is_tensor(n)} | set(extra) | set(self.masks.values())
         anchor = sorted(extra)[0] if extra else GRAD_OUTPUT
         bools = set(bools) | set(self.masks.values())
+        # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
+        expr = expr.replace(
+            lambda node: isinstance(node, xexpy),
+            lambda node: node.args[0] * finite_at_zero(sympy.exp(node.args[1]), node.args[0]),
+        )
         text, imports = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor)
         self.imports |= imports
         return text
@@ -420,6 +426,14 @@ class _Planner:
 
         for read, expr in zip(targets, reduced):
             have, want = shape_of(expr), self.shape(read)
+            # node's gradient may be kept at a smaller shape than node (a mean's spread gradient, one value a
+            # row); where neither it nor read runs along a dimension node runs along, read takes one share
+            # from each of node's elements there: as many as the dimension is long
+            copies = [
+                f"{emitter.shape(node.name)}[{d}]"
+                for d in range(-len(node.shape), 0)
+                if node.shape[d] > 1 and _size_at(have, d) == 1 and _size_at(want, d) == 1
+            ]
             outer = sympy.S.One
             if self.values[read].kind != TENSOR and have != want:
                 # factors constant along the dimensions summed over multiply the sum, not each term
@@ -435,6 +449,9 @@ class _Planner:
                     self.zero_summed.add(read)
                     continue
             code = self.print(expr, extra=tensors)
+            if copies:
+                negated = code.startswith("-") and code[1:].isidentifier()
+                code = f"{'-' if negated else ''}{_atom(code[1:] if negated else code)} * {' * '.join(copies)}"
             self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=self.print(outer, extra=tensors))
 
     def _sums_to_zero(
@@ -790,6 +807,11 @@ def _closure(symbols, temporaries: dict[str, sympy.Expr]) -> set[str]:
         if name in temporaries:
             pending += [s.name for s in temporaries[name].free_symbols]
     return names
+
+
+def _size_at(shape: tuple[int, ...], dim: int) -> int:
+    """``shape``'s size at ``dim`` (negative, counted from the end); 1 where it has no such dimension."""
+    return shape[dim] if -dim <= len(shape) else 1
 
 
 def _resolved(temporaries: dict[str, sympy.Expr]) -> dict[sympy.Symbol, sympy.Expr]:

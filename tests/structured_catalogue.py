@@ -258,4 +258,28 @@ STRUCTURED: list[CatalogueOp] = [
         {"s": {"shape": [8, 16]}, "x": {"shape": [8, 16]}},
         lambda s, x: (F.softmax(s, -1) * x).sum(-1),
     ),
+    _op(  # c's gradient is one value a row (mean's spread): average takes it from each of c's 16 elements
+        "centred_twice",
+        "c = x - mean(x, dim=-1, keepdim=True)\nc2 = c - mean(c, dim=-1, keepdim=True)\nsum(c2**2, dim=-1)",
+        ROWS,
+        lambda x: ((x - x.mean(-1, True)) - (x - x.mean(-1, True)).mean(-1, True)).pow(2).sum(-1),
+    ),
+    _op(  # the same through an argument: w takes one share a row from each of x - w's 16 elements
+        "mean_of_shifted",
+        "mean(exp(x - w), dim=-1)",
+        {"x": {"shape": [8, 16]}, "w": {"shape": [8, 1]}},
+        lambda x, w: (x - w).exp().mean(-1),
+    ),
+    _op(  # a hoisted exp(-t)/sqrt(s) is x*exp(y) in stable form (xexpy): printed 0 where x is 0
+        "exp_weighted_norm",
+        "s = sum(x**2, dim=-1, keepdim=True)\nt = sum(x / sqrt(s), dim=-1, keepdim=True)\nx * exp(-t) / sqrt(s)",
+        ROWS,
+        lambda x: x * torch.exp(-(x / x.pow(2).sum(-1, True).sqrt()).sum(-1, True)) / x.pow(2).sum(-1, True).sqrt(),
+    ),
+    _op(
+        "mean_of_difference",
+        "mean(x - w, dim=-1)",
+        {"x": {"shape": [8, 16]}, "w": {"shape": [8, 1]}},
+        lambda x, w: (x - w).mean(-1),
+    ),
 ]
