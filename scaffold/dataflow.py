@@ -839,16 +839,19 @@ def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple
     if lead > 0:
         code = f"{_atom(code)}.sum(dim={_dims(tuple(range(lead)))})"
         have = have[lead:]
-    keep = tuple(d - len(want) for d, (h, w) in enumerate(zip(have, want)) if w == 1 and h > 1) if lead >= 0 else ()
+    offset = len(want) - len(have)  # have aligns with want's last dimensions (it may have fewer)
+    keep = tuple(d - len(have) for d, h in enumerate(have) if want[offset + d] == 1 and h > 1)
     if keep:
         code = f"{_atom(code)}.sum(dim={_dims(keep)}, keepdim=True)"
-        have = tuple(1 if d - len(want) in keep else h for d, h in enumerate(have))
+        have = tuple(1 if d - len(have) in keep else h for d, h in enumerate(have))
     return code, have
 
 
 def _summed_dims(have: tuple[int, ...], want: tuple[int, ...]) -> tuple[int, ...]:
     """The dimensions of ``have`` (counted from its front) that summing it to ``want`` removes or keeps as 1."""
     lead = len(have) - len(want)
+    if lead < 0:  # have broadcasts to want's leading dimensions: none of them is summed
+        return tuple(d + lead for d in _summed_dims((1,) * -lead + tuple(have), want) if d + lead >= 0)
     return tuple(range(lead)) + tuple(lead + d for d, w in enumerate(want) if w == 1 and have[lead + d] > 1)
 
 

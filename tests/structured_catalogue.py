@@ -276,6 +276,12 @@ STRUCTURED: list[CatalogueOp] = [
         ROWS,
         lambda x: x * torch.exp(-(x / x.pow(2).sum(-1, True).sqrt()).sum(-1, True)) / x.pow(2).sum(-1, True).sqrt(),
     ),
+    _op(  # the mean over everything passes a 0-d gradient: a row mean takes 16 shares of it (crashed the planner)
+        "mean_of_centred_product",
+        "mean(mean(x, dim=-1, keepdim=True) - x * w)",
+        {"x": {"shape": [8, 16]}, "w": {"shape": [8, 1]}},
+        lambda x, w: (x.mean(-1, True) - x * w).mean(),
+    ),
     _op(
         "mean_of_difference",
         "mean(x - w, dim=-1)",
