@@ -1122,6 +1122,8 @@ class ProgramView:
     module_call_args: list[str]
     extra_repr: str
     fuse: bool
+    # hidden outputs' gradients backward takes: not None only in a second derivative (or a gradcheck)
+    returned_grads: list[str]
     backward_params: list[str]
     backward_args: list[str]
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
@@ -1183,6 +1185,7 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         grads=[f"grad_{n}" for n in tensor_names],
         backward_blocks=_program_blocks(plan, tensor_names),
         fuse=spec.fuse,
+        returned_grads=list(plan.upstream[len(plan.visible) :]),
         backward_params=["needs_input_grad", *plan.upstream, *plan.saved, *plan.backward_scalars]
         + [f"{n}_shape" for n in plan.shapes],
         backward_args=["ctx.needs_input_grad", *plan.upstream, *plan.saved]

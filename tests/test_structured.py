@@ -405,3 +405,34 @@ def test_fused_mode_keeps_a_softmaxs_statistics_not_the_softmax(name: str, tmp_p
         torch.testing.assert_close(grad, want)
     for got, want in zip(_hessian_vector(outs, inputs, upstream), _hessian_vector(expected, inputs, upstream)):
         torch.testing.assert_close(got, want)
+
+
+def test_fused_backward_runs_eagerly_where_a_hidden_outputs_gradient_is_given(tmp_path: Path, monkeypatch):
+    """A hidden output's gradient is not None only in a second derivative or a gradcheck: backward's eager
+    code runs there, so that torch.compile does not compile backward once more for each case of them (a
+    cosine similarity's four hidden outputs hit Dynamo's recompile limit in its gradcheck)."""
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    mapping = {**_BY_NAME["cosine_similarity"].mapping(), "fuse": True}
+    source = generate_op(spec_from_mapping(mapping, source="cosine.toml"), time_limit=None)["cosine_similarity.py"]
+    (tmp_path / "cosine_fused.py").write_text(source, encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location("_fused_cosine", tmp_path / "cosine_fused.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    calls = []
+    fused = module._fused_backward
+    monkeypatch.setattr(module, "_fused_backward", lambda *args: calls.append(1) or fused(*args))
+    inputs, _ = _inputs("cosine_similarity")
+    outs = module.CosineSimilarityFunction.apply(*inputs)
+    torch.autograd.grad(outs[0].sum(), inputs, retain_graph=True)
+    assert calls == [1]
+    grads = torch.autograd.grad(outs[0].sum() + outs[1].sum(), inputs)
+    assert calls == [1], "a hidden output's gradient went through the compiled backward"
+    expected = torch.autograd.grad(
+        (
+            (inputs[0] * inputs[1]).sum(-1) / torch.sqrt((inputs[0] ** 2).sum(-1) * (inputs[1] ** 2).sum(-1))
+            + (inputs[0] ** 2).sum(-1)
+        ).sum(),
+        inputs,
+    )
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want)
