@@ -199,12 +199,8 @@ class _Planner:
                 operand, dim = str(v.expr.args[0]), v.expr.dim
                 shifted = self._temporary()
                 log_probs = f"{shifted} - {log_sum}"
-                lines += [
-                    f"{largest} = {operand}.amax(dim={dim}, keepdim=True)",
-                    f"{shifted} = {operand} - {largest}",
-                    f"{log_sum} = torch.exp({shifted}).sum(dim={dim}, keepdim=True).log()",
-                    f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}",
-                ]
+                lines += _log_normalizer_lines(operand, dim, largest, shifted, log_sum)
+                lines.append(f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}")
                 continue
             key = _log_normalizer(v, self.shape)
             partners = [w for w in self.nodes if w is not v and _log_normalizer(w, self.shape) == key]
@@ -214,12 +210,7 @@ class _Planner:
             operand, dim = key
             if key not in shared:
                 names = [self._temporary() for _ in range(3)]
-                largest, shifted, log_sum = names
-                lines += [
-                    f"{largest} = {operand}.amax(dim={dim}, keepdim=True)",
-                    f"{shifted} = {operand} - {largest}",
-                    f"{log_sum} = torch.exp({shifted}).sum(dim={dim}, keepdim=True).log()",
-                ]
+                lines += _log_normalizer_lines(operand, dim, *names)
                 shared[key] = names
             largest, shifted, log_sum = shared[key]
             if v.kind == SOFTMAX:
@@ -256,8 +247,7 @@ class _Planner:
             if guard and node.name in self.zero_summed and node.name not in grad_shapes:
                 # every share of its gradient summed to zero (see _sums_to_zero): what remains is the one
                 # a second derivative passes to it as a hidden output
-                if not all(t in grad_shapes for t in targets):  # there is no gradient to add it to
-                    raise AssertionError(f"{node.name}: a zero-sum gradient with nowhere to go")
+                assert all(t in grad_shapes for t in targets), node.name  # its operand has a gradient to join
                 only_returned[node.name] = len(lines)
                 grad_shapes[node.name] = node.shape
             if not guard or node.name not in grad_shapes:
@@ -889,6 +879,16 @@ def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
         v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
     )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
+
+
+def _log_normalizer_lines(operand: str, dim: int, largest: str, shifted: str, log_sum: str) -> list[str]:
+    """torch's stable log of a sum of exponentials along ``dim``: the maximum, ``operand`` shifted by it (at
+    most 0: no exponential overflows), and the log of the sum of the shifted exponentials (at least 1)."""
+    return [
+        f"{largest} = {operand}.amax(dim={dim}, keepdim=True)",
+        f"{shifted} = {operand} - {largest}",
+        f"{log_sum} = torch.exp({shifted}).sum(dim={dim}, keepdim=True).log()",
+    ]
 
 
 def _log_normalizer(v: Value, shape) -> tuple[str, int] | None:

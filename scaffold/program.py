@@ -199,11 +199,12 @@ class _Lifter:
             lifted = lifted.xreplace({combination: inner, -combination: -inner})
         return self.node(lifted, None, written)
 
-    def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic) -> sympy.Symbol:
+    def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic, stem: str = "tmp") -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
-        is the formula over the arguments, for messages and for naming it after the step that assigns it."""
+        is the formula over the arguments, for messages and for naming it after the step that assigns it
+        (else ``name``, else ``stem`` numbered)."""
         if not isinstance(formula, Structural):
-            formula = self.hoisted(formula, formula, self.line_of(written))
+            formula = self.hoisted(formula, formula)
         if formula in self.by_expr:
             return self.by_expr[formula]
         line = self.line_of(written)
@@ -214,7 +215,7 @@ class _Lifter:
                 where=self.at(line),
                 hint="reduce, normalize or multiply expressions of the tensor arguments",
             )
-        name = self.step_name(written) or name or self.fresh(formula.stem if isinstance(formula, Structural) else "tmp")
+        name = self.step_name(written) or name or self.fresh(formula.stem if isinstance(formula, Structural) else stem)
         self.taken.add(name)
         kind = formula.kind if isinstance(formula, Structural) else ELEMENTWISE
         shape = self.shape(formula, written, line)
@@ -227,56 +228,51 @@ class _Lifter:
             self.statistics.add(name)
         return symbol
 
-    def hoisted(self, expr: sympy.Basic, whole: sympy.Basic, line: int) -> sympy.Basic:
-        """``expr`` (part of the elementwise formula ``whole``) with each costly part that reads only smaller
-        values than ``whole``, or only reductions' results, replaced by a node of its own: a norm's
-        ``1/sqrt(var + eps)`` in ``(x - mu)/sqrt(var + eps)*weight``, the ``1/sqrt(total*total1)`` of a
-        cosine similarity. The factors (terms) of a product (sum) that have one such shape are one part."""
-        if expr is not whole and _costly(expr) and self.invariant(expr, whole):
-            return self.statistic(expr, line)
+    def hoisted(self, expr: sympy.Basic, whole: sympy.Basic) -> sympy.Basic:
+        """``expr`` (part of the elementwise formula ``whole``) with each part worth computing once replaced
+        by a node of its own (see :meth:`hoistable`): a norm's ``1/sqrt(var + eps)`` in ``(x - mu)/sqrt(var +
+        eps)*weight``, the ``1/sqrt(total*total1)`` of a cosine similarity. The factors (terms) of a product
+        (sum) that have one such shape are one part."""
+        if expr is not whole and self.hoistable(expr, whole):
+            return self.statistic(expr)
         if not expr.args or not _costly(expr):
             return expr
         args = list(expr.args)
         if isinstance(expr, (sympy.Mul, sympy.Add)):
             groups: dict[tuple[int, ...], list[sympy.Basic]] = {}
             for arg in args:
-                if self.invariant(arg, whole):
+                if self.reads_tensors(arg):
                     groups.setdefault(self.broadcast_shape(arg), []).append(arg)
             for group in groups.values():
                 part = expr.func(*group)
-                if len(group) > 1 and _costly(part) and part != whole:
-                    args = [a for a in args if a not in group] + [self.statistic(part, line)]
-        rebuilt = [self.hoisted(a, whole, line) for a in args]
+                if len(group) > 1 and part != whole and self.hoistable(part, whole):
+                    args = [a for a in args if a not in group] + [self.statistic(part)]
+        rebuilt = [self.hoisted(a, whole) for a in args]
         return expr if rebuilt == list(expr.args) else expr.func(*rebuilt)
 
-    def invariant(self, expr: sympy.Basic, whole: sympy.Basic) -> bool:
-        """Whether ``expr`` reads tensors, each a reduction's result (or a part hoisted before), or has
-        fewer elements than ``whole``: it is the same along some dimension ``whole`` runs over."""
-        reads = [s.name for s in expr.free_symbols if self.shapes.get(s.name, ()) != () or s.name in self.statistics]
-        tensors = [n for n in reads if n not in self.scalars]
-        if not tensors:
+    def hoistable(self, expr: sympy.Basic, whole: sympy.Basic) -> bool:
+        """Whether ``expr`` is worth a node of its own: costly (a function, a root, a quotient) and the same
+        along some dimension ``whole`` runs over (it has fewer elements), or a root or a function of
+        reductions' results alone (backward keeps it, its derivative in terms of itself, and takes no root
+        at every element of a larger loop: a cosine similarity's ``1/sqrt(total*total1)``)."""
+        if not _costly(expr) or not self.reads_tensors(expr):
             return False
-        if all(n in self.statistics for n in tensors):
+        if _elements(self.broadcast_shape(expr)) < _elements(self.broadcast_shape(whole)):
             return True
-        return _elements(self.broadcast_shape(expr)) < _elements(self.broadcast_shape(whole))
+        reads = {s.name for s in expr.free_symbols} - self.scalars
+        return reads <= self.statistics and _root_or_function(expr)
+
+    def reads_tensors(self, expr: sympy.Basic) -> bool:
+        return any(s.name not in self.scalars and s.name in self.shapes for s in expr.free_symbols)
 
     def broadcast_shape(self, expr: sympy.Basic) -> tuple[int, ...]:
         return broadcast([self.shapes[s.name] for s in expr.free_symbols if s.name in self.shapes])
 
-    def statistic(self, formula: sympy.Basic, line: int) -> sympy.Symbol:
-        """The node of a hoisted part: named after the step that assigns it, if one does."""
-        if formula in self.by_expr:
-            return self.by_expr[formula]
+    def statistic(self, formula: sympy.Basic) -> sympy.Symbol:
+        """The node of a hoisted part (named after the step that assigns it, if one does)."""
         written = formula.xreplace({sympy.Symbol(n, real=True): w for n, w in self.written.items()})
-        name = self.step_name(written) or self.fresh(_stem(formula))
-        self.taken.add(name)
-        shape = self.broadcast_shape(formula)
-        symbol = sympy.Symbol(name, real=True)
-        self.values.append(Value(name, ELEMENTWISE, shape, formula, line))
-        self.shapes[name] = shape
-        self.by_expr[formula] = symbol
-        self.written[name] = written
-        self.statistics.add(name)
+        symbol = self.node(formula, None, written, _stem(formula))
+        self.statistics.add(symbol.name)
         return symbol
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
@@ -356,6 +352,13 @@ def _costly(expr: sympy.Basic) -> bool:
         or (isinstance(node, sympy.Pow) and not _positive_integer(node.exp))
         for node in sympy.preorder_traversal(expr)
     )
+
+
+def _root_or_function(expr: sympy.Basic) -> bool:
+    """Whether ``expr``'s outermost operation is a function or a root (not a sum, product or quotient)."""
+    if isinstance(expr, sympy.Pow):
+        return not expr.exp.is_Integer
+    return isinstance(expr, (sympy.Function, sympy.Max, sympy.Min))
 
 
 def _positive_integer(exponent: sympy.Basic) -> bool:

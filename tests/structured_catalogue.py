@@ -270,7 +270,13 @@ STRUCTURED: list[CatalogueOp] = [
         {"x": {"shape": [8, 16]}, "w": {"shape": [8, 1]}},
         lambda x, w: (x - w).exp().mean(-1),
     ),
-    _op(  # a hoisted exp(-t)/sqrt(s) is x*exp(y) in stable form (xexpy): printed 0 where x is 0
+    _op(  # x*exp(y) in stable form (xexpy), in a structured node: printed 0 where x is 0 (failed to generate)
+        "row_sum_times_exp",
+        "h = x @ w\nsum(h, dim=-1, keepdim=True) * exp(h)",
+        {"x": {"shape": [8, 6]}, "w": {"shape": [6, 4]}},
+        lambda x, w: (x @ w).sum(-1, True) * torch.exp(x @ w),
+    ),
+    _op(  # statistics of statistics: rsqrt(s) hoisted once, reused by exp(-t) * rsqrt(s)
         "exp_weighted_norm",
         "s = sum(x**2, dim=-1, keepdim=True)\nt = sum(x / sqrt(s), dim=-1, keepdim=True)\nx * exp(-t) / sqrt(s)",
         ROWS,
