@@ -63,9 +63,11 @@ class Flags:
     policy: str | None = None
     gradients: Sequence[str] = ()
     outputs: Sequence[str] = ()
+    target: str | None = None
+    namespace: str | None = None
 
     def __bool__(self) -> bool:
-        given = (self.forward, self.doc, self.fuse, self.policy)
+        given = (self.forward, self.doc, self.fuse, self.policy, self.target, self.namespace)
         listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs)
         return any(v is not None for v in given) or any(listed)
 
@@ -240,6 +242,8 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         policy=flags.policy,
         gradients=flags.gradients,
         outputs=flags.outputs,
+        target=flags.target,
+        namespace=flags.namespace,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

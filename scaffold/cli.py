@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import os
 import sys
@@ -17,7 +16,7 @@ from .changes import FileChange, Flags, new_op_changes, template_update_changes,
 from .errors import ScaffoldError, ScaffoldWarning, SpecError
 from .limits import TIME_LIMIT
 from .project import RECORDS, Project, find_project, new_project
-from .spec import POLICIES, load_spec, spec_from_flags
+from .spec import POLICIES, TARGETS, load_spec, spec_from_flags, spec_with_flags
 from .write import apply_changes, write_files
 
 EXIT_ERROR = 1
@@ -212,6 +211,14 @@ def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: b
         "--policy", choices=POLICIES, default=None,
         help="what backward's plan favours: memory (default; fewest bytes saved) or time (fewest operations)",
     )  # fmt: skip
+    command.add_argument(
+        "--target", choices=TARGETS, default=None,
+        help="function (default): a torch.autograd.Function; custom_op: a torch.library custom op built on it",
+    )  # fmt: skip
+    command.add_argument(
+        "--namespace", default=None,
+        help="the custom op's namespace (default: the project's package, or scaffold outside a project)",
+    )  # fmt: skip
 
 
 def _gradient_flag(command: argparse.ArgumentParser) -> None:
@@ -297,9 +304,9 @@ def _new_op(args: argparse.Namespace) -> int:
                 hint="put everything in the spec file, or use flags alone",
             )
         spec = load_spec(args.spec)
-        if args.fuse is not None or args.policy is not None:  # flags over the file's keys
-            spec = dataclasses.replace(
-                spec, fuse=spec.fuse if args.fuse is None else args.fuse, policy=args.policy or spec.policy
+        if _plan_flags_given(args):  # flags over the file's keys
+            spec = spec_with_flags(
+                spec, fuse=args.fuse, policy=args.policy, target=args.target, namespace=args.namespace
             )
     else:
         missing = [f for f, v in (("NAME", args.name), ("--forward", args.forward)) if v is None]
@@ -322,6 +329,8 @@ def _new_op(args: argparse.Namespace) -> int:
             policy=args.policy or "memory",
             gradients=args.gradient,
             outputs=args.output,
+            target=args.target or "function",
+            namespace=args.namespace or "",
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -330,12 +339,16 @@ def _new_op(args: argparse.Namespace) -> int:
             print(f"{written.status:>11}  {written.path}")
         return 0
     # A spec file is copied into the project as written, unless flags changed it.
-    as_written = args.spec and args.fuse is None and args.policy is None
+    as_written = args.spec and not _plan_flags_given(args)
     spec_text = Path(args.spec).read_text(encoding="utf-8") if as_written else None
     changes = new_op_changes(project, spec, spec_text=spec_text, force=args.force, time_limit=args.time_limit)
     apply_changes(project.root, changes)
     _report(changes)
     return 0
+
+
+def _plan_flags_given(args: argparse.Namespace) -> bool:
+    return any(getattr(args, flag) is not None for flag in ("fuse", "policy", "target", "namespace"))
 
 
 def _new_project(args: argparse.Namespace) -> int:
@@ -379,6 +392,8 @@ def _update(args: argparse.Namespace) -> int:
         policy=getattr(args, "policy", None),
         gradients=getattr(args, "gradient", ()),
         outputs=getattr(args, "output", ()),
+        target=getattr(args, "target", None),
+        namespace=getattr(args, "namespace", None),
     )
     changes = update_changes(project, None if name is None else [name], flags=flags, time_limit=args.time_limit)
     return _apply_update(project.root, changes, dry_run=args.dry_run, source="the new generation")

@@ -396,7 +396,10 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         if with_outputs not in variants:
             variants.append(with_outputs)
     sizes = _Sizes(program, outputs)
-    kept = _Intermediates(derivation, names, scalars, taken, where) if len(outputs) == 1 else None
+    # A custom op's setup_context sees its inputs and outputs alone: an intermediate kept for backward would
+    # be an output of the op that its users see.
+    keeps = len(outputs) == 1 and (spec is None or spec.target != "custom_op")
+    kept = _Intermediates(derivation, names, scalars, taken, where) if keeps else None
     candidates = []
     for variant in variants:
         for chosen in kept.subsets(variant) if kept is not None else [()]:

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import math
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePath
@@ -37,6 +37,8 @@ from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2", "program": "program_op.py.j2"}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
 TESTING_MODULE = "scaffold.testing"
+#: A custom op's namespace outside a project (in one, the project's package).
+DEFAULT_NAMESPACE = "scaffold"
 
 
 def templates_dir() -> Path:
@@ -269,6 +271,56 @@ class Learnable:
 
 
 @dataclass(frozen=True)
+class CustomOpView:
+    """The torch.library custom op of ``target = "custom_op"``: its registration around the Function."""
+
+    qualname: str  # "namespace::name"
+    params: list[str]  # the fake kernel's and the vmap rule's: the dispatcher may leave out scalars at default
+    op: str  # the Python name bound to the op: the op's name, or NAME_op where NAME drops its hidden outputs
+    returns_type: str  # every output the op returns, hidden ones included
+    hidden: list[str]  # the hidden outputs (intermediates backward reads), in order
+    fake_call: str  # what computes the outputs on fake tensors: the forward's own math
+    vmap: bool  # elementwise: a batching rule that runs the op once on the whole batch
+    out_dims: str  # the vmap rule's out_dims
+    copies: bool = False  # forward may return an input as is, which a custom op may not: it returns a copy
+
+
+def custom_op_view(
+    spec: OpSpec,
+    namespace: str,
+    visible: int,
+    hidden: Sequence[str],
+    fake_call: str,
+    *,
+    elementwise: bool,
+    copies: bool = False,
+) -> CustomOpView | None:
+    """The custom op's view, or None for a plain Function (``target = "function"``)."""
+    if spec.target != "custom_op":
+        return None
+    count = visible + len(hidden)
+    return CustomOpView(
+        qualname=f"{spec.namespace or namespace}::{spec.name}",
+        params=[t.name for t in spec.tensors] + [f"{s.name}={s.default!r}" for s in spec.scalars],
+        op=f"{spec.name}_op" if hidden else spec.name,
+        returns_type=f"tuple[{', '.join(['torch.Tensor'] * count)}]" if count > 1 else "torch.Tensor",
+        hidden=list(hidden),
+        fake_call=fake_call,
+        vmap=elementwise and not hidden,
+        out_dims="0" if count == 1 else f"({', '.join(['0'] * count)})",
+        copies=copies,
+    )
+
+
+def _may_be_input(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> bool:
+    """Whether the forward of ``expr`` may return a tensor input itself: the input, or a case of a
+    Piecewise on scalars that is one (``x if flag else -x``)."""
+    if isinstance(expr, sympy.Piecewise):
+        return any(_may_be_input(e, tensors) for e, _ in expr.args)
+    return expr in tensors
+
+
+@dataclass(frozen=True)
 class ModuleView:
     """What ``templates/op.py.j2`` lays out: the op's code, printed, with the names and lists it needs;
     the template joins and arranges them."""
@@ -346,6 +398,12 @@ class ModuleView:
     # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
+    custom_op: CustomOpView | None = None
+
+    @property
+    def entry(self) -> str:
+        """What the functional and the Module call: the custom op, or the Function's apply."""
+        return self.custom_op.op if self.custom_op else "_function().apply"
 
     @property
     def backward_call(self) -> str:
@@ -355,7 +413,11 @@ class ModuleView:
 
 
 def module_view(
-    spec: OpSpec, derivation: Derivation, plan: BackwardPlan, domains: tuple[InputDomain, ...]
+    spec: OpSpec,
+    derivation: Derivation,
+    plan: BackwardPlan,
+    domains: tuple[InputDomain, ...],
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> ModuleView:
     code = _CodePrinter(spec, plan)
     tensor_names = [t.name for t in spec.tensors]
@@ -393,6 +455,7 @@ def module_view(
     backward_args = ["ctx.needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
     backward_args += [f"ctx.{n}_shape" for n in tensor_names]
     double = _double_backward_view(code, plan, tensor_names, backward_params) if plan.double_backward else None
+    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
     return ModuleView(
         version=__version__,
         source=spec.source,
@@ -464,6 +527,15 @@ def module_view(
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
         parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
+        custom_op=custom_op_view(
+            spec,
+            namespace,
+            len(plan.visible),
+            [o.value for o in plan.hidden],
+            "_forward" if spec.fuse else f"{spec.camel}Function.forward",
+            elementwise=True,
+            copies=any(_may_be_input(o.forward, tensor_symbols) for o in derivation.outputs),
+        ),
     )
 
 
@@ -786,6 +858,7 @@ class TestView:
     upstream: list[str]  # the parameters of a custom gradient's formula for each output's upstream gradient
     outputs: list[str]  # the outputs' names, where there are several
     structured: bool = False  # reductions or products: scaffold.testing.ProgramTests
+    custom_op: str = ""  # target = "custom_op": the name the custom op is bound to in the op's module
 
 
 def test_view(
@@ -825,6 +898,7 @@ def test_view(
         gradients=gradients,
         upstream=upstream,
         outputs=list(spec.outputs) if len(plan.outputs) > 1 else [],
+        custom_op=spec.name if spec.target == "custom_op" else "",
     )
 
 
@@ -1031,12 +1105,14 @@ def render_op(
     A structured program (a ProgramDerivation and ProgramPlan) fills ``templates/program_op.py.j2``.
     """
     env = environment()
+    # A custom op's namespace: the project's package (the first part of the module the op lives in)
+    namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
         parsed = derivation.program.parsed
-        module = _program_in_place(env, program_module_view(spec, parsed, plan, domains))
+        module = _program_in_place(env, program_module_view(spec, parsed, plan, domains, namespace))
         tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
     else:
-        module = _in_place(env, module_view(spec, derivation, plan, domains))
+        module = _in_place(env, module_view(spec, derivation, plan, domains, namespace))
         tests = functools.partial(test_view, spec, derivation, plan, domains)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
@@ -1128,9 +1204,17 @@ class ProgramView:
     backward_args: list[str]
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
+    custom_op: CustomOpView | None = None
+
+    @property
+    def entry(self) -> str:
+        """What the functional and the Module call: the custom op, or the Function's apply."""
+        return self.custom_op.op if self.custom_op else "_function().apply"
 
 
-def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...]) -> ProgramView:
+def program_module_view(
+    spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...], namespace: str = DEFAULT_NAMESPACE
+) -> ProgramView:
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
     arguments = tensor_names + scalar_names
@@ -1203,6 +1287,7 @@ def program_module_view(spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[
         module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+        custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False),
     )
 
 
@@ -1288,6 +1373,7 @@ def _program_test_view(
         upstream=[],
         outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
         structured=True,
+        custom_op=(f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else "",
     )
 
 

@@ -28,6 +28,12 @@ else:  # pragma: no cover - exercised only on Python 3.10
 #: Backward plan policies: what to favour when saving for backward costs memory and recomputing costs time.
 POLICIES = ("memory", "time")
 
+#: What the generated op is built on: a torch.autograd.Function, or a torch.library custom op whose autograd
+#: is that Function's setup_context and backward.
+TARGETS = ("function", "custom_op")
+#: Operator namespaces PyTorch registers its own operators in.
+RESERVED_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "inductor", "quantized", "higher_order"})
+
 #: Example shape of a tensor argument in the generated tests when the spec gives none.
 DEFAULT_SHAPE = (4, 5)
 #: Default shape of a learnable tensor (an ``nn.Parameter``): one value, broadcast over the input.
@@ -182,6 +188,10 @@ class OpSpec:
     fuse: bool = False
     #: What the backward plan favours when saving costs memory and recomputing costs time.
     policy: str = "memory"
+    #: "function": the op is a torch.autograd.Function; "custom_op": a torch.library custom op (NAMESPACE::NAME).
+    target: str = "function"
+    #: The custom op's namespace; empty: the project's package, or "scaffold" outside a project.
+    namespace: str = ""
     #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
     source: str = "command-line flags"
     #: Custom gradients: (tensor name, the expression backward returns for it, over the forward's names
@@ -208,6 +218,26 @@ class OpSpec:
                 where=f"{where}: policy",
                 hint='"memory" saves the fewest bytes for backward, "time" recomputes the least',
             )
+        if self.target not in TARGETS:
+            raise SpecError(
+                f"target must be one of {', '.join(map(repr, TARGETS))}, got {self.target!r}",
+                where=f"{where}: target",
+                hint='"function" writes a torch.autograd.Function, "custom_op" a torch.library custom op',
+            )
+        if self.namespace:
+            check_identifier(self.namespace, what="namespace", where=f"{where}: namespace")
+            if self.namespace in RESERVED_NAMESPACES:
+                raise SpecError(
+                    f"namespace {self.namespace!r} belongs to PyTorch's own operators",
+                    where=f"{where}: namespace",
+                    hint=f"use your package's name, e.g. {'my_' + self.namespace!r}",
+                )
+            if self.target != "custom_op":
+                raise SpecError(
+                    "namespace names a custom op's namespace, and the target is not custom_op",
+                    where=f"{where}: namespace",
+                    hint='add target = "custom_op", or remove namespace',
+                )
         if not isinstance(self.forward, str) or not self.forward.strip():
             raise SpecError(
                 "the forward expression is empty",
@@ -330,7 +360,9 @@ def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
 
 # --- TOML ------------------------------------------------------------------------------------------
 
-_TOP_KEYS = {"name", "forward", "doc", "fuse", "policy", "tensors", "scalars", "gradients", "outputs"}
+_TOP_KEYS = {
+    "name", "forward", "doc", "fuse", "policy", "target", "namespace", "tensors", "scalars", "gradients", "outputs",
+}  # fmt: skip
 _TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
 _SCALAR_KEYS = {"type", "default"}
 
@@ -443,6 +475,8 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         doc=doc,
         fuse=data.get("fuse", False),
         policy=data.get("policy", "memory"),
+        target=data.get("target", "function"),
+        namespace=data.get("namespace", ""),
         source=source,
         gradients=tuple(gradients.items()),
         outputs=tuple(outputs),
@@ -510,6 +544,8 @@ def spec_from_flags(
     policy: str = "memory",
     gradients: Sequence[str] = (),
     outputs: Sequence[str] = (),
+    target: str = "function",
+    namespace: str = "",
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
@@ -526,6 +562,8 @@ def spec_from_flags(
             "doc": doc,
             "fuse": fuse,
             "policy": policy,
+            "target": target,
+            "namespace": namespace,
             "tensors": tensor_args,
             "scalars": scalar_args,
             "gradients": custom,
@@ -547,6 +585,8 @@ def spec_with_flags(
     policy: str | None = None,
     gradients: Sequence[str] = (),
     outputs: Sequence[str] | None = None,
+    target: str | None = None,
+    namespace: str | None = None,
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
@@ -565,6 +605,10 @@ def spec_with_flags(
         data["fuse"] = fuse
     if policy is not None:
         data["policy"] = policy
+    if target is not None:
+        data["target"] = target
+    if namespace is not None:
+        data["namespace"] = namespace
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
     for given, other in ((tensor_args, "scalars"), (scalar_args, "tensors")):
         for arg in given:
@@ -655,6 +699,10 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
         data["fuse"] = True
     if spec.policy != "memory":
         data["policy"] = spec.policy
+    if spec.target != "function":
+        data["target"] = spec.target
+    if spec.namespace:
+        data["namespace"] = spec.namespace
     if spec.outputs:
         data["outputs"] = list(spec.outputs)
     return {**data, "tensors": tensors, "scalars": scalars, "gradients": dict(spec.gradients)}
