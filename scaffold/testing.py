@@ -345,6 +345,11 @@ class OpTests:
                 f"torch.compile's {COMPILE_BACKEND} backend does not work here ({unavailable}); "
                 "SCAFFOLD_COMPILE_BACKEND=aot_eager checks the tracing without it"
             )
+        if self.custom_op is not None:
+            # Dynamo keeps compiled code per Python function, and every custom op is called through the same
+            # one (CustomOpDef.__call__): compiling a project's ops one after another in one process would
+            # reach its recompile limit (8). Each custom op's check starts afresh.
+            torch.compiler.reset()
         inputs = self.make_inputs(device)
         compiled = torch.compile(self.op, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
         outs = self._outputs(compiled(*inputs, *self._scalars))

@@ -1,0 +1,238 @@
+"""``target = "custom_op"``: the op as a torch.library custom op built on its generated Function.
+
+* ``test_generated_tests_pass``: a set of catalogue ops that between them have broadcasting, float, int and
+  bool scalars, several outputs, custom gradients, masks, a forward that may return its input, and
+  structured ops that keep intermediates (layer_norm, attention) generated as custom ops; their generated
+  tests (opcheck among them) run in one pytest subprocess.
+* the rest, in this process: what the custom op is (its name, namespace, registrations), that its vmap rule
+  batches in one call, that wrong math fails the generated tests, and the spec's and CLI's messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaffold import ScaffoldError, generate_op, spec_from_mapping
+from scaffold.cli import main
+
+try:
+    from .catalogue import OPS
+    from .conftest import BackgroundPytest
+    from .structured_catalogue import STRUCTURED
+except ImportError:  # tests/ run as a plain folder, not a package
+    from catalogue import OPS
+    from conftest import BackgroundPytest
+    from structured_catalogue import STRUCTURED
+
+#: Between them: broadcasting (quadratic), float, int and bool scalars (huber, power, flip_sign), an
+#: intermediate the Function would keep (huber, lerp), masks (leaky_relu), several outputs, custom
+#: gradients (straight-through), and structured ops with hidden outputs (layer_norm, attention, linear_relu)
+#: or none (amax_rows), several outputs (mean_variance).
+NAMES = [
+    "swish", "quadratic", "huber", "power", "flip_sign", "lerp", "leaky_relu", "softplus", "swish_gate",
+    "identity_and_square", "sign_and_abs", "sign_ste", "layer_norm", "attention", "linear_relu", "mean_variance",
+    "soft_cross_entropy", "amax_rows", "gram",
+]  # fmt: skip
+X = {"x": {}}
+#: Not in the catalogues: several outputs (one the input itself), custom gradients.
+EXTRA = {
+    "swish_gate": dict(
+        forward="s = sigmoid(x*beta)\ny = x*s",
+        tensors={"x": {"shape": [3, 4]}, "beta": {"shape": [4], "learnable": True}},
+        outputs=["y", "s"],
+    ),
+    "identity_and_square": dict(forward="same = x\nsq = x**2", tensors=X, outputs=["same", "sq"]),
+    "sign_and_abs": dict(
+        forward="s = sign(x)\na = Abs(x)",
+        tensors=X,
+        outputs=["s", "a"],
+        gradients={"x": "grad_s*Heaviside(1 - Abs(x)) + grad_a*sign(x)"},
+    ),
+    "sign_ste": dict(forward="sign(x)", tensors=X, gradients={"x": "grad*Heaviside(1 - Abs(x))"}),
+}
+_BY_NAME = {op.name: op.mapping() for op in [*OPS, *STRUCTURED]} | {n: {"name": n, **m} for n, m in EXTRA.items()}
+_counter = itertools.count()
+
+
+def _spec(name: str, **changes):
+    return spec_from_mapping({**_BY_NAME[name], "target": "custom_op", **changes}, source="catalogue")
+
+
+def _import(path: Path):
+    module_spec = importlib.util.spec_from_file_location(f"_custom_op_{path.stem}_{next(_counter)}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _generated(tmp_path: Path, spec) -> object:
+    for path, text in generate_op(spec, time_limit=None).items():
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    return _import(tmp_path / f"{spec.name}.py")
+
+
+def test_the_set_has_its_cases():
+    assert all(name in _BY_NAME for name in NAMES), [n for n in NAMES if n not in _BY_NAME]
+    specs = [_spec(name) for name in NAMES]
+    assert any(s.gradients for s in specs) and any(len(s.outputs) > 1 for s in specs)
+    assert {s.type for spec in specs for s in spec.scalars} >= {"float", "int", "bool"}
+
+
+@pytest.fixture(scope="module")
+def generated_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("custom_ops")
+    for name in NAMES:
+        for path, text in generate_op(_spec(name, namespace="scaffold_tests")).items():
+            (folder / path).write_text(text, encoding="utf-8")
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    run = BackgroundPytest(folder, "--tb=short", "-rs", str(folder))
+    yield folder, run
+    run.close()
+
+
+def test_generated_tests_pass(generated_folder):
+    """Every op's generated tests, opcheck among them: each ran (not skipped) and passed."""
+    _, run = generated_folder
+    result = run.wait()
+    tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
+    assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
+    for name in NAMES:
+        assert f"test_{name}.py::test_opcheck" not in result.stdout, f"{name}: opcheck was skipped"
+    assert "cannot differentiate a torch.library custom op" in result.stdout  # the skips say why
+
+
+def test_the_op_is_the_custom_op(tmp_path: Path):
+    module = _generated(tmp_path, _spec("swish", namespace="scaffold_tests_a"))
+    assert isinstance(module.swish, torch._library.custom_ops.CustomOpDef)
+    assert module.swish._qualname == "scaffold_tests_a::swish"
+    assert torch.ops.scaffold_tests_a.swish.default is not None
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(module.swish, (x, beta))
+    # its autograd is the Function's: the same gradients, and a derived second derivative
+    (grad,) = torch.autograd.grad(module.swish(x, beta).sum(), x, create_graph=True)
+    (expected,) = torch.autograd.grad(module.SwishFunction.apply(x, beta).sum(), x, create_graph=True)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+    assert torch.autograd.gradgradcheck(module.swish, (x, beta))
+    # the Module calls the op: the graph's node is the custom op's
+    out = module.Swish()(x)
+    assert "CustomOp" in type(out.grad_fn).__name__ or "swish" in type(out.grad_fn).__name__.lower()
+
+
+def test_autocast_computes_in_float32(tmp_path: Path):
+    module = _generated(tmp_path, _spec("swish", namespace="scaffold_tests_b"))
+    x = torch.randn(8, dtype=torch.bfloat16, requires_grad=True)
+    beta = torch.tensor(1.0, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module.swish(x, beta)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and beta.grad.dtype == torch.float32
+    assert torch.isfinite(x.grad.float()).all()
+
+
+def test_a_structured_op_keeps_its_intermediates_behind_the_functional(tmp_path: Path):
+    """layer_norm keeps mu and rsqrt for backward: layer_norm_op returns them, layer_norm drops them."""
+    module = _generated(tmp_path, _spec("layer_norm", namespace="scaffold_tests_c"))
+    assert isinstance(module.layer_norm_op, torch._library.custom_ops.CustomOpDef)
+    assert not isinstance(module.layer_norm, torch._library.custom_ops.CustomOpDef)
+    inputs = [torch.randn(t.shape, dtype=torch.float64) for t in _spec("layer_norm").tensors]
+    assert isinstance(module.layer_norm(*inputs), torch.Tensor)
+    assert len(module.layer_norm_op(*inputs)) == 3
+    torch.testing.assert_close(module.layer_norm(*inputs), module.layer_norm_op(*inputs)[0])
+
+
+def test_an_elementwise_custom_op_keeps_no_intermediate(tmp_path: Path):
+    """huber's Function keeps input - target as a hidden output; its custom op recomputes it, so that the op
+    returns exactly what the functional does."""
+    function = generate_op(spec_from_mapping(_BY_NAME["huber"], source="x"), time_limit=None)["huber.py"]
+    assert "ctx.save_for_backward(saved)" in function
+    module = _generated(tmp_path, _spec("huber", namespace="scaffold_tests_d"))
+    x, t = torch.randn(2, 4, 5, dtype=torch.float64)
+    assert isinstance(module.huber(x, t), torch.Tensor)
+
+
+def test_the_vmap_rule_batches_in_one_call(tmp_path: Path):
+    """vmap over inputs batched at different dimensions (and one not batched), against a loop; the rule
+    runs, not PyTorch's per-item fallback (which warns)."""
+    module = _generated(tmp_path, _spec("quadratic", namespace="scaffold_tests_e"))
+    x, a, b, c = (torch.randn(*s, dtype=torch.float64) for s in [(4, 3, 5), (3, 5), (4, 1), (3,)])
+    calls = []
+    batch_first = module._batch_first
+    module._batch_first = lambda *args: (calls.append(args[1]), batch_first(*args))[1]
+    out = torch.func.vmap(module.quadratic, in_dims=(1, 0, None, 0))(x, a, b, c)
+    loop = torch.stack([module.quadratic(x[:, i], a[i], b, c[i]) for i in range(3)])
+    torch.testing.assert_close(out, loop)
+    assert calls == [1, 0, None, 0]  # one call of the rule for the whole batch
+
+
+def test_a_wrong_backward_fails_the_generated_tests(tmp_path: Path):
+    """The custom op's backward (the Function's) scaled by 1.01: gradcheck and the reference comparison
+    fail; opcheck alone would not (it checks registrations, not the math)."""
+    spec = _spec("swish", namespace="scaffold_tests_f")
+    files = generate_op(spec, time_limit=None)
+    source = files["swish.py"]
+    scaled = source.replace("        return grad_x, grad_beta\n", "        return grad_x * 1.01, grad_beta * 1.01\n")
+    assert scaled != source
+    files["swish.py"] = scaled
+    for path, text in files.items():
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    result = BackgroundPytest(tmp_path, "-k", "gradcheck or reference or opcheck", str(tmp_path)).wait()
+    assert "FAILED test_swish.py::test_gradcheck" in result.stdout, result.stdout[-3000:]
+    assert "FAILED test_swish.py::test_matches_reference" in result.stdout
+    assert "FAILED test_swish.py::test_opcheck" not in result.stdout
+
+
+def test_the_namespace_is_the_projects_package():
+    files = generate_op(_spec("swish"), module_import="myops.ops.swish", time_limit=None)
+    assert '@torch.library.custom_op("myops::swish", mutates_args=())' in files["swish.py"]
+    files = generate_op(_spec("swish"), time_limit=None)
+    assert '@torch.library.custom_op("scaffold::swish", mutates_args=())' in files["swish.py"]
+    files = generate_op(_spec("swish", namespace="mine"), module_import="myops.ops.swish", time_limit=None)
+    assert '@torch.library.custom_op("mine::swish", mutates_args=())' in files["swish.py"]
+
+
+def test_the_function_target_is_unchanged():
+    spec = spec_from_mapping(_BY_NAME["swish"], source="catalogue")
+    assert spec.target == "function"
+    text = generate_op(spec, time_limit=None)["swish.py"]
+    assert "torch.library" not in text and "custom_op" not in text
+    assert generate_op(dataclasses.replace(spec, target="function"), time_limit=None)["swish.py"] == text
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"target": "library"}, "target must be one of 'function', 'custom_op', got 'library'"),
+        ({"target": "custom_op", "namespace": "aten"}, "namespace 'aten' belongs to PyTorch's own operators"),
+        ({"target": "custom_op", "namespace": "my-ops"}, "namespace 'my-ops' is not a valid name"),
+        ({"namespace": "mine"}, "namespace names a custom op's namespace, and the target is not custom_op"),
+    ],
+)
+def test_bad_targets_are_refused(changes, message):
+    with pytest.raises(ScaffoldError) as info:
+        spec_from_mapping({**_BY_NAME["swish"], **changes}, source="ops.toml")
+    assert message in str(info.value)
+
+
+def test_the_cli_flags(tmp_path: Path, capsys):
+    flags = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tensor", "x", "--learnable", "beta"]
+    assert main([*flags, "--target", "custom_op", "--namespace", "demo", "--output-dir", str(tmp_path)]) == 0
+    assert '@torch.library.custom_op("demo::swish"' in (tmp_path / "swish.py").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit):
+        main([*flags, "--target", "lib"])
+    assert "invalid choice: 'lib'" in capsys.readouterr().err
+    # flags over a spec file's keys
+    (tmp_path / "swish.toml").write_text(
+        'name = "swish"\nforward = "x / (1 + exp(-x))"\n[tensors.x]\n', encoding="utf-8"
+    )
+    args = ["new", "op", "--spec", str(tmp_path / "swish.toml"), "--output-dir", str(tmp_path / "b")]
+    assert main([*args, "--target", "custom_op"]) == 0
+    assert '@torch.library.custom_op("scaffold::swish"' in (tmp_path / "b" / "swish.py").read_text(encoding="utf-8")
