@@ -215,9 +215,10 @@ def _apply(*args):
     """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
     ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
     setup_context (pytorch#132388)."""
-    device_type = args[0].device.type
-    if not torch.is_autocast_enabled(device_type):
+    # torch._C's check first: reading a tensor's device takes longer than the op's own check.
+    if not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
         return _function().apply(*args)
+    device_type = args[0].device.type
     # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.
     args = [
         a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) else a for a in args
