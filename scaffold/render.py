@@ -403,7 +403,7 @@ class ModuleView:
     @property
     def entry(self) -> str:
         """What the functional and the Module call: the custom op, or the Function's apply."""
-        return self.custom_op.op if self.custom_op else "_function().apply"
+        return self.custom_op.op if self.custom_op else "_apply"
 
     @property
     def backward_call(self) -> str:
@@ -1209,7 +1209,7 @@ class ProgramView:
     @property
     def entry(self) -> str:
         """What the functional and the Module call: the custom op, or the Function's apply."""
-        return self.custom_op.op if self.custom_op else "_function().apply"
+        return self.custom_op.op if self.custom_op else "_apply"
 
 
 def program_module_view(

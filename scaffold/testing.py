@@ -318,6 +318,24 @@ class OpTests:
                 )
 
     @_quietly
+    def check_jacrev(self, device: str) -> None:
+        """torch.func.jacrev (reverse mode, the Function's backward batched by vmap over the rows of the
+        Jacobian) of every output with respect to every tensor input against the reference's, in float64:
+        each row is backward for one output element alone, the others' gradients zero."""
+        if self.gradients:
+            pytest.skip("custom gradients: the op's Jacobian is its custom backward's, not the reference's")
+        self._skip_under_torch_func("jacrev")
+        inputs = tuple(self.make_inputs(device, requires_grad=False))
+        argnums = tuple(range(len(inputs)))
+        jacobian = torch.func.jacrev(lambda *xs: self._outputs(self._op_of_tensors(*xs)), argnums)(*inputs)
+        expected = torch.func.jacrev(lambda *xs: self._outputs(self._reference_of_tensors(*xs)), argnums)(*inputs)
+        outputs = self.outputs or ["out"]
+        for output, row, expected_row in zip(outputs, jacobian, expected, strict=True):
+            for name, block, expected_block in zip(self._names, row, expected_row):
+                what = f"d {output} / d {name}"
+                torch.testing.assert_close(block, expected_block, **CLOSE, msg=lambda m, w=what: f"{w}: {m}")
+
+    @_quietly
     def check_vmap_and_func_grad(self) -> None:
         """torch.func.vmap over a batch of two inputs, and torch.func.grad, against the reference."""
         samples = [self.make_inputs("cpu", requires_grad=False, seed=seed) for seed in (0, 1)]
@@ -360,22 +378,74 @@ class OpTests:
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
     @_quietly
+    def check_checkpoint(self, device: str) -> None:
+        """torch.utils.checkpoint, non-reentrant (forward keeps only the inputs; backward runs the op's forward
+        again, recording it, and differentiates that): the same outputs and gradients as the op, in float64.
+        Recomputing must save the same tensors as the first forward did, or checkpoint raises."""
+        inputs = self.make_inputs(device)
+        checkpointed = torch.utils.checkpoint.checkpoint(self.op, *inputs, *self._scalars, use_reentrant=False)
+        outs = self._outputs(checkpointed)
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._outputs(self.op(*inputs, *self._scalars))
+        self._assert_values_close(outs, expected, **CLOSE)
+        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    @_quietly
+    def check_autocast(self, device: str) -> None:
+        """Under torch.autocast (bfloat16 on the CPU, float16 on CUDA) the op computes in float32, the choice
+        its module documents: with float32 inputs and with inputs in autocast's dtype, the output is
+        float32 and close to the float64 reference at the same inputs (as check_float32's), and each input's
+        gradient (taken outside autocast, as PyTorch recommends) is finite and in that input's dtype."""
+        low = torch.bfloat16 if device == "cpu" else torch.float16
+        inputs = self.make_inputs(device)
+        for dtype in (torch.float32, low):
+            xs = [x.detach().to(dtype).requires_grad_() for x in inputs]
+            with torch.autocast(device, dtype=low):
+                outs = self._outputs(self.op(*xs, *self._scalars))
+            for what, out in zip(self._value_names, outs):
+                assert out.dtype == torch.float32, f"{what} is {out.dtype} under autocast from {dtype} inputs"
+            expected = self._outputs(self.reference(*(x.detach().double() for x in xs), *self._scalars))
+            self._assert_values_close([o.double() for o in outs], expected, rtol=1e-4, atol=1e-5)
+            grads = torch.autograd.grad(_total(outs), xs)
+            for name, grad in zip(self._names, grads):
+                assert grad.dtype == dtype, f"gradient of {name} is {grad.dtype}, its input {dtype}"
+                assert torch.isfinite(grad).all(), f"gradient of {name} under autocast is not finite"
+
+    @_quietly
+    def check_compiled_model(self, device: str) -> None:
+        """A small model using the Module (a learnable scale of the first input, the Module, a sum) under
+        torch.compile(fullgraph=True), against the same model in eager: its value and the gradients of
+        every parameter, the Module's own included. Skipped as check_compile is."""
+        unavailable = _backend_unavailable(COMPILE_BACKEND, device)
+        if unavailable:
+            pytest.skip(
+                f"torch.compile's {COMPILE_BACKEND} backend does not work here ({unavailable}); "
+                "SCAFFOLD_COMPILE_BACKEND=aot_eager checks the tracing without it"
+            )
+        module, _, inputs = self._module_with_inputs(device)
+        if not inputs:
+            pytest.skip("the Module takes no input (every tensor is learnable): check_module covers it")
+        model = _ScaledModel(module, inputs[0].shape).to(device=device, dtype=torch.float64)
+        parameters = list(model.parameters())
+        expected = model(*inputs)
+        expected_grads = torch.autograd.grad(expected, parameters)
+        # The model's forward is the same code for every op: without a reset, a process testing many ops
+        # reaches Dynamo's recompile limit (8 compilations of one code object), which fullgraph=True fails on.
+        torch.compiler.reset()
+        compiled = torch.compile(model, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
+        value = compiled(*inputs)
+        grads = torch.autograd.grad(value, parameters)
+        torch.testing.assert_close(value, expected, **CLOSE)
+        for (name, _), grad, expected_grad in zip(model.named_parameters(), grads, expected_grads):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    @_quietly
     def check_module(self, device: str) -> None:
         """The Module, its learnable inputs set to random values, against the reference; every parameter
         receives a finite gradient."""
-        module = self.module(**self.scalars).to(device=device, dtype=torch.float64)
-        shapes = [i.shape if i.module_shape is None else i.module_shape for i in self.inputs]
-        inputs = self.make_inputs(device, shapes=shapes)
-        args = []
-        for i, x in zip(self.inputs, inputs):
-            if i.learnable:
-                parameter = getattr(module, i.name)
-                assert parameter.shape == x.shape, f"parameter {i.name} has shape {parameter.shape}, not {x.shape}"
-                with torch.no_grad():
-                    parameter.copy_(x)
-                x = parameter
-            args.append(x)
-        outs = self._outputs(module(*(x for i, x in zip(self.inputs, inputs) if not i.learnable)))
+        module, args, inputs = self._module_with_inputs(device)
+        outs = self._outputs(module(*inputs))
         self._assert_values_close(outs, self._outputs(self.reference(*args, *self._scalars)), **CLOSE)
         _total(outs).backward()
         for i, x in zip(self.inputs, args):
@@ -383,6 +453,22 @@ class OpTests:
             assert torch.isfinite(x.grad).all(), f"{i.name}'s gradient is not finite"
         for name in self.scalars:
             assert name in repr(module), f"the Module's repr does not show {name}"
+
+    def _module_with_inputs(self, device: str) -> tuple[torch.nn.Module, list[torch.Tensor], list[torch.Tensor]]:
+        """The Module in float64, its learnable inputs set to random values; every tensor argument of the op
+        (the parameters among them); the Module's own inputs, the others."""
+        module = self.module(**self.scalars).to(device=device, dtype=torch.float64)
+        shapes = [i.shape if i.module_shape is None else i.module_shape for i in self.inputs]
+        args = []
+        for i, x in zip(self.inputs, self.make_inputs(device, shapes=shapes)):
+            if i.learnable:
+                parameter = getattr(module, i.name)
+                assert parameter.shape == x.shape, f"parameter {i.name} has shape {parameter.shape}, not {x.shape}"
+                with torch.no_grad():
+                    parameter.copy_(x)
+                x = parameter
+            args.append(x)
+        return module, args, [x for i, x in zip(self.inputs, args) if not i.learnable]
 
     # -- inputs --------------------------------------------------------------------------------------------
 
@@ -800,6 +886,19 @@ class ProgramTests(OpTests):
                 atol=1e-9 * max(scale, 1.0),
                 msg=lambda m, w=what: f"{w} at extreme inputs: {m}",
             )
+
+
+class _ScaledModel(torch.nn.Module):
+    """The op's Module inside a model: a learnable scale (ones) of its first input, the Module, the sum of
+    its outputs."""
+
+    def __init__(self, module: torch.nn.Module, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(shape))
+        self.module = module
+
+    def forward(self, first: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:
+        return _total(_as_tuple(self.module(self.scale * first, *others)))
 
 
 def _reference_grads(outs, inputs: Sequence[torch.Tensor], upstream=None, **kwargs) -> list:

@@ -90,6 +90,25 @@ MUTATIONS = {
     "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
     # The twin that torch.compile traces must not define jvp: Dynamo refuses one.
     "jvp_under_compile": ("swish", _sub(r"^    jvp = torch\.autograd\.Function\.jvp\n", "")),
+    # The Module calls the Function itself, not the twin without jvp: fine in eager and in the compiled
+    # functional, refused by Dynamo in a compiled model.
+    "module_applies_function_with_jvp": (
+        "swish",
+        _sub(r"return _apply\(x, self\.beta\)", "return SwishFunction.apply(x, self.beta)"),
+    ),
+    # Under autocast the op runs on what it is given, in bfloat16: its output is not the float32 it documents.
+    "ignores_autocast": ("swish", _sub(r"if not \(torch\._C\._is_any_autocast_enabled\(\) and .*:$", "if True:")),
+    # A forward that is not a function of its inputs alone (a statistic updated on every call, as a running
+    # mean is): checkpoint's recomputation in backward is another forward than the one it replaces.
+    "stateful_forward": (
+        "swish",
+        lambda text: _sub(r"^__all__ = ", "_calls = []\n__all__ = ")(
+            _sub(
+                r"return \(beta \* x\)\.sigmoid_\(\)\.mul_\(x\)",
+                "_calls.append(None)\n        return (beta * x).sigmoid_().mul_(x) * len(_calls)",
+            )(text)
+        ),
+    ),
     # A custom gradient is checked against its formula, and so is its own derivative (double backward).
     "wrong_custom_gradient": (
         "scaled_sign",
@@ -142,8 +161,12 @@ MUTATIONS = {
         ),
     ),
 }
-# Cases that only one generated test can catch.
+# Cases that only one generated test can catch, or that the test was written for.
 CAUGHT_BY = {
+    "scaled_backward": "test_jacrev",
+    "module_applies_function_with_jvp": "test_compiled_model",
+    "ignores_autocast": "test_autocast",
+    "stateful_forward": "test_checkpoint",
     "unstable_forward": "test_extreme_inputs",
     "wrong_gradient_in_far_branch": "test_extreme_inputs_float64",
     "wrong_value_in_far_branch": "test_extreme_inputs_float64",

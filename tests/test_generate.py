@@ -151,7 +151,7 @@ def test_a_one_tensor_ops_test_file_is_short(forward):
     # The checks live in scaffold.testing; the file holds the op's particulars and one line per check.
     text = generate_op(make_spec("op", forward, {"x": {}}))["test_op.py"]
     lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) <= 60, text
+    assert len(lines) <= 70, text
 
 
 def test_text_reaches_ruff_and_back_as_utf8_whatever_the_locale(monkeypatch):

@@ -256,7 +256,7 @@ def test_generated_tests_pass(generated_folder):
 
 def test_generated_tests_catch_a_wrong_backward(tmp_path: Path):
     """backward's gradients scaled by 1.01, in four ops (one pytest process): gradcheck, the reference
-    comparison, float32 and the hessian fail for each."""
+    comparison, float32, the hessian and jacrev fail for each."""
     names = ["attention", "layer_norm", "linear_relu", "mean_variance"]
     for name in names:
         files = dict(_files(name))
@@ -268,10 +268,13 @@ def test_generated_tests_catch_a_wrong_backward(tmp_path: Path):
         for path, text in files.items():
             (tmp_path / path).write_text(text, encoding="utf-8")
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    result = BackgroundPytest(tmp_path, "-k", "gradcheck or reference or float32 or hessian", str(tmp_path)).wait()
+    result = BackgroundPytest(
+        tmp_path, "-k", "gradcheck or reference or float32 or hessian or jacrev", str(tmp_path)
+    ).wait()
     for name in names:
         failed = result.stdout.count(f"test_{name}.py::")
-        assert failed >= 4, f"{name}: only {failed} failed\n" + result.stdout[-3000:]
+        assert failed >= 5, f"{name}: only {failed} failed\n" + result.stdout[-3000:]
+        assert f"test_{name}.py::test_jacrev[cpu]" in result.stdout, f"{name}: jacrev passed\n" + result.stdout[-3000:]
 
 
 # -- the language --------------------------------------------------------------------------------------------

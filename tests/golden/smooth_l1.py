@@ -5,6 +5,9 @@ Elementwise smooth L1 (Huber-like) loss, as torch.nn.functional.smooth_l1_loss(r
 
     smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
         (Abs(input - target) - 0.5 * beta, True))
+
+Under torch.autocast it computes in float32 (float16 and bfloat16 inputs are cast, autocast is off inside): its
+output is float32 and each input's gradient comes back in that input's dtype.
 """
 
 from __future__ import annotations
@@ -208,11 +211,27 @@ def _function() -> type[SmoothL1Function]:
     return _SmoothL1FunctionNoJvp if torch.compiler.is_compiling() else SmoothL1Function
 
 
+def _apply(*args):
+    """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
+    ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
+    setup_context (pytorch#132388)."""
+    # torch._C's check first: reading a tensor's device takes longer than the op's own check.
+    if not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
+        return _function().apply(*args)
+    device_type = args[0].device.type
+    # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.
+    args = [
+        a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) else a for a in args
+    ]
+    with torch.autocast(device_type, enabled=False):
+        return _function().apply(*args)
+
+
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:
     """smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
     (Abs(input - target) - 0.5 * beta, True))
     """
-    return _function().apply(input, target, beta)[0]
+    return _apply(input, target, beta)[0]
 
 
 class SmoothL1(nn.Module):
@@ -223,7 +242,7 @@ class SmoothL1(nn.Module):
         self.beta = beta
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return _function().apply(input, target, self.beta)[0]
+        return _apply(input, target, self.beta)[0]
 
     def extra_repr(self) -> str:
         return f"beta={self.beta!r}"

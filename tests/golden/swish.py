@@ -4,6 +4,9 @@
 Swish (SiLU with a learnable slope): x * sigmoid(beta * x).
 
     swish(x, beta) = x / (1 + exp(-beta * x))
+
+Under torch.autocast it computes in float32 (float16 and bfloat16 inputs are cast, autocast is off inside): its
+output is float32 and each input's gradient comes back in that input's dtype.
 """
 
 from __future__ import annotations
@@ -189,9 +192,25 @@ def _function() -> type[SwishFunction]:
     return _SwishFunctionNoJvp if torch.compiler.is_compiling() else SwishFunction
 
 
+def _apply(*args):
+    """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
+    ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
+    setup_context (pytorch#132388)."""
+    # torch._C's check first: reading a tensor's device takes longer than the op's own check.
+    if not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
+        return _function().apply(*args)
+    device_type = args[0].device.type
+    # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.
+    args = [
+        a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) else a for a in args
+    ]
+    with torch.autocast(device_type, enabled=False):
+        return _function().apply(*args)
+
+
 def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """swish(x, beta) = x / (1 + exp(-beta * x))"""
-    return _function().apply(x, beta)
+    return _apply(x, beta)
 
 
 class Swish(nn.Module):
@@ -202,4 +221,4 @@ class Swish(nn.Module):
         self.beta = nn.Parameter(torch.full((), 1.0))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _function().apply(x, self.beta)
+        return _apply(x, self.beta)

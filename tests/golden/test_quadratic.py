@@ -98,6 +98,10 @@ def test_forward_mode(device):
     OP.check_forward_mode(device)
 
 
+def test_jacrev(device):
+    OP.check_jacrev(device)
+
+
 def test_hessian(device):
     OP.check_hessian(device)
 
@@ -106,8 +110,20 @@ def test_vmap_and_func_grad():
     OP.check_vmap_and_func_grad()
 
 
+def test_checkpoint(device):
+    OP.check_checkpoint(device)
+
+
+def test_autocast(device):
+    OP.check_autocast(device)
+
+
 def test_compile(device):
     OP.check_compile(device)
+
+
+def test_compiled_model(device):
+    OP.check_compiled_model(device)
 
 
 def test_module(device):
