@@ -357,12 +357,7 @@ class OpTests:
         """torch.compile(fullgraph=True) of the op, value and gradients, against the op in eager: the op
         traces as one graph, with no graph break. Skipped where the backend itself cannot compile even
         ``x + 1`` (inductor without a C++ compiler): that says nothing about the op."""
-        unavailable = _backend_unavailable(COMPILE_BACKEND, device)
-        if unavailable:
-            pytest.skip(
-                f"torch.compile's {COMPILE_BACKEND} backend does not work here ({unavailable}); "
-                "SCAFFOLD_COMPILE_BACKEND=aot_eager checks the tracing without it"
-            )
+        _skip_without_backend(device)
         if self.custom_op is not None:
             # Dynamo keeps compiled code per Python function, and every custom op is called through the same
             # one (CustomOpDef.__call__): compiling a project's ops one after another in one process would
@@ -417,12 +412,7 @@ class OpTests:
         """A small model using the Module (a learnable scale of the first input, the Module, a sum) under
         torch.compile(fullgraph=True), against the same model in eager: its value and the gradients of
         every parameter, the Module's own included. Skipped as check_compile is."""
-        unavailable = _backend_unavailable(COMPILE_BACKEND, device)
-        if unavailable:
-            pytest.skip(
-                f"torch.compile's {COMPILE_BACKEND} backend does not work here ({unavailable}); "
-                "SCAFFOLD_COMPILE_BACKEND=aot_eager checks the tracing without it"
-            )
+        _skip_without_backend(device)
         module, _, inputs = self._module_with_inputs(device)
         if not inputs:
             pytest.skip("the Module takes no input (every tensor is learnable): check_module covers it")
@@ -956,6 +946,17 @@ class _Overflows(torch.overrides.TorchFunctionMode):
 
 
 @functools.cache
+def _skip_without_backend(device: str) -> None:
+    """Skip a compile check where the backend itself cannot compile even ``x + 1``: that says nothing
+    about the op."""
+    unavailable = _backend_unavailable(COMPILE_BACKEND, device)
+    if unavailable:
+        pytest.skip(
+            f"torch.compile's {COMPILE_BACKEND} backend does not work here ({unavailable}); "
+            "SCAFFOLD_COMPILE_BACKEND=aot_eager checks the tracing without it"
+        )
+
+
 def _backend_unavailable(backend: str, device: str) -> str:
     """Why torch.compile with ``backend`` cannot compile a trivial function on ``device`` ("" if it can)."""
     try:
