@@ -366,11 +366,7 @@ class OpTests:
         inputs = self.make_inputs(device)
         compiled = torch.compile(self.op, fullgraph=True, backend=COMPILE_BACKEND, dynamic=False)
         outs = self._outputs(compiled(*inputs, *self._scalars))
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected = self._outputs(self.op(*inputs, *self._scalars))
-        self._assert_values_close(outs, expected, **CLOSE)
-        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
-            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+        self._assert_same_as_op(outs, inputs)
 
     @_quietly
     def check_checkpoint(self, device: str) -> None:
@@ -380,11 +376,7 @@ class OpTests:
         inputs = self.make_inputs(device)
         checkpointed = torch.utils.checkpoint.checkpoint(self.op, *inputs, *self._scalars, use_reentrant=False)
         outs = self._outputs(checkpointed)
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected = self._outputs(self.op(*inputs, *self._scalars))
-        self._assert_values_close(outs, expected, **CLOSE)
-        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
-            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+        self._assert_same_as_op(outs, inputs)
 
     @_quietly
     def check_autocast(self, device: str) -> None:
@@ -675,6 +667,14 @@ class OpTests:
         """What the gradient checks differentiate: the custom op (through its registered autograd), or the
         Function, hidden outputs included."""
         return self.custom_op if self.custom_op is not None else self.function.apply
+
+    def _assert_same_as_op(self, outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+        """``outs`` (the op's outputs at ``inputs``, computed another way) and their gradients are the op's."""
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._outputs(self.op(*inputs, *self._scalars))
+        self._assert_values_close(outs, expected, **CLOSE)
+        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
     def _skip_under_torch_func(self, transform: str) -> None:
         """Skip a torch.func check of a custom op, saying why (PyTorch's limits, not the op's)."""
