@@ -107,6 +107,10 @@ class Cost:
 
     elements: float  # saved elements, each mask element counting 1/4 (bool next to float32)
     operations: float  # backward's tensor operations, weighted (KERNEL_WEIGHTS), and the forward's extra ones
+    # Fused mode: elements moved beyond what forward and backward must (read the inputs and grad_output,
+    # write the output and the gradients): backward's reads of what it saves, forward's writes of hidden
+    # outputs and each mask's eager pass in setup_context, writes weighing WRITE_WEIGHT.
+    moved: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ class BackwardPlan:
     # The gradients that reach the hidden outputs (only in a second derivative, through what backward read):
     # a term per (argument, hidden output), grad_<hidden> times the intermediate's partial derivative.
     hidden_backward: tuple[Term, ...] = ()
+    fused: bool = False  # chosen for fused mode: the fewest elements moved (Cost.moved) first
 
     @property
     def output_values(self) -> tuple[str, ...]:
@@ -364,6 +369,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     program = derivation.program
     where = f"{spec.source}: forward" if spec is not None else "forward"
     policy = spec.policy if spec is not None else "memory"
+    fused = spec.fuse if spec is not None else False
     names = list(parsed.tensor_names)
     taken = set(parsed.symbols) | {GRAD_OUTPUT, OUTPUT} | {n + TANGENT_SUFFIX for n in names}
     outputs = _output_names(program, taken)
@@ -408,7 +414,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
                         continue
                     cost = kept.cost(chosen, exprs, cost, sizes)
                 candidates.append((exprs, masks, cost, chosen))
-    exprs, masks, cost, chosen = min(candidates, key=lambda c: _rank(c[2], policy))
+    exprs, masks, cost, chosen = min(candidates, key=lambda c: _rank(c[2], policy, fused))
     if chosen:  # the kept intermediates named saved, saved1, ... in order
         renamed = kept.rename(chosen)
         exprs = [e.xreplace(renamed) for e in exprs]
@@ -477,6 +483,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         baseline=candidates[0][2],
         double_backward=double_backward,
         hidden_backward=hidden_backward,
+        fused=fused,
     )
 
 
@@ -597,9 +604,9 @@ class _Intermediates:
         """``cost`` (of ``exprs``, which read the hidden outputs) with the hidden outputs' elements and the
         forward's extra work."""
         tensors = {s.name for s in self.inputs}
-        elements = cost.elements + sum(sizes.of({s.name for s in t.free_symbols}) for t in chosen)
+        kept = sum(sizes.of({s.name for s in t.free_symbols}) for t in chosen)
         extra = sum(_operations(t, tensors) for t in chosen if not any(f.has(t) for f in self.forwards))
-        return Cost(elements, cost.operations + extra)
+        return Cost(cost.elements + kept, cost.operations + extra, cost.moved + (1 + WRITE_WEIGHT) * kept)
 
     def backward(self, chosen: tuple[sympy.Expr, ...], taken: set[str]) -> tuple[Term, ...]:
         """A term per (input, hidden output), each with its own temporaries (a rare path: no sharing)."""
@@ -708,6 +715,8 @@ def _double_backward(
 MAX_MASKED_CONDITIONS = 6
 #: Bytes of a bool element relative to a float32 one.
 MASK_WEIGHT = 0.25
+#: What writing an element costs relative to reading one (a CPU reads a cache line before it writes it).
+WRITE_WEIGHT = 2
 
 
 class _Sizes:
@@ -723,8 +732,11 @@ class _Sizes:
         return math.prod(broadcast([self.shapes[n] for n in sorted(names) if n in self.shapes]))
 
 
-def _rank(cost: Cost, policy: str) -> tuple[float, float]:
-    return (cost.elements, cost.operations) if policy == "memory" else (cost.operations, cost.elements)
+def _rank(cost: Cost, policy: str, fused: bool = False) -> tuple[float, float]:
+    """Eager code keeps its saved tensors, and memory counts what it keeps; fused code runs as two
+    compiled kernels, whose time is the bytes they move (or their work, under policy 'time')."""
+    kept = cost.moved if fused else cost.elements
+    return (kept, cost.operations) if policy == "memory" else (cost.operations, kept)
 
 
 def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
@@ -804,12 +816,16 @@ def _with_masks(
     elements += sum(size for name, size in sizes.outputs.items() if name in read)
     extra = set(sizes.outputs) | sizes.upstream | set(symbols.values())
     operations = _operations(exprs, tensors | extra)
+    moved = elements
     for m in masks:
         if m.name in read:
             condition_tensors = {s.name for s in m.condition.free_symbols} & tensors
-            elements += MASK_WEIGHT * sizes.of(condition_tensors)
+            size = sizes.of(condition_tensors)
+            elements += MASK_WEIGHT * size
             operations += _operations(m.condition, tensors)
-    return exprs, masks, Cost(elements, operations)
+            # an eager pass in setup_context reads the condition's tensors and writes the mask
+            moved += sum(sizes.of({n}) for n in condition_tensors) + (1 + WRITE_WEIGHT) * MASK_WEIGHT * size
+    return exprs, masks, Cost(elements, operations, moved)
 
 
 #: What one call of a function costs, in passes of a multiply over the same elements: PyTorch's float32 CPU

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-from scaffold import generate_op, write_files
+from scaffold import compile_op, generate_op, write_files
 
 from .conftest import make_spec, run_pytest
 
@@ -92,6 +92,17 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypa
     torch.testing.assert_close(out, torch.exp(x))
     torch.testing.assert_close(grad, torch.exp(x))
     torch.testing.assert_close(again, out)
+
+
+def test_fused_plan_reads_the_input_rather_than_a_mask_computed_eagerly():
+    # A mask is computed in setup_context, an eager pass outside the compiled kernels (read x, write the mask)
+    # that costs more than backward reading x; eager code saves it, 1 byte per element instead of 4.
+    leaky = ("leaky", "Piecewise((x, x > 0), (alpha*x, True))")
+    scalars = {"alpha": {"default": 0.1}}
+    eager = compile_op(make_spec(*leaky, scalars=scalars)).plan
+    fused = compile_op(make_spec(*leaky, scalars=scalars, fuse=True)).plan
+    assert [m.name for m in eager.masks] == ["mask"] and eager.saved == ("mask",)
+    assert fused.masks == () and fused.saved == ("x",)
 
 
 #: A dozen shapes of ranks 1 to 3, two with a size of 1 (Dynamo specializes on those).
