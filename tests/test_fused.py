@@ -50,6 +50,8 @@ def test_generated_tests_of_fused_ops_pass(tmp_path):
         make_spec(
             "leaky_fused", "Piecewise((x, x > 0), (alpha*x, True))", scalars={"alpha": {"default": 0.1}}, fuse=True
         ),
+        make_spec("silu_fused", "x / (1 + exp(-x))", fuse=True),
+        make_spec("logsigmoid_fused", "-log(1 + exp(-x))", fuse=True),
     ):
         write_files(generate_op(spec), tmp_path)
     result = run_pytest(tmp_path)
@@ -92,6 +94,31 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypa
     torch.testing.assert_close(out, torch.exp(x))
     torch.testing.assert_close(grad, torch.exp(x))
     torch.testing.assert_close(again, out)
+
+
+def _source_of(text: str, function: str, following: str) -> str:
+    return text.split(f"def {function}(")[1].split(following)[0]
+
+
+def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_log(tmp_path):
+    # Inductor computes each sigmoid with an exp and a division, softplus with an exp and a log1p (slower than
+    # log on a CPU); eager code keeps PyTorch's one-kernel primitives.
+    swish = make_spec("swish_pair", "x / (1 + exp(-beta*x))", SWISH)
+    fused = generate_op(dataclasses.replace(swish, fuse=True))["swish_pair.py"]
+    backward = _source_of(fused, "_backward", "class _Fused")
+    assert "sigmoid" not in backward and backward.count("torch.exp(") == 1
+    assert "torch.sigmoid(" in _source_of(generate_op(swish)["swish_pair.py"], "_backward", "class ")
+    write_files(generate_op(make_spec("logsig", "-log(1 + exp(-x))", fuse=True)), tmp_path)
+    forward = _source_of((tmp_path / "logsig.py").read_text(), "_forward", "def _backward")
+    assert "softplus" not in forward and "log1p" not in forward and forward.count("torch.log(") == 1
+    # as exact as PyTorch's own, at every scale, and so is autograd of the code (torch.func differentiates
+    # backward's code; forward's the same way where it is eager)
+    module = _load(tmp_path, "logsig")
+    x = torch.tensor([-1e4, -50, -20, -1, -1e-8, 0, 1e-8, 1, 20, 50, 1e4], dtype=torch.float64, requires_grad=True)
+    out = module._forward(x)
+    torch.testing.assert_close(out, torch.nn.functional.logsigmoid(x), rtol=4e-16, atol=0)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad, torch.sigmoid(-x), rtol=4e-16, atol=0)
 
 
 def test_fused_plan_reads_the_input_rather_than_a_mask_computed_eagerly():
