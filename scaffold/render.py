@@ -822,7 +822,9 @@ def _saved_comment(plan: BackwardPlan) -> str:
     if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:
         reasons.append(f"{plan.cost.elements / plan.baseline.elements:.2g}x the bytes of saving the inputs")
     because = f" ({'; '.join(reasons)})" if reasons else ", what the gradient formulas read"
-    return f"Saves {listed}{because}; policy {plan.policy!r}."
+    fused = plan.fused and plan.policy == "memory"
+    fused_note = ", fused: the fewest bytes the compiled forward and backward move" if fused else ""
+    return f"Saves {listed}{because}; policy {plan.policy!r}{fused_note}."
 
 
 @dataclass(frozen=True)

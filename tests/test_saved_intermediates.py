@@ -21,6 +21,17 @@ def test_a_difference_is_saved_instead_of_both_inputs():
     assert [(t.name, str(t.expr)) for t in plan.hidden_backward] == [("input", "grad_saved"), ("target", "-grad_saved")]
 
 
+def test_fused_recomputes_a_difference_rather_than_write_and_read_it():
+    # Fused forward and backward are two compiled kernels: a hidden output is written by one and read by the
+    # other (three passes), where reading both inputs again is two; the plan minimizes what they move.
+    plan = compile_op(make_spec("mse", "(input - target)**2", TWO, fuse=True)).plan
+    assert plan.saved == ("input", "target") and plan.hidden == ()
+    assert plan.cost.moved == 2 * 12
+    # a difference of three inputs moves as much kept as recomputed: kept, it saves backward's work
+    three = {n: {"shape": [3, 4]} for n in "xyz"}
+    assert compile_op(make_spec("sum3", "(x - y + z)**2", three, fuse=True)).plan.saved == ("saved",)
+
+
 def test_no_intermediate_where_it_saves_nothing():
     assert compile_op(make_spec("sq", "x**2")).plan.hidden == ()
     assert compile_op(make_spec("ex", "exp(x)")).plan.hidden == ()  # the output itself is cheaper
@@ -45,7 +56,7 @@ def test_generated_tests_of_ops_with_saved_intermediates_pass(tmp_path):
         make_spec("mse", "(input - target)**2", TWO),
         make_spec("lerp_op", "x + w*(y - x)", {"x": {"shape": [3, 4]}, "y": {"shape": [3, 4]}, "w": {"shape": [4]}}),
         make_spec("log_cosh", "log(cosh(input - target))", TWO),
-        make_spec("mse_fused", "(input - target)**2", TWO, fuse=True),
+        make_spec("sum3_fused", "(x - y + z)**2", {n: {"shape": [3, 4]} for n in "xyz"}, fuse=True),
         make_spec("scaled_mse", "a*(input - target)**2", {**TWO, "a": {"shape": [], "learnable": True}}),
     ]
     for spec in ops:
