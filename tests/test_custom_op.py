@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
+import warnings
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,18 @@ def test_the_cli_flags(tmp_path: Path, capsys):
     args = ["new", "op", "--spec", str(tmp_path / "swish.toml"), "--output-dir", str(tmp_path / "b")]
     assert main([*args, "--target", "custom_op"]) == 0
     assert '@torch.library.custom_op("scaffold::swish"' in (tmp_path / "b" / "swish.py").read_text(encoding="utf-8")
+
+
+def test_a_fused_custom_op_stays_compiled_through_opcheck(tmp_path: Path):
+    """opcheck traces backward with fake tensors: the fused op runs its eager code there, without compiling
+    (which fails inside a tracer) and without giving up compiling for real tensors of that kind."""
+    module = _generated(tmp_path, _spec("swish", namespace="scaffold_tests_g", fuse=True))
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*torch.compile failed")
+        torch.library.opcheck(module.swish, (x, beta))
+        grads = torch.autograd.grad(module.swish(x, beta).sum(), (x, beta))
+    expected = torch.autograd.grad(module.SwishFunction.apply(x, beta).sum(), (x, beta))
+    torch.testing.assert_close(grads, expected)
+    assert module._fused_backward.compiled and None not in module._fused_backward.compiled.values()
