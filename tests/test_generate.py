@@ -17,7 +17,7 @@ from scaffold.formatting import format_source
 from .conftest import SPECS, make_spec, run_pytest
 
 GOLDEN = Path(__file__).parent / "golden"
-GOLDEN_OPS = ["swish", "quadratic", "smooth_l1"]
+GOLDEN_OPS = ["swish", "quadratic", "smooth_l1", "swish_custom"]
 UPDATE = os.environ.get("SCAFFOLD_UPDATE_GOLDEN") == "1"
 
 
