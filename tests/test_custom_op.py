@@ -26,10 +26,12 @@ try:
     from .catalogue import OPS
     from .conftest import BackgroundPytest
     from .structured_catalogue import STRUCTURED
+    from .test_outputs import MULTI_OUTPUT_OPS
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS
     from conftest import BackgroundPytest
     from structured_catalogue import STRUCTURED
+    from test_outputs import MULTI_OUTPUT_OPS
 
 #: Between them: broadcasting (quadratic), float, int and bool scalars (huber, power, flip_sign), an
 #: intermediate the Function would keep (huber, lerp), masks (leaky_relu), several outputs, custom
@@ -40,23 +42,9 @@ NAMES = [
     "identity_and_square", "sign_and_abs", "sign_ste", "layer_norm", "attention", "linear_relu", "mean_variance",
     "soft_cross_entropy", "amax_rows", "gram",
 ]  # fmt: skip
-X = {"x": {}}
-#: Not in the catalogues: several outputs (one the input itself), custom gradients.
-EXTRA = {
-    "swish_gate": dict(
-        forward="s = sigmoid(x*beta)\ny = x*s",
-        tensors={"x": {"shape": [3, 4]}, "beta": {"shape": [4], "learnable": True}},
-        outputs=["y", "s"],
-    ),
-    "identity_and_square": dict(forward="same = x\nsq = x**2", tensors=X, outputs=["same", "sq"]),
-    "sign_and_abs": dict(
-        forward="s = sign(x)\na = Abs(x)",
-        tensors=X,
-        outputs=["s", "a"],
-        gradients={"x": "grad_s*Heaviside(1 - Abs(x)) + grad_a*sign(x)"},
-    ),
-    "sign_ste": dict(forward="sign(x)", tensors=X, gradients={"x": "grad*Heaviside(1 - Abs(x))"}),
-}
+#: Not in the catalogues: several outputs (one the input itself), custom gradients (test_outputs.py's).
+EXTRA = {name: MULTI_OUTPUT_OPS[name] for name in ("swish_gate", "identity_and_square", "sign_and_abs")}
+EXTRA["sign_ste"] = dict(forward="sign(x)", tensors={"x": {}}, gradients={"x": "grad*Heaviside(1 - Abs(x))"})
 _BY_NAME = {op.name: op.mapping() for op in [*OPS, *STRUCTURED]} | {n: {"name": n, **m} for n, m in EXTRA.items()}
 _counter = itertools.count()
 
