@@ -38,7 +38,16 @@ IMPORTS = {"math": "import math"}
 #: What the printer calls besides the registry's functions (:mod:`.functions`): elementwise, each result a new
 #: tensor, which stage 6b (:mod:`.inplace`) may overwrite. Torch functions, then tensor methods.
 PRINTED_FUNCTIONS = frozenset(
-    {"torch.where", "torch.clamp", "torch.sqrt", "torch.rsqrt", "torch.sign", "torch.maximum", "torch.minimum"}
+    {
+        "torch.where",
+        "torch.clamp",
+        "torch.sqrt",
+        "torch.rsqrt",
+        "torch.sign",
+        "torch.maximum",
+        "torch.minimum",
+        "torch.relu",
+    }
 )
 PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
 #: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
@@ -320,6 +329,9 @@ class TorchPrinter(StrPrinter):
         value, x = expr.args
         text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
+
+    def _print_relu(self, expr: stable.relu) -> str:
+        return f"torch.relu({self._print(expr.args[0])})"
 
     def _print_kept(self, expr: stable.kept) -> str:
         return self._print(expr.args[0])

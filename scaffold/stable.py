@@ -171,6 +171,15 @@ class finite_at_zero(sympy.Function):  # noqa: N801
     nargs = 2
 
 
+class relu(sympy.Function):  # noqa: N801
+    """``max(x, 0)``, printed as torch.relu, whose derivative autograd takes as 0 at 0 (torch.clamp's is 1):
+    fused code writes ``-|t|`` as ``-t - 2*relu(-t)``, whose derivative at 0 is -1, the one of the case
+    ``t >= 0`` it goes with. Inductor computes it as cheaply as ``abs``, where a case distinction inside an
+    exponential cost a tenth more of a swish backward."""
+
+    nargs = 1
+
+
 class kept(StableFunction):  # noqa: N801
     """``w`` itself, kept as one value: sympy distributes powers over a product as it builds them
     ((x**3)**-2 is x**-6), so without it a branch guard (lowering.within) could not find ``w`` again."""
