@@ -119,6 +119,19 @@ def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_
     torch.testing.assert_close(out, torch.nn.functional.logsigmoid(x), rtol=4e-16, atol=0)
     (grad,) = torch.autograd.grad(out.sum(), x)
     torch.testing.assert_close(grad, torch.sigmoid(-x), rtol=4e-16, atol=0)
+    # -|t| inside the pair's exponential is -t - 2*relu(-t): as cheap for inductor as abs, and its derivative
+    # at 0 is the case t >= 0's, so that torch.func's second derivative (autograd of backward's code) is right
+    # at x = 0, where abs' derivative 0 would give sigmoid'(0) = 0
+    assert "torch.relu(" in backward and "torch.abs(" not in backward
+    (tmp_path / "swish_pair.py").write_text(fused, encoding="utf-8")
+    pair = _load(tmp_path, "swish_pair")
+    x = torch.tensor([0.0, -1e-8, 1e-8, -3.0, 2.5, 40.0, -40.0], dtype=torch.float64)
+    beta = torch.tensor(1.3, dtype=torch.float64)
+    hessian = torch.func.hessian(lambda x, b: pair.swish_pair(x, b).sum(), argnums=(0, 1))(x, beta)
+    expected = torch.func.hessian(lambda x, b: (x * torch.sigmoid(b * x)).sum(), argnums=(0, 1))(x, beta)
+    for row, expected_row in zip(hessian, expected):
+        for block, expected_block in zip(row, expected_row):
+            torch.testing.assert_close(block, expected_block, rtol=1e-12, atol=1e-15)
 
 
 def test_fused_plan_reads_the_input_rather_than_a_mask_computed_eagerly():
