@@ -282,7 +282,6 @@ class CustomOpView:
     fake_call: str  # what computes the outputs on fake tensors: the forward's own math
     vmap: bool  # elementwise: a batching rule that runs the op once on the whole batch
     out_dims: str  # the vmap rule's out_dims
-    copies: bool = False  # forward may return an input as is, which a custom op may not: it returns a copy
 
 
 def custom_op_view(
@@ -293,7 +292,6 @@ def custom_op_view(
     fake_call: str,
     *,
     elementwise: bool,
-    copies: bool = False,
 ) -> CustomOpView | None:
     """The custom op's view, or None for a plain Function (``target = "function"``)."""
     if spec.target != "custom_op":
@@ -308,7 +306,6 @@ def custom_op_view(
         fake_call=fake_call,
         vmap=elementwise and not hidden,
         out_dims="0" if count == 1 else f"({', '.join(['0'] * count)})",
-        copies=copies,
     )
 
 
@@ -427,9 +424,16 @@ def module_view(
     all_names = tensor_names + scalar_names
 
     # An output that is an input itself leaves as a view of it: a Function may not return as-is an input
-    # that it also saves (one of the other gradients, or a custom one, may read it).
+    # that it also saves (one of the other gradients, or a custom one, may read it). A custom op may not
+    # return one at all, nor a view of one: a copy, also where a case on scalars may be an input (x if flag).
     forward_lines = code.steps(plan.forward_steps)  # first: it records which temporaries are tensors
-    returned = [f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e) for e in plan.forward_exprs]
+    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
+    returned = []
+    for e in plan.forward_exprs:
+        if spec.target == "custom_op" and _may_be_input(e, tensor_symbols):
+            returned.append(f"{e}.clone()" if e.is_Symbol else f"({code(e)}).clone()")
+        else:
+            returned.append(f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e))
     forward_lines.append(f"return {', '.join(returned)}")
     needed_scalars = set(plan.ctx_scalars)
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
@@ -455,7 +459,6 @@ def module_view(
     backward_args = ["ctx.needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
     backward_args += [f"ctx.{n}_shape" for n in tensor_names]
     double = _double_backward_view(code, plan, tensor_names, backward_params) if plan.double_backward else None
-    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
     return ModuleView(
         version=__version__,
         source=spec.source,
@@ -534,7 +537,6 @@ def module_view(
             [o.value for o in plan.hidden],
             "_forward" if spec.fuse else f"{spec.camel}Function.forward",
             elementwise=True,
-            copies=any(_may_be_input(o.forward, tensor_symbols) for o in derivation.outputs),
         ),
     )
 
