@@ -42,7 +42,7 @@ from . import lowering
 from .derivation import Derivation, differentiate
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
-from .stable import DerivativeKernel, relu, sigmoid, silu, softplus, stabilize
+from .stable import DerivativeKernel, gelu_grad, ndtr, neg_abs, sigmoid, silu, softplus, stabilize
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -274,10 +274,10 @@ def _one_exponential(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
     """Fused code: ``sigmoid(t)`` and ``sigmoid(-t)`` (swish's and silu's derivatives read both) from one
     exponential, ``e = exp(-|t|)``, ``r = 1/(1 + e)``: sigmoid(t) is r where t >= 0 and e*r elsewhere, and
     sigmoid(-t) the other way round, exact and finite on both sides, where inductor computes each sigmoid
-    with an exp and a division of its own. ``-|t|`` is written ``-t - 2*relu(-t)`` (:class:`.stable.relu`),
-    whose derivative at 0 is the case t >= 0's, so that autograd of this code (torch.func transforms
-    differentiate backward's code) gets sigmoid'(0) = 1/4, not the 0 that abs' at 0 would give; a case
-    distinction inside the exponential would too, and cost a swish backward a tenth more in inductor.
+    with an exp and a division of its own. ``-|t|`` is :class:`.stable.neg_abs`: abs in the compiled
+    kernels, and where autograd of this code may run (torch.func transforms differentiate backward's code)
+    a form whose derivative at 0 is the case t >= 0's, so that it gets sigmoid'(0) = 1/4, not the 0 that
+    abs' at 0 would give.
     ``silu(u)`` is ``u * sigmoid(u)`` here, so that silu(-x) pairs with sigmoid(x)."""
     exprs = [e.replace(lambda n: isinstance(n, silu), lambda n: n.args[0] * sigmoid(n.args[0])) for e in exprs]
     arguments = {n.args[0] for e in exprs for n in sympy.preorder_traversal(e) if isinstance(n, sigmoid)}
@@ -286,7 +286,7 @@ def _one_exponential(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
         if -t not in arguments or t.could_extract_minus_sign():
             continue
         positive = t >= 0
-        e = sympy.exp(-t - 2 * relu(-t))
+        e = sympy.exp(neg_abs(t))
         r = 1 / (1 + e)
         replacements[sigmoid(t)] = sympy.Piecewise((r, positive), (e * r, True))
         replacements[sigmoid(-t)] = sympy.Piecewise((e * r, positive), (r, True))
@@ -311,10 +311,36 @@ def _one_logarithm(
     for node in sorted(nodes, key=sympy.default_sort_key):
         (t,) = node.args
         positive = t >= 0
-        e = sympy.exp(-t - 2 * relu(-t))
+        e = sympy.exp(neg_abs(t))
         u, rounded, correction = next(names), next(names), next(names)
         definitions += [(u, 1 + e), (rounded, u - 1), (correction, e - rounded)]
         replacements[node] = sympy.Piecewise((t, positive), (0, True)) + sympy.log(u) + correction
+    return [e.xreplace(replacements) for e in exprs] if replacements else exprs
+
+
+def _erf_beside_exponential(
+    exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements
+) -> list[sympy.Expr]:
+    """Fused code: ``erf(u)`` beside ``exp(-u**2)`` (the derivative of ``erf(u)``, or of ``u * erf(u)``) with
+    ``u`` a temporary of its own, ``t``, and the exponential written ``exp(-t**2)``: inductor's vectorized
+    ``erf`` on a CPU computes ``exp(-t*t)`` inside, and the C++ compiler shares it with ours only where both
+    square the same value. ``-x**2/2``, sympy's canonical form, squares ``x``, not ``x/sqrt(2)``, and costs
+    gelu's compiled backward an exponential per element: 1.25 ms against 0.86 ms (4M float32 elements, two
+    threads, the same math otherwise). ``ndtr(x)`` and PyTorch's ``gelu_backward`` kernel (gelu_grad),
+    which inductor computes as ``(1 + erf(x/sqrt(2)))/2``, are written so here too; CUDA is unaffected."""
+    exprs = [e.replace(lambda n: isinstance(n, gelu_grad), lambda n: gelu_grad.expanded(n.args[0])) for e in exprs]
+    nodes = {n for e in exprs for n in sympy.preorder_traversal(e) if isinstance(n, (sympy.erf, ndtr))}
+    present = {n for e in exprs for n in sympy.preorder_traversal(e) if isinstance(n, sympy.exp)}
+    replacements: dict[sympy.Expr, sympy.Expr] = {}
+    for node in sorted(nodes, key=sympy.default_sort_key):
+        u = node.args[0] / sympy.sqrt(2) if isinstance(node, ndtr) else node.args[0]
+        exponential = sympy.exp(-(u**2))
+        if exponential not in present or u.is_Atom:
+            continue
+        t = next(names)
+        definitions.append((t, u))
+        replacements[exponential] = sympy.exp(-(t**2))
+        replacements[node] = (1 + sympy.erf(t)) / 2 if isinstance(node, ndtr) else sympy.erf(t)
     return [e.xreplace(replacements) for e in exprs] if replacements else exprs
 
 
@@ -380,6 +406,7 @@ def _eliminate(
     exprs = lowering.products_with_exp(exprs, names, definitions)
     if fused:  # after lowering, whose guards would keep each branch's exp apart
         exprs = _one_logarithm(_one_exponential(exprs), names, definitions)
+        exprs = _erf_beside_exponential(exprs, names, definitions)
     replacements, reduced = sympy.cse([*exprs, *(d for _, d in definitions)], symbols=names, order="none")
     steps = _in_order(replacements + [(s, e) for (s, _), e in zip(definitions, reduced[len(exprs) :])])
     # A lowering definition that CSE reduced to a temporary it already had (exp(y) of an xexpy, when exp(y)

@@ -46,9 +46,10 @@ PRINTED_FUNCTIONS = frozenset(
         "torch.sign",
         "torch.maximum",
         "torch.minimum",
-        "torch.relu",
     }
 )
+#: The generated module's function that fused code computes ``-|t|`` with (:class:`.stable.neg_abs`).
+NEG_ABS = "_neg_abs"
 PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
 #: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
 #: ``within``. Functions are printable where the registry (:mod:`.functions`) gives them a torch form.
@@ -105,7 +106,7 @@ class TorchPrinter(StrPrinter):
         self.anchor_text = anchor_text or anchor
         self.tensors = frozenset(tensors)
         self.bools = frozenset(bools)  # those of the tensors that are bool (saved masks)
-        self.imports: set[str] = set()  # keys of IMPORTS
+        self.imports: set[str] = set()  # keys of IMPORTS, and NEG_ABS where the code calls it
         self._dtype_anchored = False
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -330,8 +331,9 @@ class TorchPrinter(StrPrinter):
         text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
-    def _print_relu(self, expr: stable.relu) -> str:
-        return f"torch.relu({self._print(expr.args[0])})"
+    def _print_neg_abs(self, expr: stable.neg_abs) -> str:
+        self.imports.add(NEG_ABS)  # not a module: the generated module defines it
+        return f"{NEG_ABS}({self._print(expr.args[0])})"
 
     def _print_kept(self, expr: stable.kept) -> str:
         return self._print(expr.args[0])

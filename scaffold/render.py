@@ -29,7 +29,7 @@ from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
-from .printing import IMPORTS, print_torch
+from .printing import IMPORTS, NEG_ABS, print_torch
 from .rules import ProgramDerivation
 from .spec import OpSpec
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
@@ -82,6 +82,12 @@ def _hanging(text: str, first: str, indent: int) -> str:
         break_long_words=False,
         break_on_hyphens=False,
     )
+
+
+def _import_lines(aliases: set[str]) -> list[str]:
+    """The import statements for the modules printed code refers to (:data:`.printing.IMPORTS`); the
+    module's own functions it calls (NEG_ABS) are defined by the template instead."""
+    return [IMPORTS[alias] for alias in sorted(aliases) if alias in IMPORTS]
 
 
 def _docstring_text(text: str) -> str:
@@ -349,6 +355,7 @@ class ModuleView:
     doc: str
     fuse: bool
     imports: list[str]
+    neg_abs: bool  # fused code calls _neg_abs
     arguments: list[str]  # every argument, in call order
     tensor_names: list[str]
     scalar_names: list[str]
@@ -485,7 +492,8 @@ def module_view(
         output_shapes=output_shapes,
         doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
-        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        imports=_import_lines(code.imports),
+        neg_abs=NEG_ABS in code.imports,
         arguments=all_names,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -892,7 +900,7 @@ def test_view(
         module_import=module_import,
         testing_module=testing_module,
         own_device_fixture=own_device_fixture,
-        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        imports=_import_lines(code.imports),
         imports_torch=any("torch." in line for line in [*reference_lines, *(g for _, g in gradients)]),
         reference_params=[a.name for a in spec.arguments],
         reference_lines=reference_lines,
@@ -990,7 +998,7 @@ def reference_module(spec: OpSpec, plan: BackwardPlan) -> str:
     """Source of a module defining ``reference(<the op's arguments>)``, the forward in plain torch."""
     code = _CodePrinter(spec)
     lines = _reference_lines(code, plan)
-    imports = [IMPORTS[alias] for alias in sorted(code.imports)] + ["import torch"]
+    imports = _import_lines(code.imports) + ["import torch"]
     params = ", ".join(a.name for a in spec.arguments)
     body = "".join(f"    {line}\n" for line in lines)
     return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"
@@ -1366,7 +1374,7 @@ def _program_test_view(
         module_import=module_import,
         testing_module=testing_module,
         own_device_fixture=own_device_fixture,
-        imports=[IMPORTS[alias] for alias in sorted(code.imports)],
+        imports=_import_lines(code.imports),
         imports_torch=True,
         reference_params=[a.name for a in spec.arguments],
         reference_lines=reference_lines,
@@ -1392,7 +1400,7 @@ def program_reference_module(spec: OpSpec, parsed) -> str:
     """:func:`reference_module` for a structured op."""
     code = _CodePrinter(spec)
     lines = _program_reference_lines(code, parsed)
-    imports = [IMPORTS[alias] for alias in sorted(code.imports)] + ["import torch"]
+    imports = _import_lines(code.imports) + ["import torch"]
     params = ", ".join(a.name for a in spec.arguments)
     body = "".join(f"    {line}\n" for line in lines)
     return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"

@@ -171,11 +171,11 @@ class finite_at_zero(sympy.Function):  # noqa: N801
     nargs = 2
 
 
-class relu(sympy.Function):  # noqa: N801
-    """``max(x, 0)``, printed as torch.relu, whose derivative autograd takes as 0 at 0 (torch.clamp's is 1):
-    fused code writes ``-|t|`` as ``-t - 2*relu(-t)``, whose derivative at 0 is -1, the one of the case
-    ``t >= 0`` it goes with. Inductor computes it as cheaply as ``abs``, where a case distinction inside an
-    exponential cost a tenth more of a swish backward."""
+class neg_abs(sympy.Function):  # noqa: N801
+    """``-|t|`` in fused code, printed as a call of the generated module's ``_neg_abs``: ``-abs(t)`` in the
+    compiled kernels, which run with autograd off, and ``-t - 2*relu(-t)`` in code that autograd or
+    torch.func may differentiate, whose derivative at 0 is -1, the one of the case ``t >= 0`` it goes with
+    (abs' is 0 there). The relu form costs inductor three operations more, a tenth of a swish backward."""
 
     nargs = 1
 

@@ -119,10 +119,11 @@ def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_
     torch.testing.assert_close(out, torch.nn.functional.logsigmoid(x), rtol=4e-16, atol=0)
     (grad,) = torch.autograd.grad(out.sum(), x)
     torch.testing.assert_close(grad, torch.sigmoid(-x), rtol=4e-16, atol=0)
-    # -|t| inside the pair's exponential is -t - 2*relu(-t): as cheap for inductor as abs, and its derivative
-    # at 0 is the case t >= 0's, so that torch.func's second derivative (autograd of backward's code) is right
-    # at x = 0, where abs' derivative 0 would give sigmoid'(0) = 0
-    assert "torch.relu(" in backward and "torch.abs(" not in backward
+    # -|t| inside the pair's exponential is _neg_abs(t): abs in the compiled kernels, and where autograd may
+    # differentiate the code a form whose derivative at 0 is the case t >= 0's, so that torch.func's second
+    # derivative (autograd of backward's code) is right at x = 0, where abs' derivative 0 would give
+    # sigmoid'(0) = 0
+    assert "torch.exp(_neg_abs(" in backward and "torch.abs(" not in backward
     (tmp_path / "swish_pair.py").write_text(fused, encoding="utf-8")
     pair = _load(tmp_path, "swish_pair")
     x = torch.tensor([0.0, -1e-8, 1e-8, -3.0, 2.5, 40.0, -40.0], dtype=torch.float64)
@@ -132,6 +133,36 @@ def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_
     for row, expected_row in zip(hessian, expected):
         for block, expected_block in zip(row, expected_row):
             torch.testing.assert_close(block, expected_block, rtol=1e-12, atol=1e-15)
+
+
+def test_neg_abs_is_abs_only_where_nothing_differentiates_it(tmp_path):
+    # The compiled kernels run with autograd off: there -|t| is -abs(t), one operation. Dynamo traces the same
+    # function with autograd on inside an enclosing torch.compile of double backward, and torch.func runs it
+    # eagerly: there it is the relu form, whose derivative at 0 is -1.
+    write_files(generate_op(make_spec("silu_abs", "x / (1 + exp(-x))", fuse=True)), tmp_path)
+    module = _load(tmp_path, "silu_abs")
+    assert "def _neg_abs(t):" in (tmp_path / "silu_abs.py").read_text()
+
+    def traced_calls(grad: bool) -> set:
+        graphs = []
+
+        def backend(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch.compiler.reset()
+        with torch.set_grad_enabled(grad):
+            out = torch.compile(module._neg_abs, backend=backend, fullgraph=True)(torch.tensor([-2.0, 0.0, 3.0]))
+        torch.testing.assert_close(out, torch.tensor([-2.0, 0.0, -3.0]))
+        return {getattr(n.target, "__name__", str(n.target)) for g in graphs for n in g.graph.nodes}
+
+    assert "abs" in traced_calls(grad=False) and "relu" not in traced_calls(grad=False)
+    assert "relu" in traced_calls(grad=True) and "abs" not in traced_calls(grad=True)
+    t = torch.tensor([0.0, -1.0, 2.0], requires_grad=True)
+    (slope,) = torch.autograd.grad(module._neg_abs(t).sum(), t)
+    torch.testing.assert_close(slope, torch.tensor([-1.0, 1.0, -1.0]))
+    slope = torch.func.grad(lambda t: module._neg_abs(t).sum())(t.detach())
+    torch.testing.assert_close(slope, torch.tensor([-1.0, 1.0, -1.0]))
 
 
 def test_fused_plan_reads_the_input_rather_than_a_mask_computed_eagerly():
