@@ -135,6 +135,35 @@ def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_
             torch.testing.assert_close(block, expected_block, rtol=1e-12, atol=1e-15)
 
 
+def test_fused_code_squares_erfs_argument_for_its_exponential(tmp_path):
+    # Inductor's vectorized erf computes exp(-t*t) inside; the C++ compiler shares it with the derivative's
+    # exponential only where that squares the same temporary (gelu's backward: an exp per element less).
+    # PyTorch's gelu_backward kernel is written out so here; eager code keeps it.
+    specs = {
+        "gelu_erf": make_spec("gelu_erf", "x/2*(1 + erf(x/sqrt(2)))"),
+        "erf_scaled": make_spec("erf_scaled", "x**2 * erf(a*x)", {"x": {}, "a": {"shape": []}}),
+    }
+    assert "gelu_backward" in generate_op(specs["gelu_erf"])["gelu_erf.py"]
+    x = torch.linspace(-6, 6, 49, dtype=torch.float64)
+    grad = torch.randn(49, dtype=torch.float64)
+    a = torch.tensor(0.7, dtype=torch.float64)
+    for name, spec in specs.items():
+        write_files(generate_op(dataclasses.replace(spec, fuse=True)), tmp_path)
+        backward = _source_of((tmp_path / f"{name}.py").read_text(), "_backward", "class _Fused")
+        assert "gelu_backward" not in backward
+        temporary = backward.split("torch.erf(")[1].split(")")[0]
+        assert f"torch.exp(-({temporary}**2))" in backward, backward
+        module = _load(tmp_path, name)
+        if name == "gelu_erf":
+            expected = torch.ops.aten.gelu_backward(grad, x)
+            (got,) = module._backward((True,), grad, x, x.shape)
+        else:
+            t = x.clone().requires_grad_()
+            expected = torch.autograd.grad(t**2 * torch.erf(a * t), t, grad)[0]
+            got = module._backward((True, False), grad, x, a, x.shape, a.shape)[0]
+        torch.testing.assert_close(got, expected, rtol=1e-14, atol=1e-15)
+
+
 def test_neg_abs_is_abs_only_where_nothing_differentiates_it(tmp_path):
     # The compiled kernels run with autograd off: there -|t| is -abs(t), one operation. Dynamo traces the same
     # function with autograd on inside an enclosing torch.compile of double backward, and torch.func runs it
