@@ -323,8 +323,19 @@ def _may_be_input(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> bool:
     return expr in tensors
 
 
+class _Entry:
+    """What both module views share: the name the functional and the Module call."""
+
+    custom_op: CustomOpView | None
+
+    @property
+    def entry(self) -> str:
+        """What the functional and the Module call: the custom op, or the Function's apply."""
+        return self.custom_op.op if self.custom_op else "_apply"
+
+
 @dataclass(frozen=True)
-class ModuleView:
+class ModuleView(_Entry):
     """What ``templates/op.py.j2`` lays out: the op's code, printed, with the names and lists it needs;
     the template joins and arranges them."""
 
@@ -403,11 +414,6 @@ class ModuleView:
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
     custom_op: CustomOpView | None = None
-
-    @property
-    def entry(self) -> str:
-        """What the functional and the Module call: the custom op, or the Function's apply."""
-        return self.custom_op.op if self.custom_op else "_apply"
 
     @property
     def backward_call(self) -> str:
@@ -1165,7 +1171,7 @@ def _finished(
 
 
 @dataclass(frozen=True)
-class ProgramView:
+class ProgramView(_Entry):
     """What ``templates/program_op.py.j2`` lays out: a structured op's code, from :mod:`.dataflow`."""
 
     version: str
@@ -1217,11 +1223,6 @@ class ProgramView:
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     custom_op: CustomOpView | None = None
-
-    @property
-    def entry(self) -> str:
-        """What the functional and the Module call: the custom op, or the Function's apply."""
-        return self.custom_op.op if self.custom_op else "_apply"
 
 
 def program_module_view(
