@@ -96,6 +96,13 @@ MUTATIONS = {
         "swish",
         _sub(r"return _apply\(x, self\.beta\)", "return SwishFunction.apply(x, self.beta)"),
     ),
+    # The twin that the op's own calls run (its forward takes ctx) must set up ctx as setup_context does...
+    "twin_without_setup_context": ("swish", _sub(r"^        \w+Function\.setup_context\(ctx, args, output\)$", "")),
+    # ...and must not run inside torch.func transforms, which need a Function with setup_context.
+    "twin_inside_transforms": (
+        "swish",
+        _sub(r"return \w+Function if _transforms_active\(\) else (_\w+FunctionDirect)", r"return \1"),
+    ),
     # Under autocast the op runs on what it is given, in bfloat16: its output is not the float32 it documents.
     "ignores_autocast": ("swish", _sub(r"if not \(torch\._C\._is_any_autocast_enabled\(\) and .*:$", "if True:")),
     # A forward that is not a function of its inputs alone (a statistic updated on every call, as a running
@@ -166,6 +173,7 @@ CAUGHT_BY = {
     "scaled_backward": "test_jacrev",
     "module_applies_function_with_jvp": "test_compiled_model",
     "ignores_autocast": "test_autocast",
+    "twin_inside_transforms": "test_jacrev",
     "stateful_forward": "test_checkpoint",
     "unstable_forward": "test_extreme_inputs",
     "wrong_gradient_in_far_branch": "test_extreme_inputs_float64",

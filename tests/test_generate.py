@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import inspect
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from scaffold import generate_op, load_spec, write_files
 from scaffold.formatting import format_source
 
-from .conftest import SPECS, make_spec, run_pytest
+from .conftest import SPECS, import_generated, make_spec, run_pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_OPS = ["swish", "quadratic", "smooth_l1", "swish_custom"]
@@ -162,3 +163,36 @@ def test_text_reaches_ruff_and_back_as_utf8_whatever_the_locale(monkeypatch):
     spec = make_spec("double", "2 * x", doc="Doubles x: «exactly» 2·x ≤ ∞.")
     files = generate_op(spec, time_limit=None)
     assert "Doubles x: «exactly» 2·x ≤ ∞." in files["double.py"]
+
+
+def test_a_plain_call_runs_the_functions_twin_whose_forward_takes_ctx(tmp_path, monkeypatch):
+    """Function.apply binds the arguments to forward's signature (inspect's Python, tens of microseconds
+    after a large kernel) for a Function with setup_context, on every call. The op's own calls run a twin
+    whose forward takes ctx, which it does not bind; torch.func transforms, which need setup_context, get
+    the Function itself."""
+    import torch
+
+    tensors = {"x": {}, "beta": {"shape": [], "learnable": True, "init": 1.0}}
+    module = import_generated(tmp_path, make_spec("swish_direct", "x / (1 + exp(-beta*x))", tensors))
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    beta = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    bound = []
+    bind = inspect.Signature.bind
+    monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: bound.append(self) or bind(self, *a, **k))
+
+    out = module.swish_direct(x, beta)
+    assert type(out.grad_fn).__name__ == "_SwishDirectFunctionDirectBackward" and not bound
+    grads = torch.autograd.grad(out.sum(), (x, beta))
+    expected = torch.autograd.grad(module.SwishDirectFunction.apply(x, beta).sum(), (x, beta))
+    torch.testing.assert_close(grads, expected, rtol=0, atol=0)
+    # forward mode outside torch.func: the twin's jvp, from what its forward saved for it
+    tangent = torch.randn(5, dtype=torch.float64)
+    with torch.autograd.forward_ad.dual_level():
+        dual = module.swish_direct(torch.autograd.forward_ad.make_dual(x.detach(), tangent), beta.detach())
+        jvp = torch.autograd.forward_ad.unpack_dual(dual).tangent
+    _, expected_jvp = torch.func.jvp(lambda x: module.swish_direct(x, beta.detach()), (x.detach(),), (tangent,))
+    torch.testing.assert_close(jvp, expected_jvp)
+    # inside torch.func transforms, the Function itself (its forward's signature bound by Function.apply)
+    grad_x = torch.func.grad(lambda x: module.swish_direct(x, beta).sum())(x)
+    torch.testing.assert_close(grad_x, grads[0])
+    assert bound

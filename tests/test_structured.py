@@ -232,8 +232,8 @@ def test_a_centred_value_is_not_summed_in_backward():
 
 
 def test_functions_bind_arguments_without_inspecting_forward(tmp_path: Path, monkeypatch):
-    """Function.apply binds its arguments to forward's signature on every call; the generated module computes
-    that signature once."""
+    """Function.apply binds its arguments to forward's signature on every call (the op's own calls run a twin
+    whose forward takes ctx, which it does not bind); the generated module computes that signature once."""
     import inspect
 
     module = _module("layer_norm", tmp_path)
@@ -244,6 +244,7 @@ def test_functions_bind_arguments_without_inspecting_forward(tmp_path: Path, mon
 
     monkeypatch.setattr(inspect, "_signature_from_function", refuse)
     module.layer_norm(*inputs, *scalars).sum().backward()
+    module.LayerNormFunction.apply(*inputs, *scalars)[0].sum().backward()  # the result, then what backward reads
 
 
 def test_generated_tests_pass(generated_folder):

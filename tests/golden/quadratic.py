@@ -33,9 +33,8 @@ def _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape,
     return grad_x, grad_a, grad_b, grad_c
 
 
-def _transforms_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active and active())
+# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same.
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def _differentiating_backward() -> bool:
@@ -168,6 +167,13 @@ class _QuadraticBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_a, grad_b, None, None, None, None
 
 
+# Function.apply binds a Function's arguments to forward's signature on every call, through inspect.signature
+# (about 10 us, more than a small tensor's kernels take); where the Function itself runs (inside torch.func
+# transforms, or called as such), the signature computed once:
+QuadraticFunction.forward.__signature__ = inspect.signature(QuadraticFunction.forward)
+_QuadraticBackward.forward.__signature__ = inspect.signature(_QuadraticBackward.forward)
+
+
 class _QuadraticFunctionNoJvp(QuadraticFunction):
     """QuadraticFunction without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
     one ("Unsupported custom jvp"), and compiled code has no use for it."""
@@ -175,15 +181,27 @@ class _QuadraticFunctionNoJvp(QuadraticFunction):
     jvp = torch.autograd.Function.jvp
 
 
-# Function.apply binds its arguments to forward's signature on every call, through inspect.signature
-# (about 10 us, more than a small tensor's kernels take); the signature, computed once:
-QuadraticFunction.forward.__signature__ = inspect.signature(QuadraticFunction.forward)
-_QuadraticBackward.forward.__signature__ = inspect.signature(_QuadraticBackward.forward)
+class _QuadraticFunctionDirect(QuadraticFunction):
+    """QuadraticFunction for a call outside torch.func transforms (which need setup_context) and
+    torch.compile: its forward takes ctx, so Function.apply does not bind the arguments to forward's signature.
+    That binding runs inspect's Python on every call: 5 us on a warm cache, 40 us and more after a large
+    kernel has flushed it."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = QuadraticFunction.forward(*args)
+        QuadraticFunction.setup_context(ctx, args, output)
+        return output
+
+    setup_context = torch.autograd.Function.setup_context  # not overridden: forward sets up ctx
 
 
 def _function() -> type[QuadraticFunction]:
-    """QuadraticFunction, or its twin without jvp while torch.compile traces the caller."""
-    return _QuadraticFunctionNoJvp if torch.compiler.is_compiling() else QuadraticFunction
+    """QuadraticFunction for torch.func transforms, its twin without jvp while torch.compile traces the
+    caller, else its twin whose forward takes ctx."""
+    if torch.compiler.is_compiling():
+        return _QuadraticFunctionNoJvp
+    return QuadraticFunction if _transforms_active() else _QuadraticFunctionDirect
 
 
 def _apply(*args):

@@ -37,9 +37,8 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
     return grad_x, grad_beta
 
 
-def _transforms_active() -> bool:
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)
-    return bool(active and active())
+# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same.
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def _out_of_place(function):
@@ -174,22 +173,11 @@ class _SwishCustomBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_beta, None, None
 
 
-class _SwishCustomFunctionNoJvp(SwishCustomFunction):
-    """SwishCustomFunction without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
-    one ("Unsupported custom jvp"), and compiled code has no use for it."""
-
-    jvp = torch.autograd.Function.jvp
-
-
-# Function.apply binds its arguments to forward's signature on every call, through inspect.signature
-# (about 10 us, more than a small tensor's kernels take); the signature, computed once:
+# Function.apply binds a Function's arguments to forward's signature on every call, through inspect.signature
+# (about 10 us, more than a small tensor's kernels take); where the Function itself runs (inside torch.func
+# transforms, or called as such), the signature computed once:
 SwishCustomFunction.forward.__signature__ = inspect.signature(SwishCustomFunction.forward)
 _SwishCustomBackward.forward.__signature__ = inspect.signature(_SwishCustomBackward.forward)
-
-
-def _function() -> type[SwishCustomFunction]:
-    """SwishCustomFunction, or its twin without jvp while torch.compile traces the caller."""
-    return _SwishCustomFunctionNoJvp if torch.compiler.is_compiling() else SwishCustomFunction
 
 
 @torch.library.custom_op("scaffold::swish_custom", mutates_args=())
