@@ -570,6 +570,22 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     )
 
 
+def one_derivative_kernel(plan: BackwardPlan) -> bool:
+    """Whether backward is one of ATen's fused ``grad * derivative`` kernels and nothing else (sigmoid's or
+    tanh's, of a saved tensor): fused code runs it eagerly, as torch.compile would fuse it with nothing and
+    call it through its own overhead (tens of microseconds after a large kernel has flushed the caches)."""
+    terms = [t for t in plan.backward.terms if not t.is_zero]
+    if plan.backward.shared or len(plan.outputs) != 1 or len(terms) != 1 or terms[0].steps:
+        return False
+    grad = sympy.Symbol(plan.outputs[0].grad, real=True)
+    factors = sympy.Mul.make_args(terms[0].expr)
+    return (
+        len(factors) == 2
+        and grad in factors
+        and any(isinstance(f, DerivativeKernel) and f.args[0].is_Symbol for f in factors)
+    )
+
+
 #: Forward intermediates considered for saving, at most (the most expensive to recompute first), and how
 #: many of them one plan may keep.
 MAX_INTERMEDIATES = 3

@@ -28,7 +28,17 @@ from .errors import DerivationError
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
-from .plan import GRAD_GRAD_PREFIX, GRAD_OUTPUT, OUTPUT, TANGENT_SUFFIX, BackwardPlan, SharedSteps, Step, straight_line
+from .plan import (
+    GRAD_GRAD_PREFIX,
+    GRAD_OUTPUT,
+    OUTPUT,
+    TANGENT_SUFFIX,
+    BackwardPlan,
+    SharedSteps,
+    Step,
+    one_derivative_kernel,
+    straight_line,
+)
 from .printing import IMPORTS, NEG_ABS, print_torch
 from .rules import ProgramDerivation
 from .spec import OpSpec
@@ -365,6 +375,7 @@ class ModuleView(_Entry):
     output_shapes: list[tuple[str, str]]  # ctx attribute, the output it is the shape of
     doc: str
     fuse: bool
+    backward_fused: bool  # fused mode compiles backward too (not where it is one ATen kernel)
     imports: list[str]
     neg_abs: bool  # fused code calls _neg_abs
     arguments: list[str]  # every argument, in call order
@@ -454,6 +465,7 @@ def module_view(
     # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
     # forward of the double backward's Function too), not of ctx.
     backward, gradients = _gradient_code(code, plan, tensor_names)
+    backward_fused = spec.fuse and not one_derivative_kernel(plan)
     jvp, tangents, jvp_terms, jvp_return = _jvp_code(code, plan, tensor_names)
     if several:
         output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs]
@@ -511,7 +523,8 @@ def module_view(
         saved_comment=textwrap.wrap(_saved_comment(plan), COMMENT_WIDTH + 8),
         jvp_saved=list(plan.saved_for_forward),
         ctx_scalars=list(plan.ctx_scalars),
-        backward_function="_fused_backward" if spec.fuse else "_backward",
+        backward_fused=backward_fused,
+        backward_function="_fused_backward" if backward_fused else "_backward",
         backward_params=backward_params,
         backward_args=backward_args,
         grads=[f"grad_{n}" for n in tensor_names],
@@ -1223,6 +1236,10 @@ class ProgramView(_Entry):
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     custom_op: CustomOpView | None = None
+
+    @property
+    def backward_fused(self) -> bool:
+        return self.fuse
 
 
 def program_module_view(

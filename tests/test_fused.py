@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from scaffold import compile_op, generate_op, write_files
+from scaffold.plan import one_derivative_kernel
 
 from .conftest import make_spec, run_pytest
 
@@ -94,6 +95,23 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, monkeypa
     torch.testing.assert_close(out, torch.exp(x))
     torch.testing.assert_close(grad, torch.exp(x))
     torch.testing.assert_close(again, out)
+
+
+def test_a_backward_that_is_one_aten_kernel_runs_eagerly(tmp_path):
+    """tanh's and sigmoid's backward is ATen's tanh_backward or sigmoid_backward alone: compiling it fuses
+    nothing and adds a compiled call, so fused code compiles the forward only."""
+    for forward, one in [("tanh(x)", True), ("1 / (1 + exp(-x))", True), ("tanh(2*x)", False), ("exp(x)", False)]:
+        assert one_derivative_kernel(compile_op(make_spec("op", forward, fuse=True)).plan) is one, forward
+    assert not one_derivative_kernel(compile_op(make_spec("op", "x*y", {"x": {}, "y": {}}, fuse=True)).plan)
+    write_files(generate_op(make_spec("tanh_fused", "tanh(x)", fuse=True)), tmp_path)
+    module = _load(tmp_path, "tanh_fused")
+    assert not hasattr(module, "_fused_backward")
+    x = torch.randn(3, 4, requires_grad=True)
+    out = module.tanh_fused(x)
+    (grad,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert len(module._fused_forward.compiled) == 1 and None not in module._fused_forward.compiled.values()
+    torch.testing.assert_close(out, torch.tanh(x))
+    torch.testing.assert_close(grad, 1 - torch.tanh(x) ** 2)
 
 
 def _source_of(text: str, function: str, following: str) -> str:
