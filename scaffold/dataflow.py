@@ -175,9 +175,10 @@ class _Planner:
             lambda node: isinstance(node, xexpy),
             lambda node: node.args[0] * finite_at_zero(sympy.exp(node.args[1]), node.args[0]),
         )
-        text, imports = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor)
-        self.imports |= imports
-        return text
+        printed = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor)
+        assert not printed.helpers, printed.helpers  # elementwise fused code's; program_op.py.j2 defines none
+        self.imports |= printed.imports
+        return printed.text
 
     def forward_expr(self, v: Value) -> str:
         if v.kind == ELEMENTWISE:

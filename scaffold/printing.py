@@ -24,6 +24,8 @@ exactly those.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import sympy
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
@@ -106,7 +108,8 @@ class TorchPrinter(StrPrinter):
         self.anchor_text = anchor_text or anchor
         self.tensors = frozenset(tensors)
         self.bools = frozenset(bools)  # those of the tensors that are bool (saved masks)
-        self.imports: set[str] = set()  # keys of IMPORTS, and NEG_ABS where the code calls it
+        self.imports: set[str] = set()  # keys of IMPORTS
+        self.helpers: set[str] = set()  # the generated module's own functions the code calls (NEG_ABS)
         self._dtype_anchored = False
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -332,7 +335,7 @@ class TorchPrinter(StrPrinter):
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
     def _print_neg_abs(self, expr: stable.neg_abs) -> str:
-        self.imports.add(NEG_ABS)  # not a module: the generated module defines it
+        self.helpers.add(NEG_ABS)
         return f"{NEG_ABS}({self._print(expr.args[0])})"
 
     def _print_kept(self, expr: stable.kept) -> str:
@@ -512,6 +515,14 @@ for _class in REDUCTIONS.values():
 TorchPrinter._print_LogSoftmax = TorchPrinter._print_Softmax
 
 
+class Printed(NamedTuple):
+    """Printed code, and what it refers to besides torch."""
+
+    text: str
+    imports: frozenset[str]  # modules: keys of IMPORTS
+    helpers: frozenset[str]  # the generated module's own functions (NEG_ABS), which its template defines
+
+
 def print_torch(
     expr: sympy.Basic,
     tensors: frozenset[str] | set[str],
@@ -520,8 +531,8 @@ def print_torch(
     bools: frozenset[str] | set[str] = frozenset(),
     anchor: str = "grad_output",
     anchor_text: str | None = None,
-) -> tuple[str, frozenset[str]]:
-    """Print ``expr`` as torch code; return the code and the module aliases it uses (keys of IMPORTS).
+) -> Printed:
+    """Print ``expr`` as torch code, with the module aliases (keys of IMPORTS) and helpers it uses.
     ``bools``: those of ``tensors`` that are bool masks; ``anchor``: a float tensor a case distinction
     between numbers takes its dtype from where its condition has none (backward's upstream gradient), used
     where it is one of ``tensors``, as ``anchor_text`` if given (the first of several that is not None)."""
@@ -530,4 +541,4 @@ def print_torch(
     # The printer's own errors name the sub-expression; the caller knows which formula it is.
     with error_context(where):
         text = printer.doprint(expr)
-    return text, frozenset(printer.imports)
+    return Printed(text, frozenset(printer.imports), frozenset(printer.helpers))

@@ -95,9 +95,8 @@ def _hanging(text: str, first: str, indent: int) -> str:
 
 
 def _import_lines(aliases: set[str]) -> list[str]:
-    """The import statements for the modules printed code refers to (:data:`.printing.IMPORTS`); the
-    module's own functions it calls (NEG_ABS) are defined by the template instead."""
-    return [IMPORTS[alias] for alias in sorted(aliases) if alias in IMPORTS]
+    """The import statements for the modules printed code refers to (:data:`.printing.IMPORTS`)."""
+    return [IMPORTS[alias] for alias in sorted(aliases)]
 
 
 def _docstring_text(text: str) -> str:
@@ -134,16 +133,18 @@ class _CodePrinter:
         self.bools: set[str] = set()  # the tensors that are bool masks
         self.where = f"{spec.source}: forward"
         self.imports: set[str] = set()
+        self.helpers: set[str] = set()
 
     def scope(self) -> None:
         self.tensors = set(self.base)
 
     def __call__(self, expr: sympy.Basic) -> str:
-        text, imports = print_torch(
+        printed = print_torch(
             expr, self.tensors, where=self.where, bools=self.bools, anchor=self.anchor, anchor_text=self.anchor_text
         )
-        self.imports |= imports
-        return text
+        self.imports |= printed.imports
+        self.helpers |= printed.helpers
+        return printed.text
 
     def steps(self, steps: tuple[Step, ...]) -> list[str]:
         lines = []
@@ -511,7 +512,7 @@ def module_view(
         doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
         imports=_import_lines(code.imports),
-        neg_abs=NEG_ABS in code.imports,
+        neg_abs=NEG_ABS in code.helpers,
         arguments=all_names,
         tensor_names=tensor_names,
         scalar_names=scalar_names,

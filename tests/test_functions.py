@@ -121,20 +121,20 @@ def test_torch_form_prints_and_exists_in_torch(entry):
     expr = entry.sympy(*_arguments(entry, ["x", "y"]))
     if entry.kernel:  # fused with the gradient it multiplies
         expr = sympy.Symbol("grad", real=True) * expr
-    text, _ = print_torch(expr, {"x", "y", "grad"}, where="test")
+    text = print_torch(expr, {"x", "y", "grad"}, where="test").text
     assert text.startswith(name + "("), text
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e.math], ids=lambda e: e.name)
 def test_math_form_prints_and_exists(entry):
     assert _resolve(entry.math)(*_point(entry)) == pytest.approx(_value(entry), rel=1e-9), entry.math
-    text, _ = print_torch(entry.sympy(*_arguments(entry, ["alpha", "beta"])), set(), where="test")
+    text = print_torch(entry.sympy(*_arguments(entry, ["alpha", "beta"])), set(), where="test").text
     assert text.startswith(entry.math + "("), text
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e.reciprocal_of], ids=lambda e: e.name)
 def test_reciprocal_prints_as_one_over_its_reciprocal(entry):
-    text, _ = print_torch(entry.sympy(sympy.Symbol("x", real=True)), {"x"}, where="test")
+    text = print_torch(entry.sympy(sympy.Symbol("x", real=True)), {"x"}, where="test").text
     assert text == f"(1 / {functions.by_class(entry.reciprocal_of).torch}(x))"
 
 
@@ -142,7 +142,7 @@ def test_reciprocal_prints_as_one_over_its_reciprocal(entry):
 def test_printable_entries_print(entry):
     if entry.printer_method:
         assert hasattr(TorchPrinter, f"_print_{entry.sympy.__name__}"), entry.name
-    text, _ = print_torch(entry.sympy(*_arguments(entry, ["x", "y"])), {"x", "y"}, where="test")
+    text = print_torch(entry.sympy(*_arguments(entry, ["x", "y"])), {"x", "y"}, where="test").text
     assert text
 
 

@@ -13,7 +13,8 @@ import torch
 from scaffold import generate_op, write_files
 from scaffold.api import compile_op
 from scaffold.plan import OUTPUT
-from scaffold.printing import print_torch
+from scaffold.printing import NEG_ABS, print_torch
+from scaffold.stable import neg_abs
 
 from .conftest import make_spec
 
@@ -214,7 +215,14 @@ def test_silu_and_gelu_become_primitives():
 )
 def test_numbers_are_multiplied_out_before_touching_a_tensor(expr, text):
     symbols = {n: sympy.Symbol(n, real=True) for n in ("x", "y", "alpha")}
-    assert print_torch(sympy.sympify(expr, locals=symbols), {"x", "y"}, where="test")[0] == text
+    assert print_torch(sympy.sympify(expr, locals=symbols), {"x", "y"}, where="test").text == text
+
+
+def test_the_printer_names_the_modules_and_the_modules_own_functions_its_code_calls():
+    x = sympy.Symbol("x", real=True)
+    printed = print_torch(sympy.exp(neg_abs(x)) + sympy.exp(sympy.Symbol("alpha", real=True)), {"x"}, where="test")
+    assert printed.text == "math.exp(alpha) + torch.exp(_neg_abs(x))"
+    assert printed.imports == {"math"} and printed.helpers == {NEG_ABS}
 
 
 def test_no_temporary_is_an_alias_of_another():
