@@ -139,7 +139,12 @@ class TorchPrinter(StrPrinter):
         return repr(float(expr))
 
     def _print_Rational(self, expr: sympy.Rational) -> str:
-        return f"{expr.p}/{expr.q}" if expr.q != 1 else str(expr.p)
+        """A fraction with a short decimal expansion as that decimal, as the spec most likely wrote it
+        (1.702, not 851/500): Python reads either as the same float, the one nearest the fraction."""
+        if expr.q == 1:
+            return str(expr.p)
+        decimal = _decimal(expr)
+        return decimal if decimal is not None else f"{expr.p}/{expr.q}"
 
     def _print_Pi(self, expr: sympy.Basic) -> str:
         return self._qualified("math.pi")
@@ -513,6 +518,21 @@ class TorchPrinter(StrPrinter):
 for _class in REDUCTIONS.values():
     setattr(TorchPrinter, f"_print_{_class.__name__}", TorchPrinter._print_Reduction)
 TorchPrinter._print_LogSoftmax = TorchPrinter._print_Softmax
+
+
+#: The most digits after the point a fraction is printed with as a decimal.
+MAX_DECIMALS = 12
+
+
+def _decimal(number: sympy.Rational) -> str | None:
+    """``number`` as a decimal literal where that is exact and at most MAX_DECIMALS digits long after the
+    point (its denominator divides 10**MAX_DECIMALS), else None."""
+    scale = 10**MAX_DECIMALS
+    if scale % number.q:
+        return None
+    digits = str(abs(number.p) * (scale // number.q)).rjust(MAX_DECIMALS + 1, "0")
+    whole, fraction = digits[:-MAX_DECIMALS], digits[-MAX_DECIMALS:].rstrip("0")
+    return f"{'-' if number.p < 0 else ''}{whole}.{fraction}"
 
 
 class Printed(NamedTuple):

@@ -21,7 +21,7 @@ TENSORS = {"x", "y"}
 
 
 def evaluate(expr: sympy.Expr, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-    code, _ = print_torch(expr, TENSORS, where="test")
+    code = print_torch(expr, TENSORS, where="test").text
     value = eval(code, {"torch": torch, "math": math}, {"x": xs, "y": ys, "alpha": ALPHA})  # our own output
     return torch.as_tensor(value, dtype=xs.dtype).expand(torch.broadcast_shapes(xs.shape, ys.shape))
 
@@ -103,14 +103,14 @@ def test_piecewise_gradient_has_no_nan_from_the_untaken_branch():
 
 
 def test_step_selects_rather_than_multiplies():
-    code, _ = print_torch(Heaviside(x, 0) * y, TENSORS, where="test")
+    code = print_torch(Heaviside(x, 0) * y, TENSORS, where="test").text
     assert code == "torch.where(x > 0, y, 0)"
-    code, _ = print_torch(Heaviside(1 - x, 0) * Heaviside(x + 2, 1) * y, TENSORS, where="test")
+    code = print_torch(Heaviside(1 - x, 0) * Heaviside(x + 2, 1) * y, TENSORS, where="test").text
     assert code == "torch.where((x < 1) & (x >= -2), y, 0)"
     # exp(x) * step(-x) at x = 100 in float32: inf * 0 would be nan
     xs = torch.tensor([-1.0, 100.0])
     torch.testing.assert_close(evaluate(sympy.exp(x) * Heaviside(-x, 0), xs, xs), torch.tensor([math.exp(-1), 0.0]))
-    code, _ = print_torch(Max(x, 0) + Max(x, y) + Min(x, alpha), TENSORS, where="test")
+    code = print_torch(Max(x, 0) + Max(x, y) + Min(x, alpha), TENSORS, where="test").text
     assert code == "torch.clamp(x, min=0) + torch.maximum(x, y) + torch.clamp(x, max=alpha)"
 
 
