@@ -172,6 +172,35 @@ def test_generate_edit_change_update_loop(project, scaffold):
     assert snapshot(project) == before
 
 
+def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(project, scaffold):
+    # The new tensor changes the Module's forward, the file's last line, and the line that unpacks the saved
+    # tensors: the helper appended after the one and the line inserted after the other are merged, not marked.
+    module = project / "src/demo_ops/ops/swish.py"
+    text = module.read_text()
+    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    assert text.count(anchor) == 1 and text.endswith("        return _apply(x, self.beta)\n")
+    module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1)) + HELPER)
+    code, out, err = scaffold(
+        "update", "op", "swish", "--forward", "x*sigmoid(beta*x)*gamma", "--learnable", "gamma=1.0", cwd=project
+    )  # fmt: skip
+    assert code == 0, (out, err)
+    assert "merged  src/demo_ops/ops/swish.py  (your edits kept)" in out
+    merged = module.read_text()
+    assert "<<<<<<<" not in merged and merged.endswith("        return _apply(x, self.beta, self.gamma)\n" + HELPER)
+    unpacked = "        x, beta, gamma = ctx.saved_tensors\n"
+    assert unpacked + BACKWARD_EDIT + "        if _differentiating_backward():" in merged
+    namespace: dict = {}
+    exec(compile(merged, str(module), "exec"), namespace)
+    import torch
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    swish = namespace["Swish"]().double()
+    swish(x).sum().backward()
+    beta = gamma = 1.0
+    torch.testing.assert_close(swish(x), x * torch.sigmoid(beta * x) * gamma)
+    assert namespace["swish_flops"](10) == 40 and x.grad is not None
+
+
 def test_dry_run_shows_the_diff_and_writes_nothing(project, scaffold):
     before = snapshot(project)
     code, out, err = scaffold(
