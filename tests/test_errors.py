@@ -220,6 +220,32 @@ CASES = [
         "scaffold: error: --tensor ｘ: argument name 'ｘ' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'x'\n",
         id="look-alike argument",
     ),
+    pytest.param(
+        ["op", "--forward", "+".join(["x"] * 40000), "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the forward is 79999 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="80 kB forward",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x", "--gradient", "x=" + "-" * 6000 + "grad"],
+        "scaffold: error: command-line flags: gradients.x: the gradient is 6004 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="long custom gradient",
+    ),
+    pytest.param(
+        ["op", "--forward", "-" * 4990 + "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the expression is nested more than 60 levels deep\n  hint: write it with fewer nested operations, or in steps, one per line\n",
+        id="nested too deep for the parser",
+    ),
+    pytest.param(
+        [
+            "op",
+            "--forward",
+            "h0 = x\n" + "".join(f"h{i} = exp(h{i - 1})\n" for i in range(1, 70)) + "h69",
+            "--tensor",
+            "x",
+        ],
+        "scaffold: error: command-line flags: forward: the forward is nested more than 60 levels deep once its steps are substituted (70)\n  hint: each step nests in the steps that use it: write the op with fewer steps inside one another\n",
+        id="steps nested too deep",
+    ),
 ]
 
 
@@ -313,6 +339,21 @@ PROJECT_CASES = [
         [(CUBE_SPEC, '"x**3"', '"x**3 + y"')], ["update"],
         "scaffold: error: specs/cube.toml: forward: unknown name 'y' (declared arguments: x)\n  hint: declare it with --tensor y or --scalar y=VALUE, or [tensors.y] in the spec\n",
         id="bad math in the spec",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"' + "+".join(["x"] * 40000) + '"')], ["update"],
+        "scaffold: error: specs/cube.toml: forward: the forward is 79999 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="80 kB forward in the spec",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"x**3"\nnested = ' + "[" * 3000 + "]" * 3000)], ["update"],
+        "scaffold: error: {root}/specs/cube.toml: invalid TOML: arrays or tables nested too deeply to read\n  hint: a spec's values are strings, numbers, and lists of numbers\n",
+        id="spec nested too deep for TOML",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"x**3"\n' + "# a long comment\n" * 7000)], ["update"],
+        "scaffold: error: {root}/specs/cube.toml: the spec file is 119060 characters long, more than the 100000 allowed\n  hint: a spec holds one op: its name, forward, arguments and options\n",
+        id="spec file too long",
     ),
     pytest.param(
         [], ["new", "project", "."],
