@@ -70,6 +70,21 @@ RESERVED_OP_NAMES = frozenset(
         "reference", "device", "OP", "Input", "OpTests", "device_fixture",
     }
 )  # fmt: skip
+# The op's module is NAME.py, imported by that name from a folder on sys.path where its tests run (the output
+# folder of `scaffold new op`): an op named like a module that the generated files, torch or pytest import
+# would shadow it there ("partially initialized module 'inspect'"), or be shadowed by it.
+#: Python's standard modules: the generated files import some (inspect, math, warnings, types, contextlib,
+#: functools, os, dataclasses), and torch and pytest most of the others.
+STANDARD_MODULES = frozenset(name for name in sys.stdlib_module_names if not name.startswith("_"))
+#: The packages besides the standard library that the generated tests load: torch, pytest and what they import
+#: (also under torch.compile). tests/test_spec.py checks both sets against real imports.
+TEST_RUNTIME_PACKAGES = frozenset(
+    {
+        "torch", "functorch", "torchgen", "triton", "numpy", "sympy", "mpmath", "networkx", "jinja2",
+        "markupsafe", "filelock", "fsspec", "typing_extensions", "packaging", "setuptools", "pytest", "pluggy",
+        "iniconfig", "py", "pygments", "colorama", "exceptiongroup", "tomli",
+    }
+)  # fmt: skip
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
@@ -208,6 +223,14 @@ class OpSpec:
         if self.name in RESERVED_OP_NAMES or self.name.startswith("test_"):
             raise SpecError(
                 f"op name {self.name!r} would shadow a name the generated code or its tests rely on",
+                where=f"{where}: name",
+                hint=f"try {'my_' + self.name!r}",
+            )
+        if self.name in STANDARD_MODULES or self.name in TEST_RUNTIME_PACKAGES:
+            module = "Python's standard module" if self.name in STANDARD_MODULES else "the package"
+            raise SpecError(
+                f"op name {self.name!r} is also the name of {module} {self.name}, which the generated code, "
+                f"torch or pytest import: the op's module {self.name}.py would shadow it where its tests run",
                 where=f"{where}: name",
                 hint=f"try {'my_' + self.name!r}",
             )

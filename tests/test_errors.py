@@ -206,6 +206,11 @@ CASES = [
         id="op named after a test helper",
     ),
     pytest.param(
+        ["inspect", "--forward", "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: name: op name 'inspect' is also the name of Python's standard module inspect, which the generated code, torch or pytest import: the op's module inspect.py would shadow it where its tests run\n  hint: try 'my_inspect'\n",
+        id="op named like a module the generated code imports",
+    ),
+    pytest.param(
         ["op", "--forward", "(lambda: __import__('os').system('id'))()", "--tensor", "x"],
         "scaffold: error: command-line flags: forward: only functions can be called, by their plain name, e.g. exp(x)\n  hint: expressions are math only: no attributes, methods, imports or Python builtins\n",
         id="lambda call",
