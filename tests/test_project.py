@@ -342,6 +342,33 @@ def test_new_project_errors(tmp_path, scaffold, args, message):
     assert not (tmp_path / "p").exists()
 
 
+def test_new_project_names_the_package_after_the_folder(tmp_path, scaffold):
+    code, out, err = scaffold("new", "project", "foo-bar", "--defaults", cwd=tmp_path)
+    assert code == 0, err
+    project = find_project(tmp_path / "foo-bar")
+    assert project is not None and project.package == "foo_bar"
+    assert 'name = "foo-bar"' in (tmp_path / "foo-bar" / "pyproject.toml").read_text()
+    (tmp_path / "Mine.Ops").mkdir()
+    code, out, err = scaffold("new", "project", ".", "--defaults", cwd=tmp_path / "Mine.Ops")
+    assert code == 0, err
+    assert find_project(tmp_path / "Mine.Ops").package == "mine_ops"
+
+
+@pytest.mark.parametrize(
+    ("folder", "args", "message", "hint"),
+    [
+        ("2024-ops", (), "Validation error for question 'project_name'", "named after its folder, '2024-ops'"),
+        ("torch", (), "'torch' is reserved", "named after its folder, 'torch'"),
+        ("json", (), "the package name 'json' is also the name of Python's standard module json", "folder, 'json'"),
+        ("ops", ("--data", "package_name=copy"), "the package name 'copy' is also", "choose another with --data"),
+    ],
+)
+def test_new_project_refuses_a_package_it_cannot_name(tmp_path, scaffold, folder, args, message, hint):
+    code, out, err = scaffold("new", "project", folder, "--defaults", *args, cwd=tmp_path)
+    assert code == cli.EXIT_ERROR and message in err and hint in err, err
+    assert "Traceback" not in err and not (tmp_path / folder).exists()
+
+
 def test_exports_block():
     block = "from .ops.a import A, AFunction, a\n"
     text = '"""Mine."""\n\nMY_CONSTANT = 1\n'
