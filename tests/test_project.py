@@ -25,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
 from scaffold import cli
 from scaffold.changes import update_changes
 from scaffold.errors import SpecError, WriteError
+from scaffold.formatting import ruff_binary
 from scaffold.project import (
     EXPORTS_BEGIN,
     EXPORTS_END,
@@ -340,6 +341,36 @@ def test_new_project_errors(tmp_path, scaffold, args, message):
     assert code == cli.EXIT_ERROR
     assert message in err, err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_fresh_project_with_its_ops_is_clean_under_its_own_ruff_settings(project, scaffold):
+    # ruff's default rules flagged a noqa for E731 in the vendored tests/scaffold_testing.py (RUF100, E731 not
+    # selected), the fused ops' blind excepts (BLE001) and jvp's unused values in a structured op (F841).
+    ops = [
+        ["softmax", "--forward", "exp(x) / sum(exp(x), dim=-1, keepdim=True)", "--tensor", "x=3,4"],
+        ["gelu_fused", "--forward", "x * ndtr(x)", "--tensor", "x", "--fuse"],
+        ["mish_op", "--forward", "x * tanh(softplus(x))", "--tensor", "x", "--target", "custom_op"],
+        ["ste", "--forward", "Abs(x)", "--tensor", "x", "--gradient", "x=grad"],
+        [
+            "linear_relu",
+            "--forward",
+            "Max(x @ transpose(w, 0, 1) + b, 0)",
+            "--tensor",
+            "x=2,3",
+            "--tensor",
+            "w=4,3",
+            "--tensor",
+            "b=4",
+        ],
+    ]
+    for args in ops:
+        code, out, err = scaffold("new", "op", *args, cwd=project)
+        assert code == 0, err
+    assert (project / "tests/scaffold_testing.py").is_file()
+    ruff = ruff_binary()
+    for command in (["check", "."], ["format", "--check", "--diff", "."]):
+        result = subprocess.run([ruff, *command], cwd=project, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"ruff {' '.join(command)}:\n{result.stdout}{result.stderr}"
 
 
 def test_new_project_names_the_package_after_the_folder(tmp_path, scaffold):
