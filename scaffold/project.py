@@ -370,8 +370,8 @@ def new_project(
     ``data`` answers questions (``{"project_name": "myops"}``; the project is named after ``dest`` unless it
     says otherwise, and its package after the project: ``foo-bar`` gives ``foo_bar``); ``defaults`` takes the
     default answer to the rest, otherwise they are asked (which needs a terminal: ``interactive``). ``dest``
-    must be new or empty, so nothing of the user's is overwritten. ``template`` is a copier template folder to use
-    instead of the one shipped with scaffold (a modified copy of it).
+    must be new or empty, so nothing of the user's is overwritten. ``template`` is a copier template folder to
+    use instead of the one shipped with scaffold (a modified copy of it).
 
     The render is recorded in ``.scaffold/project-template/``: the base of ``scaffold update project``.
     """
@@ -392,11 +392,12 @@ def new_project(
     import copier  # imported here: it is slow to import and only the project commands need it
 
     existed = dest.exists()
+    given = set(data or {})
     try:
         copier.run_copy(
             str(template or project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
         )
-        _check_package(dest, named_after_folder=not {"project_name", "package_name"} & set(data or {}))
+        _check_package(dest, named_after_folder=not {"project_name", "package_name"} & given)
         # dest was empty: everything in it is the render.
         record = template_record_files(TemplateRecord(__version__, rendered_files(dest)))
         write_files({str(path): text for path, text in record.items()}, dest)
@@ -404,11 +405,11 @@ def new_project(
         _undo(dest, existed)
         message = _first_line(exc)
         hint = None
-        if "project_name" not in (data or {}) and re.search(r"'(project|package)_name'", message):
-            folder = dest.resolve().name
+        refused = {name for name in ("project_name", "package_name") if f"'{name}'" in message}
+        if "project_name" not in given and refused - given:  # a name that came from the folder's
             hint = (
-                f"the project is named after its folder, {folder!r}, and its package after the project: "
-                "choose them with --data project_name=NAME (and --data package_name=NAME)"
+                f"the project is named after its folder, {dest.resolve().name!r}, and its package after the "
+                "project: choose them with --data project_name=NAME (and --data package_name=NAME)"
             )
         raise SpecError(f"the template refused the answers: {message}", where=str(dest), hint=hint) from None
     except KeyboardInterrupt:
@@ -431,15 +432,12 @@ def _check_package(dest: Path, *, named_after_folder: bool) -> None:
     if package not in STANDARD_MODULES and package not in TEST_RUNTIME_PACKAGES:
         return
     module = "Python's standard module" if package in STANDARD_MODULES else "the package"
-    named = (
-        f"the project is named after its folder, {dest.resolve().name!r}, and its package after it: "
-        * named_after_folder
-    )
+    named = f"the project is named after its folder, {dest.resolve().name!r}, and its package after it: "
     raise SpecError(
         f"the package name {package!r} is also the name of {module} {package}, which the project's tests import: "
         "with src/ on their path, the package would shadow it",
         where=str(dest),
-        hint=f"{named}choose another with --data package_name=NAME",
+        hint=f"{named if named_after_folder else ''}choose another with --data package_name=NAME",
     )
 
 

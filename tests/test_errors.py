@@ -366,6 +366,16 @@ PROJECT_CASES = [
         "(`copier update` if copier copied it from a git-tracked template)\n",
         id="new project over a project",
     ),
+    pytest.param(
+        [], ["new", "project", "2024-ops", "--defaults"],
+        "scaffold: error: 2024-ops: the template refused the answers: Validation error for question 'project_name': The project name must start with a letter and contain only letters, digits, '-', '_' and '.'\n  hint: the project is named after its folder, '2024-ops', and its package after the project: choose them with --data project_name=NAME (and --data package_name=NAME)\n",
+        id="new project in a folder that cannot name it",
+    ),
+    pytest.param(
+        [], ["new", "project", "json", "--defaults"],
+        "scaffold: error: json: the package name 'json' is also the name of Python's standard module json, which the project's tests import: with src/ on their path, the package would shadow it\n  hint: the project is named after its folder, 'json', and its package after it: choose another with --data package_name=NAME\n",
+        id="new project whose package would shadow a module",
+    ),
 ]  # fmt: skip
 
 
