@@ -88,7 +88,7 @@ def _add_new_project(kinds: argparse._SubParsersAction) -> None:
         help="create a library of custom ops from scaffold's copier template",
         description="Create DEST from scaffold's project template (offline). Questions not answered with "
         "--data are asked, or take their defaults with --defaults.",
-        epilog="example: scaffold new project myops --defaults --data project_name=myops",
+        epilog="example: scaffold new project my-ops --defaults (the package: my_ops)",
     )
     project.add_argument("dest", metavar="DEST", help="the new project's folder (new or empty)")
     project.add_argument("--defaults", action="store_true", help="use the default answer to every question not given")

@@ -719,7 +719,7 @@ class _Planner:
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
         returns = [tangents[v] for v in self.visible] + [tangents.get(h, "None") for h in hidden]
-        return lines, returns, sorted(scalars)
+        return _live(lines, returns), returns, sorted(scalars)
 
 
 class _Requests(Emitter):
@@ -850,6 +850,24 @@ def _aligned(dims: tuple[int, ...], shape: tuple[int, ...], full: tuple[int, ...
     """``dims`` of ``full`` as dimensions of ``shape`` (aligned from the right; -1 where it has none)."""
     offset = len(full) - len(shape)
     return [d - offset if d >= offset else -1 for d in dims]
+
+
+def _live(lines: list[str], returns: list[str]) -> list[str]:
+    """The statements ``name = code`` that the returned names need, directly or through later statements
+    (jvp computes each value beside its tangent; the last values, and masks, may feed no tangent)."""
+    needed = {name for code in returns for name in _names(code)}
+    kept = []
+    for line in reversed(lines):
+        name, code = line.split(" = ", 1)
+        if name in needed:
+            kept.append(line)
+            needed |= _names(code)
+    return kept[::-1]
+
+
+def _names(code: str) -> set[str]:
+    """The names an expression reads."""
+    return {node.id for node in ast.walk(ast.parse(code, mode="eval")) if isinstance(node, ast.Name)}
 
 
 def _may_alias(code: str) -> bool:

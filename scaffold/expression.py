@@ -24,10 +24,9 @@ import sympy
 
 from . import functions, structural
 from .errors import ExpressionError
+from .limits import MAX_DEPTH, MAX_LENGTH
 from .spec import OpSpec
 
-MAX_LENGTH = 5000
-MAX_DEPTH = 60
 #: Operators that chain: a sum or a product of many terms is one level of nesting, not one per term.
 _CHAINS = ((ast.Add, ast.Sub), (ast.Mult, ast.Div))
 MAX_NODES = 4000
@@ -198,6 +197,8 @@ def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str,
                 hint=f"write the gradient over those, e.g. {' + '.join(g.name for g in parsed.grads)}",
             )
         expr = parse_expression(text, names, where=where)
+        if parsed.steps:
+            _check_substituted_depth(_tree_measure((expr,))[1], "the gradient", where)
         if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
             raise ExpressionError(f"the gradient {text!r} is a condition, not a number", where=where)
         _check_constants(expr, spec, parsed.symbols, where)
@@ -227,12 +228,11 @@ def _check_constants(expr: sympy.Basic, spec: OpSpec, symbols: dict[str, sympy.S
 
 def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str = "forward") -> sympy.Expr:
     """Parse ``text`` into sympy, allowing only arithmetic, known functions and the given names."""
+    _check_length(text, where)
     if not text.strip():
         raise ExpressionError("the expression is empty", where=where)
-    if len(text) > MAX_LENGTH:
-        raise ExpressionError(f"the expression is longer than {MAX_LENGTH} characters", where=where)
     try:
-        tree = _syntax_tree(text, "eval")
+        tree = _syntax_tree(text, "eval", where)
     except SyntaxError as exc:
         pointer = f" at column {exc.offset}" if exc.offset else ""
         raise ExpressionError(
@@ -246,12 +246,26 @@ def parse_expression(text: str, symbols: dict[str, sympy.Symbol], *, where: str 
     return _Builder(text.strip(), symbols, where).build(tree.body, 0)
 
 
-def _syntax_tree(text: str, mode: str) -> ast.AST:
+def _check_length(text: str, where: str) -> None:
+    """Refuse text longer than :data:`.limits.MAX_LENGTH`, before anything parses it."""
+    if len(text) > MAX_LENGTH:
+        raise ExpressionError(f"the expression is longer than {MAX_LENGTH} characters", where=where)
+
+
+def _syntax_tree(text: str, mode: str, where: str) -> ast.AST:
     """``text`` parsed by Python's parser (only parsed: nothing runs). Its SyntaxWarnings ("invalid decimal
-    literal" and the like) are dropped: the error scaffold raises says it better."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)
-        return ast.parse(text.strip(), mode=mode)
+    literal" and the like) are dropped: the error scaffold raises says it better. The parser recurses: text
+    nested thousands of levels deep (``----x``) exhausts it long before the :data:`MAX_DEPTH` check."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.parse(text.strip(), mode=mode)
+    except (RecursionError, MemoryError):
+        raise ExpressionError(
+            f"the expression is nested more than {MAX_DEPTH} levels deep",
+            where=where,
+            hint="write it with fewer nested operations, or in steps, one per line",
+        ) from None
 
 
 def parse_steps(
@@ -260,8 +274,9 @@ def parse_steps(
     """Parse a forward written in one expression or in steps: the value of each output (the steps
     ``outputs`` names, or else the last line) with every step substituted, the steps as written, and the
     returned value as written ("" for one expression)."""
+    _check_length(text, where)
     try:
-        _syntax_tree(text, "eval")
+        _syntax_tree(text, "eval", where)
     except SyntaxError as exc:
         program = _parse_program(text, exc, where)
         if program is not None:
@@ -278,10 +293,10 @@ def parse_steps(
 def _parse_program(text: str, error: SyntaxError, where: str) -> ast.Module | None:
     """``text`` as statements, or None where it is no program (one expression with a syntax error, reported
     as such); a program with a syntax error is reported at its line."""
-    if len(text) > MAX_LENGTH or not text.strip():
+    if not text.strip():
         return None
     try:
-        return _syntax_tree(text, "exec")
+        return _syntax_tree(text, "exec", where)
     except SyntaxError as exc:
         if "\n" not in text.strip() and ";" not in text:
             return None
@@ -347,14 +362,25 @@ def _build_program(
                 where=f"{where}, line {step.line}",
                 hint=f"use {step.name} on a later line{listed}, or remove the line",
             )
-    sizes: dict[sympy.Basic, int] = {}
-    if sum(_tree_size(e, sizes) for e in exprs) > MAX_SUBSTITUTED_NODES:
+    size, depth = _tree_measure(exprs)
+    if size > MAX_SUBSTITUTED_NODES:
         raise ExpressionError(
             f"the forward has more than {MAX_SUBSTITUTED_NODES} parts once its steps are substituted",
             where=where,
             hint="each use of a step copies it: use a step fewer times, or write the op in fewer steps",
         )
+    _check_substituted_depth(depth, "the forward", where)
     return exprs, tuple(steps), output_text
+
+
+def _check_substituted_depth(depth: int, what: str, where: str) -> None:
+    """Steps nest in the steps that use them: the whole is bounded as one expression on one line is."""
+    if depth > MAX_DEPTH:
+        raise ExpressionError(
+            f"{what} is nested more than {MAX_DEPTH} levels deep once its steps are substituted ({depth})",
+            where=where,
+            hint="each step nests in the steps that use it: write the op with fewer steps inside one another",
+        )
 
 
 def _step_name(
@@ -391,11 +417,23 @@ def _step_name(
     return name
 
 
-def _tree_size(expr: sympy.Basic, sizes: dict[sympy.Basic, int]) -> int:
-    """The number of parts of ``expr`` written out as a tree, counted once per distinct subexpression."""
-    if expr not in sizes:
-        sizes[expr] = 1 + sum(_tree_size(arg, sizes) for arg in expr.args)
-    return sizes[expr]
+def _tree_measure(exprs: tuple[sympy.Basic, ...]) -> tuple[int, int]:
+    """The number of parts of ``exprs`` written out as trees, and the depth of the deepest, each distinct
+    subexpression measured once; without recursion, as the trees may be deeper than Python's stack."""
+    sizes: dict[sympy.Basic, int] = {}
+    depths: dict[sympy.Basic, int] = {}
+    todo = [(e, False) for e in exprs]
+    while todo:
+        expr, ready = todo.pop()
+        if expr in sizes:
+            continue
+        if ready:  # its arguments are measured
+            sizes[expr] = 1 + sum(sizes[a] for a in expr.args)
+            depths[expr] = 1 + max((depths[a] for a in expr.args), default=0)
+        else:
+            todo.append((expr, True))
+            todo += [(a, False) for a in expr.args if a not in sizes]
+    return sum(sizes[e] for e in exprs), max((depths[e] for e in exprs), default=0)
 
 
 class _Builder:

@@ -1,8 +1,13 @@
-"""A hard time limit on the symbolic work, by running it in a worker process.
+"""Limits on what scaffold takes in and on the work it does with it.
 
-The parser bounds the input (length, depth, node count, size of numeric powers), but an expression
-within those bounds can still make sympy work for minutes. A signal alarm cannot stop it reliably:
-sympy may be inside C code (gmpy, Python's own big integers) that holds the interpreter until it
+Text is bounded before anything parses it: a spec file (:data:`MAX_SPEC_LENGTH`), and each expression (the
+forward, in one line or in steps, and each custom gradient: :data:`MAX_LENGTH`), whether it comes from a
+spec file or from flags. Parsed expressions are bounded in nesting (:data:`MAX_DEPTH`, also once a forward's
+steps are substituted): Python's parser, sympy and the printers recurse over the tree, and a deeper one would
+end in a RecursionError. :mod:`.expression` bounds the rest (node count, size of numeric powers).
+
+An expression within those bounds can still make sympy work for minutes. A signal alarm cannot stop it
+reliably: sympy may be inside C code (gmpy, Python's own big integers) that holds the interpreter until it
 returns. A worker process can always be killed, so the derivation runs in one and is stopped when its
 time is up. The worker is forked where the platform allows it (sympy and scaffold are then already
 imported: starting it costs milliseconds), spawned elsewhere.
@@ -20,6 +25,12 @@ from .errors import DerivationError, ScaffoldError
 
 T = TypeVar("T")
 
+#: Characters of one expression: a forward (all its steps) or a custom gradient.
+MAX_LENGTH = 5000
+#: Characters of a spec file.
+MAX_SPEC_LENGTH = 100_000
+#: Levels of nesting of an expression (a sum or a product of many terms is one level).
+MAX_DEPTH = 60
 #: Seconds the derivation of one op may take before it is stopped.
 TIME_LIMIT = 30.0
 

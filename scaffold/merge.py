@@ -6,9 +6,13 @@
 1. Diff base -> ours and base -> theirs. Runs of base lines matched in both diffs are stable regions, where
    all three files agree; between two stable regions lies an unstable chunk.
 2. In a chunk, a side equal to base did not change there: take the other side. The same change on both sides
-   is taken once. Two different changes are a conflict: lines common to the start and to the end of both
-   sides are written once, outside the markers, and the rest as ``<<<<<<<`` ours ``=======`` theirs
-   ``>>>>>>>``, so every line the user changed is in the result.
+   is taken once. Otherwise the chunk's base is diffed against each side again, into hunks (a run of base
+   lines and what replaces it, an insertion replacing none): hunks of the two sides that touch different
+   base lines merge, an insertion next to the other side's change included (a helper appended after the
+   file's last line, which scaffold changed; a line inserted after one scaffold rewrote). Two sides that
+   change the same base line, or insert at the same place, conflict: lines common to the start and to the
+   end of both sides are written once, outside the markers, and the rest as ``<<<<<<<`` ours ``=======``
+   theirs ``>>>>>>>``, so every line the user changed is in the result.
 
 Each diff anchors on the lines that occur once in each file, in the longest order-keeping sequence of them
 (patience diff), and recurses into the gaps between anchors. A gap with no such line matches its equal first
@@ -61,6 +65,8 @@ def merge3(
             out += chunk_o
         elif chunk_o == chunk_b:
             out += chunk_t
+        elif (merged := _merge_hunks(chunk_b, chunk_o, chunk_t)) is not None:
+            out += merged
         else:
             _conflict(chunk_o, chunk_t, out, ours_label, theirs_label)
             conflicts += 1
@@ -159,6 +165,50 @@ def _unique_anchors(a: list[str], b: list[str], alo: int, ahi: int, blo: int, bh
         run.append(pairs[p])
         p = before[p]
     return run[::-1]
+
+
+def _hunks(base: list[str], side: list[str]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """The changes ``base`` -> ``side``: (start, end, lines), ``base[start:end]`` replaced by ``lines``."""
+    hunks = []
+    i = j = 0
+    for bi, sj, n in [*_matching_blocks(base, side), (len(base), len(side), 0)]:
+        if i < bi or j < sj:
+            hunks.append((i, bi, tuple(side[j:sj])))
+        i, j = bi + n, sj + n
+    return hunks
+
+
+def _overlap(a: tuple[int, int, tuple[str, ...]], b: tuple[int, int, tuple[str, ...]]) -> bool:
+    """Whether two hunks of different sides touch the same base lines or insert at the same place (an
+    insertion at either end of the other's lines does not: its place among them is clear)."""
+    (s1, e1, _), (s2, e2, _) = a, b
+    if s1 == e1 and s2 == e2:
+        return s1 == s2
+    if s1 == e1:
+        return s2 < s1 < e2
+    if s2 == e2:
+        return s1 < s2 < e1
+    return max(s1, s2) < min(e1, e2)
+
+
+def _merge_hunks(b: list[str], o: list[str], t: list[str]) -> list[str] | None:
+    """The chunk with both sides' hunks applied, where no two of them overlap; else None (a conflict)."""
+    ours, theirs = _hunks(b, o), _hunks(b, t)
+    shared = set(ours) & set(theirs)  # the same change on both sides, taken once
+    ours = [h for h in ours if h not in shared]
+    if any(_overlap(h, k) for h in ours for k in theirs if k not in shared):
+        return None
+    merged: list[str] = []
+    at = 0
+    # An insertion sorts before the change that starts where it is, after the one that ends there.
+    for start, end, lines in sorted([*ours, *theirs], key=lambda h: (h[0], h[1])):
+        merged += b[at:start]
+        merged += lines
+        at = end
+    merged += b[at:]
+    if any(not line.endswith("\n") for line in merged[:-1]):  # a last line without "\n" now has lines after it
+        return None
+    return merged
 
 
 def _conflict(o: list[str], t: list[str], out: list[str], ours_label: str, theirs_label: str) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from ._version import __version__
 from .errors import SpecError, WriteError
 from .formatting import ruff_version
-from .spec import OpSpec, check_identifier, load_spec
+from .spec import STANDARD_MODULES, TEST_RUNTIME_PACKAGES, OpSpec, check_identifier, load_spec
 from .tomlwriter import dumps
 from .write import write_files
 
@@ -367,10 +367,11 @@ def new_project(
 ) -> Path:
     """Create a project at ``dest`` from the copier project template, offline; return its root.
 
-    ``data`` answers questions (``{"project_name": "myops"}``); ``defaults`` takes the default answer to
-    the rest, otherwise they are asked (which needs a terminal: ``interactive``). ``dest`` must be new
-    or empty, so nothing of the user's is overwritten. ``template`` is a copier template folder to use
-    instead of the one shipped with scaffold (a modified copy of it).
+    ``data`` answers questions (``{"project_name": "myops"}``; the project is named after ``dest`` unless it
+    says otherwise, and its package after the project: ``foo-bar`` gives ``foo_bar``); ``defaults`` takes the
+    default answer to the rest, otherwise they are asked (which needs a terminal: ``interactive``). ``dest``
+    must be new or empty, so nothing of the user's is overwritten. ``template`` is a copier template folder to
+    use instead of the one shipped with scaffold (a modified copy of it).
 
     The render is recorded in ``.scaffold/project-template/``: the base of ``scaffold update project``.
     """
@@ -391,23 +392,53 @@ def new_project(
     import copier  # imported here: it is slow to import and only the project commands need it
 
     existed = dest.exists()
+    given = set(data or {})
     try:
         copier.run_copy(
             str(template or project_template()), str(dest), data=data or {}, defaults=defaults, unsafe=False, quiet=True
         )
+        _check_package(dest, named_after_folder=not {"project_name", "package_name"} & given)
         # dest was empty: everything in it is the render.
         record = template_record_files(TemplateRecord(__version__, rendered_files(dest)))
         write_files({str(path): text for path, text in record.items()}, dest)
     except (copier.errors.CopierError, ValueError) as exc:
         _undo(dest, existed)
-        raise SpecError(f"the template refused the answers: {_first_line(exc)}", where=str(dest)) from None
+        message = _first_line(exc)
+        hint = None
+        refused = {name for name in ("project_name", "package_name") if f"'{name}'" in message}
+        if "project_name" not in given and refused - given:  # a name that came from the folder's
+            hint = (
+                f"the project is named after its folder, {dest.resolve().name!r}, and its package after the "
+                "project: choose them with --data project_name=NAME (and --data package_name=NAME)"
+            )
+        raise SpecError(f"the template refused the answers: {message}", where=str(dest), hint=hint) from None
     except KeyboardInterrupt:
         _undo(dest, existed)
         raise SpecError("interrupted; nothing was written", where=str(dest)) from None
-    except WriteError:
+    except (WriteError, SpecError):
         _undo(dest, existed)
         raise
     return dest
+
+
+def _check_package(dest: Path, *, named_after_folder: bool) -> None:
+    """Refuse a package named like a module the project's tests import: src/ is on their sys.path, where the
+    package would shadow it (a project in the folder json has the package json, which copier accepts)."""
+    import yaml  # copier's dependency
+
+    path = dest / ANSWERS_FILE
+    answers = yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else None
+    package = answers.get("package_name") if isinstance(answers, dict) else None
+    if package not in STANDARD_MODULES and package not in TEST_RUNTIME_PACKAGES:
+        return
+    module = "Python's standard module" if package in STANDARD_MODULES else "the package"
+    named = f"the project is named after its folder, {dest.resolve().name!r}, and its package after it: "
+    raise SpecError(
+        f"the package name {package!r} is also the name of {module} {package}, which the project's tests import: "
+        "with src/ on their path, the package would shadow it",
+        where=str(dest),
+        hint=f"{named if named_after_folder else ''}choose another with --data package_name=NAME",
+    )
 
 
 def _undo(dest: Path, existed: bool) -> None:

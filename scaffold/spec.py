@@ -18,6 +18,7 @@ from typing import Any
 
 from . import structural
 from .errors import SpecError, error_context
+from .limits import MAX_LENGTH, MAX_SPEC_LENGTH
 from .tomlwriter import dumps
 
 if sys.version_info >= (3, 11):
@@ -67,6 +68,21 @@ RESERVED_OP_NAMES = frozenset(
     {
         "torch", "math", "pytest", "sympy", "scaffold", "scaffold_testing", "typing", "conftest", "nn",
         "reference", "device", "OP", "Input", "OpTests", "device_fixture",
+    }
+)  # fmt: skip
+# The op's module is NAME.py, imported by that name from a folder on sys.path where its tests run (the output
+# folder of `scaffold new op`): an op named like a module that the generated files, torch or pytest import
+# would shadow it there ("partially initialized module 'inspect'"), or be shadowed by it.
+#: Python's standard modules: the generated files import some (inspect, math, warnings, types, contextlib,
+#: functools, os, dataclasses), and torch and pytest most of the others.
+STANDARD_MODULES = frozenset(name for name in sys.stdlib_module_names if not name.startswith("_"))
+#: The packages besides the standard library that the generated tests load: torch, pytest and what they import
+#: (also under torch.compile). tests/test_spec.py checks both sets against real imports.
+TEST_RUNTIME_PACKAGES = frozenset(
+    {
+        "torch", "functorch", "torchgen", "triton", "numpy", "sympy", "mpmath", "networkx", "jinja2",
+        "markupsafe", "filelock", "fsspec", "typing_extensions", "packaging", "setuptools", "pytest", "pluggy",
+        "iniconfig", "py", "pygments", "colorama", "exceptiongroup", "tomli",
     }
 )  # fmt: skip
 
@@ -210,6 +226,14 @@ class OpSpec:
                 where=f"{where}: name",
                 hint=f"try {'my_' + self.name!r}",
             )
+        if self.name in STANDARD_MODULES or self.name in TEST_RUNTIME_PACKAGES:
+            module = "Python's standard module" if self.name in STANDARD_MODULES else "the package"
+            raise SpecError(
+                f"op name {self.name!r} is also the name of {module} {self.name}, which the generated code, "
+                f"torch or pytest import: the op's module {self.name}.py would shadow it where its tests run",
+                where=f"{where}: name",
+                hint=f"try {'my_' + self.name!r}",
+            )
         if not isinstance(self.fuse, bool):
             raise SpecError(f"fuse must be true or false, got {self.fuse!r}", where=f"{where}: fuse")
         if self.policy not in POLICIES:
@@ -244,6 +268,7 @@ class OpSpec:
                 where=f"{where}: forward",
                 hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
             )
+        _check_length(self.forward, "the forward", f"{where}: forward")
         if not self.tensors:
             raise SpecError(
                 "the op has no tensor arguments",
@@ -296,6 +321,7 @@ class OpSpec:
                     where=key,
                     hint='e.g. "grad" (straight-through) or "grad*Heaviside(1 - Abs(x))"',
                 )
+            _check_length(text, "the gradient", key)
             given.add(name)
         self._check_outputs(where, seen)
 
@@ -334,6 +360,16 @@ class OpSpec:
 
 
 _STRUCTURAL_CALL = re.compile(r"\b(" + "|".join(sorted(structural.SPELLINGS)) + r")\s*\(")
+
+
+def _check_length(text: str, what: str, where: str) -> None:
+    """Refuse an expression longer than :data:`.limits.MAX_LENGTH` here, before anything parses it."""
+    if len(text) > MAX_LENGTH:
+        raise SpecError(
+            f"{what} is {len(text)} characters long, more than the {MAX_LENGTH} allowed",
+            where=where,
+            hint="write it shorter: name a part used several times as a step (h = ...), one step per line",
+        )
 
 
 def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
@@ -492,10 +528,22 @@ def load_spec(path: str | Path, *, source: str | None = None) -> OpSpec:
         raise SpecError("spec file not found", where=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the spec file: {exc}", where=str(path)) from None
+    if len(text) > MAX_SPEC_LENGTH:
+        raise SpecError(
+            f"the spec file is {len(text)} characters long, more than the {MAX_SPEC_LENGTH} allowed",
+            where=str(path),
+            hint="a spec holds one op: its name, forward, arguments and options",
+        )
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"invalid TOML: {exc}", where=str(path)) from None
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise SpecError(
+            "invalid TOML: arrays or tables nested too deeply to read",
+            where=str(path),
+            hint="a spec's values are strings, numbers, and lists of numbers",
+        ) from None
     return spec_from_mapping(data, source=source or path.name)
 
 

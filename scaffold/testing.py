@@ -345,7 +345,10 @@ class OpTests:
         self._assert_values_close(outs, [torch.stack(e) for e in expected_outs], **CLOSE)
         self._skip_under_torch_func("grad")  # vmap passed
         argnums = tuple(range(len(self.inputs)))
-        total = lambda *xs: _total(self._outputs(self._op_of_tensors(*xs)))  # noqa: E731
+
+        def total(*xs: torch.Tensor) -> torch.Tensor:
+            return _total(self._outputs(self._op_of_tensors(*xs)))
+
         grads = torch.func.grad(total, argnums=argnums)(*samples[0])
         inputs = [x.requires_grad_() for x in samples[0]]
         expected = self._expected_grads(self._reference_of_tensors(*inputs), inputs)

@@ -206,6 +206,11 @@ CASES = [
         id="op named after a test helper",
     ),
     pytest.param(
+        ["inspect", "--forward", "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: name: op name 'inspect' is also the name of Python's standard module inspect, which the generated code, torch or pytest import: the op's module inspect.py would shadow it where its tests run\n  hint: try 'my_inspect'\n",
+        id="op named like a module the generated code imports",
+    ),
+    pytest.param(
         ["op", "--forward", "(lambda: __import__('os').system('id'))()", "--tensor", "x"],
         "scaffold: error: command-line flags: forward: only functions can be called, by their plain name, e.g. exp(x)\n  hint: expressions are math only: no attributes, methods, imports or Python builtins\n",
         id="lambda call",
@@ -219,6 +224,32 @@ CASES = [
         ["op", "--forward", "x", "--tensor", "ｘ"],
         "scaffold: error: --tensor ｘ: argument name 'ｘ' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'x'\n",
         id="look-alike argument",
+    ),
+    pytest.param(
+        ["op", "--forward", "+".join(["x"] * 40000), "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the forward is 79999 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="80 kB forward",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x", "--gradient", "x=" + "-" * 6000 + "grad"],
+        "scaffold: error: command-line flags: gradients.x: the gradient is 6004 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="long custom gradient",
+    ),
+    pytest.param(
+        ["op", "--forward", "-" * 4990 + "x", "--tensor", "x"],
+        "scaffold: error: command-line flags: forward: the expression is nested more than 60 levels deep\n  hint: write it with fewer nested operations, or in steps, one per line\n",
+        id="nested too deep for the parser",
+    ),
+    pytest.param(
+        [
+            "op",
+            "--forward",
+            "h0 = x\n" + "".join(f"h{i} = exp(h{i - 1})\n" for i in range(1, 70)) + "h69",
+            "--tensor",
+            "x",
+        ],
+        "scaffold: error: command-line flags: forward: the forward is nested more than 60 levels deep once its steps are substituted (70)\n  hint: each step nests in the steps that use it: write the op with fewer steps inside one another\n",
+        id="steps nested too deep",
     ),
 ]
 
@@ -315,10 +346,35 @@ PROJECT_CASES = [
         id="bad math in the spec",
     ),
     pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"' + "+".join(["x"] * 40000) + '"')], ["update"],
+        "scaffold: error: specs/cube.toml: forward: the forward is 79999 characters long, more than the 5000 allowed\n  hint: write it shorter: name a part used several times as a step (h = ...), one step per line\n",
+        id="80 kB forward in the spec",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"x**3"\nnested = ' + "[" * 3000 + "]" * 3000)], ["update"],
+        "scaffold: error: {root}/specs/cube.toml: invalid TOML: arrays or tables nested too deeply to read\n  hint: a spec's values are strings, numbers, and lists of numbers\n",
+        id="spec nested too deep for TOML",
+    ),
+    pytest.param(
+        [(CUBE_SPEC, '"x**3"', '"x**3"\n' + "# a long comment\n" * 7000)], ["update"],
+        "scaffold: error: {root}/specs/cube.toml: the spec file is 119060 characters long, more than the 100000 allowed\n  hint: a spec holds one op: its name, forward, arguments and options\n",
+        id="spec file too long",
+    ),
+    pytest.param(
         [], ["new", "project", "."],
         "scaffold: error: .: the folder already exists and is not empty; nothing was written\n  hint: choose a new folder; to update a project from a newer template, run `scaffold update project` in it "
         "(`copier update` if copier copied it from a git-tracked template)\n",
         id="new project over a project",
+    ),
+    pytest.param(
+        [], ["new", "project", "2024-ops", "--defaults"],
+        "scaffold: error: 2024-ops: the template refused the answers: Validation error for question 'project_name': The project name must start with a letter and contain only letters, digits, '-', '_' and '.'\n  hint: the project is named after its folder, '2024-ops', and its package after the project: choose them with --data project_name=NAME (and --data package_name=NAME)\n",
+        id="new project in a folder that cannot name it",
+    ),
+    pytest.param(
+        [], ["new", "project", "json", "--defaults"],
+        "scaffold: error: json: the package name 'json' is also the name of Python's standard module json, which the project's tests import: with src/ on their path, the package would shadow it\n  hint: the project is named after its folder, 'json', and its package after it: choose another with --data package_name=NAME\n",
+        id="new project whose package would shadow a module",
     ),
 ]  # fmt: skip
 

@@ -168,9 +168,31 @@ def test_insertions_at_the_same_place():
     base = "a\nb\n"
     check(merge3(base, "a\nx\nb\n", "a\nx\nb\n"), "a\nx\nb\n")
     check(merge3(base, "a\nx\nb\n", "a\ny\nb\n"), "a\n<<<<<<< yours\nx\n=======\ny\n>>>>>>> scaffold\nb\n", 1)
-    # Insertions one line apart are independent; a change next to an insertion is not.
+    # Insertions one line apart are independent; so is a change next to an insertion: its place is clear.
     check(merge3(base, "x\na\nb\n", "a\nb\ny\n"), "x\na\nb\ny\n")
-    check(merge3(base, "a\nx\nb\n", "a\nB\n"), "a\n<<<<<<< yours\nx\nb\n=======\nB\n>>>>>>> scaffold\n", 1)
+    check(merge3(base, "a\nx\nb\n", "a\nB\n"), "a\nx\nB\n")
+    check(merge3(base, "a\nx\nb\n", "A\nb\n"), "A\nx\nb\n")
+    check(merge3(base, "A\nb\n", "a\nx\nb\n"), "A\nx\nb\n")
+
+
+def test_changes_to_neighbouring_lines_merge_and_changes_to_the_same_lines_conflict():
+    base = "a\nb\nc\nd\n"
+    check(merge3(base, "a\nB\nc\nd\n", "a\nb\nC\nd\n"), "a\nB\nC\nd\n")  # next to each other
+    check(merge3(base, "a\nb\nc\nd\nmine\n", "a\nb\nc\nD\n"), "a\nb\nc\nD\nmine\n")  # appended after a change
+    check(merge3(base, "a\nB\nc\nd\n", "a\nb\nc\n"), "a\nB\nc\n")  # next to a deletion
+    # An insertion between two lines the other side rewrote as one: where it goes is unclear.
+    expected = "a\n<<<<<<< yours\nb\nx\nc\n=======\nBC\n>>>>>>> scaffold\nd\n"
+    check(merge3(base, "a\nb\nx\nc\nd\n", "a\nBC\nd\n"), expected, conflicts=1)
+    expected = "a\n<<<<<<< yours\nB\n=======\nb2\n>>>>>>> scaffold\nc\nd\n"
+    check(merge3(base, "a\nB\nc\nd\n", "a\nb2\nc\nd\n"), expected, conflicts=1)  # the same line
+
+
+def test_a_helper_appended_after_a_changed_last_line_is_kept():
+    # The Module's forward ends a generated file and changes with its arguments; the user's helper follows it.
+    base = "class Swish(nn.Module):\n    def forward(self, x):\n        return _apply(x, self.beta)\n"
+    helper = "\n\ndef swish_twice(x):\n    return swish(swish(x))\n"
+    theirs = base.replace("self.beta)", "self.beta, self.gamma)")
+    check(merge3(base, base + helper, theirs), theirs + helper)
 
 
 def test_no_newline_at_end_of_file():
@@ -413,7 +435,50 @@ needs_git = pytest.mark.skipif(GIT is None, reason="git is not installed")
 @given(edited(overlapping=True, gap=4), st.tuples(st.booleans(), st.booleans(), st.booleans()))
 def test_same_as_git(edits, final_newlines: tuple[bool, bool, bool]):
     base, ours, theirs = (join(lines, end) for lines, end in zip(edits, final_newlines))
-    assert merge3(base, ours, theirs) == git_merge(base, ours, theirs)
+    result, git = merge3(base, ours, theirs), git_merge(base, ours, theirs)
+    # git also conflicts where the sides change neighbouring lines (test_where_git_differs); here they merge.
+    if git.clean or result.conflicts == git.conflicts:
+        assert result == git
+    else:
+        assert result.conflicts < git.conflicts
+
+
+@st.composite
+def neighbouring(draw: st.DrawFn) -> tuple[str, str, str, str]:
+    """base, ours, theirs, and the merge of both: at each site, one side edits lines at or before a point and
+    the other at or after it, never both inserting there (the neighbouring edits git conflicts on)."""
+    counter = iter(range(10_000))
+    lines: dict[str, list[str]] = {"base": [], "ours": [], "theirs": [], "both": []}
+
+    def new(prefix: str, n: int) -> list[str]:
+        return [f"{prefix}{next(counter)}" for _ in range(n)]
+
+    for _ in range(draw(st.integers(1, 3))):
+        kept = new("base ", draw(st.integers(1, 3)))  # sites apart: no line of one is next to another's
+        span = new("base ", draw(st.integers(1, 4)))
+        point = draw(st.integers(0, len(span)))
+        a = draw(st.integers(0, point))
+        b = draw(st.integers(a, point))
+        c = draw(st.integers(point, len(span)))
+        d = draw(st.integers(c, len(span)))
+        first, second = new("edit ", draw(st.integers(0, 3))), new("edit ", draw(st.integers(0, 3)))
+        if (a == b and not first) or (c == d and not second) or a == b == c == d:
+            continue  # no edit, or two insertions at one place
+        before, after = span[:a] + first + span[b:], span[:c] + second + span[d:]
+        mine, new_ = (before, after) if draw(st.booleans()) else (after, before)
+        for side, edited_span in (("base", span), ("ours", mine), ("theirs", new_)):
+            lines[side] += kept + edited_span
+        lines["both"] += kept + span[:a] + first + span[b:c] + second + span[d:]
+    lines = {k: v + ["base end"] for k, v in lines.items()}
+    return tuple(join(lines[k], True) for k in ("base", "ours", "theirs", "both"))
+
+
+@settings(PROPERTY)
+@given(neighbouring())
+def test_edits_of_neighbouring_lines_merge_into_both(texts: tuple[str, str, str, str]):
+    base, ours, theirs, both = texts
+    check(merge3(base, ours, theirs), both)
+    check(merge3(base, theirs, ours), both)
 
 
 @needs_git
@@ -428,7 +493,6 @@ def test_same_as_git_on_the_worked_examples():
             edit(BASE, ("save_for_backward(x)\n", "save_for_backward(x, out)\n")),
         ),
         ("def f(x):\n    return x\n", "def f(x):\n    y = x + 1\n    z = y\n", "def f(x):\n    y = x + 1\n    z = 2\n"),
-        ("a\nb\n", "a\nx\nb\n", "a\nB\n"),
         ("a\nb", "a\nx", "a\nb\ny\n"),
         ("", "x\ny\nz\n", "x\nq\nz\n"),
     ]
@@ -446,6 +510,10 @@ def test_where_git_differs():
     shared = "m1\nm2\nm3\nm4\n"
     base, ours, theirs = "a\n", f"x\n{shared}y\n", f"p\n{shared}q\n"
     assert (merge3(base, ours, theirs).conflicts, git_merge(base, ours, theirs).conflicts) == (1, 2)
+    # git conflicts on changes to neighbouring lines (an insertion next to a changed line, a helper appended
+    # after a changed last line); here they merge, as they touch different lines.
+    for base, ours, theirs in [("a\nb\n", "a\nx\nb\n", "a\nB\n"), ("a\nb\n", "a\nb\nmine\n", "a\nB\n")]:
+        assert (merge3(base, ours, theirs).conflicts, git_merge(base, ours, theirs).conflicts) == (0, 1)
 
 
 def test_changed_lines_counts_the_lines_a_diff_does_not_match():

@@ -58,7 +58,7 @@ def test_installed_wheel_makes_a_project_offline(wheel, tmp_path):
         text=True,
     )
     assert added.returncode == 0, added.stderr
-    assert (tmp_path / "lib/src/myops/ops/cube.py").is_file()
+    assert (tmp_path / "lib/src/lib/ops/cube.py").is_file()
 
 
 def test_ruff_is_pinned_to_the_version_that_formats_generated_code():

@@ -25,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
 from scaffold import cli
 from scaffold.changes import update_changes
 from scaffold.errors import SpecError, WriteError
+from scaffold.formatting import ruff_binary
 from scaffold.project import (
     EXPORTS_BEGIN,
     EXPORTS_END,
@@ -172,6 +173,35 @@ def test_generate_edit_change_update_loop(project, scaffold):
     assert snapshot(project) == before
 
 
+def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(project, scaffold):
+    # The new tensor changes the Module's forward, the file's last line, and the line that unpacks the saved
+    # tensors: the helper appended after the one and the line inserted after the other are merged, not marked.
+    module = project / "src/demo_ops/ops/swish.py"
+    text = module.read_text()
+    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    assert text.count(anchor) == 1 and text.endswith("        return _apply(x, self.beta)\n")
+    module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1)) + HELPER)
+    code, out, err = scaffold(
+        "update", "op", "swish", "--forward", "x*sigmoid(beta*x)*gamma", "--learnable", "gamma=1.0", cwd=project
+    )  # fmt: skip
+    assert code == 0, (out, err)
+    assert "merged  src/demo_ops/ops/swish.py  (your edits kept)" in out
+    merged = module.read_text()
+    assert "<<<<<<<" not in merged and merged.endswith("        return _apply(x, self.beta, self.gamma)\n" + HELPER)
+    unpacked = "        x, beta, gamma = ctx.saved_tensors\n"
+    assert unpacked + BACKWARD_EDIT + "        if _differentiating_backward():" in merged
+    namespace: dict = {}
+    exec(compile(merged, str(module), "exec"), namespace)
+    import torch
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    swish = namespace["Swish"]().double()
+    swish(x).sum().backward()
+    beta = gamma = 1.0
+    torch.testing.assert_close(swish(x), x * torch.sigmoid(beta * x) * gamma)
+    assert namespace["swish_flops"](10) == 40 and x.grad is not None
+
+
 def test_dry_run_shows_the_diff_and_writes_nothing(project, scaffold):
     before = snapshot(project)
     code, out, err = scaffold(
@@ -311,6 +341,63 @@ def test_new_project_errors(tmp_path, scaffold, args, message):
     assert code == cli.EXIT_ERROR
     assert message in err, err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_fresh_project_with_its_ops_is_clean_under_its_own_ruff_settings(project, scaffold):
+    # ruff's default rules flagged a noqa for E731 in the vendored tests/scaffold_testing.py (RUF100, E731 not
+    # selected), the fused ops' blind excepts (BLE001) and jvp's unused values in a structured op (F841).
+    ops = [
+        ["softmax", "--forward", "exp(x) / sum(exp(x), dim=-1, keepdim=True)", "--tensor", "x=3,4"],
+        ["gelu_fused", "--forward", "x * ndtr(x)", "--tensor", "x", "--fuse"],
+        ["mish_op", "--forward", "x * tanh(softplus(x))", "--tensor", "x", "--target", "custom_op"],
+        ["ste", "--forward", "Abs(x)", "--tensor", "x", "--gradient", "x=grad"],
+        [
+            "linear_relu",
+            "--forward",
+            "Max(x @ transpose(w, 0, 1) + b, 0)",
+            "--tensor",
+            "x=2,3",
+            "--tensor",
+            "w=4,3",
+            "--tensor",
+            "b=4",
+        ],
+    ]
+    for args in ops:
+        code, out, err = scaffold("new", "op", *args, cwd=project)
+        assert code == 0, err
+    assert (project / "tests/scaffold_testing.py").is_file()
+    ruff = ruff_binary()
+    for command in (["check", "."], ["format", "--check", "--diff", "."]):
+        result = subprocess.run([ruff, *command], cwd=project, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, f"ruff {' '.join(command)}:\n{result.stdout}{result.stderr}"
+
+
+def test_new_project_names_the_package_after_the_folder(tmp_path, scaffold):
+    code, out, err = scaffold("new", "project", "foo-bar", "--defaults", cwd=tmp_path)
+    assert code == 0, err
+    project = find_project(tmp_path / "foo-bar")
+    assert project is not None and project.package == "foo_bar"
+    assert 'name = "foo-bar"' in (tmp_path / "foo-bar" / "pyproject.toml").read_text()
+    (tmp_path / "Mine.Ops").mkdir()
+    code, out, err = scaffold("new", "project", ".", "--defaults", cwd=tmp_path / "Mine.Ops")
+    assert code == 0, err
+    assert find_project(tmp_path / "Mine.Ops").package == "mine_ops"
+
+
+@pytest.mark.parametrize(
+    ("folder", "args", "message", "hint"),
+    [
+        ("2024-ops", (), "Validation error for question 'project_name'", "named after its folder, '2024-ops'"),
+        ("torch", (), "'torch' is reserved", "named after its folder, 'torch'"),
+        ("json", (), "the package name 'json' is also the name of Python's standard module json", "folder, 'json'"),
+        ("ops", ("--data", "package_name=copy"), "the package name 'copy' is also", "choose another with --data"),
+    ],
+)
+def test_new_project_refuses_a_package_it_cannot_name(tmp_path, scaffold, folder, args, message, hint):
+    code, out, err = scaffold("new", "project", folder, "--defaults", *args, cwd=tmp_path)
+    assert code == cli.EXIT_ERROR and message in err and hint in err, err
+    assert "Traceback" not in err and not (tmp_path / folder).exists()
 
 
 def test_exports_block():

@@ -102,13 +102,13 @@ def commit_all(repo: Path, message: str) -> None:
 
 
 def test_defaults_give_the_layout_and_record_the_answers(tmp_path):
-    project = render(tmp_path / "p")
+    project = render(tmp_path / "foo-bar")
     for path in LAYOUT:
-        assert (project / path.format(package="myops")).is_file(), f"{path} was not rendered"
+        assert (project / path.format(package="foo_bar")).is_file(), f"{path} was not rendered"
     recorded = answers(project)
     expected = {
-        "project_name": "myops",
-        "package_name": "myops",
+        "project_name": "foo-bar",  # the folder's name, and the package that made an identifier
+        "package_name": "foo_bar",
         "license": "MIT",
         "python_min": "3.10",
         "torch_min": "2.3",
@@ -160,13 +160,23 @@ def test_every_license_gives_valid_pyproject(tmp_path, license_):
     else:
         assert pyproject["project"]["license"] == license_
         assert "Your Name" in (project / "LICENSE").read_text()
-    compile((project / "src" / "myops" / "__init__.py").read_text(), "__init__.py", "exec")
+    compile((project / "src" / "p" / "__init__.py").read_text(), "__init__.py", "exec")
 
 
 def test_package_name_is_derived_from_the_project_name(tmp_path):
     project = render(tmp_path / "p", project_name="My-Ops.Lib")
     assert answers(project)["package_name"] == "my_ops_lib"
     assert (project / "src" / "my_ops_lib" / "__init__.py").is_file()
+    # Without a project name, the folder's: "." is the folder's own name, not ".".
+    folder = tmp_path / "Other.Ops"
+    folder.mkdir()
+    cwd = os.getcwd()
+    try:
+        os.chdir(folder)
+        render(Path("."))
+    finally:
+        os.chdir(cwd)
+    assert (answers(folder)["project_name"], answers(folder)["package_name"]) == ("Other.Ops", "other_ops")
 
 
 @pytest.mark.parametrize(
@@ -261,7 +271,7 @@ def test_copier_update_brings_template_changes_and_keeps_edits(tmp_path, git_env
     assert not (project / "CHANGELOG.md").exists()
     git(project, "init", "-q", "-b", "main")
     commit_all(project, "from template v1")
-    init = project / "src" / "myops" / "__init__.py"
+    init = project / "src" / "proj" / "__init__.py"
     init.write_text(init.read_text() + "\nMY_CONSTANT = 42  # a user edit\n")
     commit_all(project, "user edit")
 
@@ -269,7 +279,7 @@ def test_copier_update_brings_template_changes_and_keeps_edits(tmp_path, git_env
 
     assert answers(project)["_commit"] == "v2"
     assert (project / "README.md").read_text().endswith("\nA line added in v2.\n")
-    assert (project / "CHANGELOG.md").read_text() == "# Changes to myops\n"
+    assert (project / "CHANGELOG.md").read_text() == "# Changes to proj\n"
     assert "MY_CONSTANT = 42  # a user edit" in init.read_text(), "the update lost the user's edit"
     assert EXPORT_MARKERS in init.read_text()
     leftovers = [p.name for p in project.rglob("*") if p.suffix in (".rej", ".orig")]

@@ -5,12 +5,16 @@ Generation time itself is measured by benchmarks/generation.py, not asserted her
 
 from __future__ import annotations
 
+import ast
+import types
+
 import pytest
 import sympy
 
+from scaffold import expression
 from scaffold.api import compile_op, generate_op
 from scaffold.errors import ExpressionError
-from scaffold.expression import MAX_DEPTH, parse_expression
+from scaffold.expression import MAX_DEPTH, MAX_LENGTH, parse_expression, parse_steps
 
 from .conftest import make_spec
 
@@ -56,6 +60,42 @@ def test_deep_nesting_is_still_refused():
     text = "exp(" * (MAX_DEPTH + 5) + "x" + ")" * (MAX_DEPTH + 5)
     with pytest.raises(ExpressionError, match="nested more than"):
         parse_expression(text, {"x": sympy.Symbol("x", real=True)}, where="forward")
+
+
+@pytest.mark.parametrize("parse", [parse_expression, parse_steps])
+def test_text_over_the_length_limit_is_refused_before_it_is_parsed(parse, monkeypatch):
+    # An 80 kB sum made Python's parser recurse past its limit before the length was checked.
+    parsed = []
+    monkeypatch.setattr(
+        expression, "ast", types.SimpleNamespace(**{**vars(ast), "parse": lambda *a, **k: parsed.append(a)})
+    )
+    for text in ["+".join(["x"] * 40000), "x\n" * (MAX_LENGTH // 2) + "x"]:
+        with pytest.raises(ExpressionError, match=f"longer than {MAX_LENGTH} characters"):
+            parse(text, {"x": sympy.Symbol("x", real=True)}, where="forward")
+    assert not parsed
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["-" * (MAX_LENGTH - 10) + "x", "Piecewise((x, " + "~" * 4000 + "(x > 0)), (0, True))", "not " * 1200 + "x"],
+)
+def test_nesting_too_deep_for_the_parser_is_refused_clearly(text):
+    assert len(text) <= MAX_LENGTH
+    for parse in (parse_expression, parse_steps):
+        with pytest.raises(ExpressionError, match=f"nested more than {MAX_DEPTH} levels deep"):
+            parse(text, {"x": sympy.Symbol("x", real=True)}, where="forward")
+
+
+def test_steps_nested_too_deep_once_substituted_are_refused():
+    # Each line is shallow; substituted, 300 nested sines made sympy's derivative recurse past Python's limit.
+    steps = "h0 = sin(x)\n" + "".join(f"h{i} = sin(h{i - 1})\n" for i in range(1, 300)) + "h299"
+    with pytest.raises(ExpressionError, match="nested more than 60 levels deep once its steps are substituted"):
+        compile_op(make_spec("deep", steps))
+    ok = "h0 = sin(x)\n" + "".join(f"h{i} = sin(h{i - 1})\n" for i in range(1, 20)) + "h19"
+    spec = make_spec("shallow", ok, gradients={"x": "grad*" + "cos(" * 40 + "h19" + ")" * 40})
+    with pytest.raises(ExpressionError, match="the gradient is nested more than 60 levels deep") as info:
+        compile_op(spec)
+    assert info.value.where == "shallow.toml: gradients.x"
 
 
 def test_division_by_zero_inside_a_chain_is_refused():

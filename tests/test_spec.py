@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import ast
 import builtins
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import scaffold.testing
 from scaffold import compile_op, generate_op, load_spec, spec_from_flags, write_files
 from scaffold.errors import ScaffoldWarning, SpecError
-from scaffold.spec import RESERVED_ARGUMENT_NAMES, RESERVED_OP_NAMES, ScalarArg, TensorArg, camel_case, spec_to_toml
+from scaffold.spec import (
+    RESERVED_ARGUMENT_NAMES,
+    RESERVED_OP_NAMES,
+    STANDARD_MODULES,
+    TEST_RUNTIME_PACKAGES,
+    ScalarArg,
+    TensorArg,
+    camel_case,
+    spec_to_toml,
+)
 
 from .conftest import SPECS, make_spec, run_pytest
 
@@ -130,6 +143,63 @@ def test_names_the_generated_code_uses_are_refused(tensors, scalars, bad):
 def test_op_names_that_would_shadow_what_the_generated_code_uses(name):
     with pytest.raises(SpecError, match=f"op name '{name}' would shadow"):
         spec_from_flags(name, "x", ["x"])
+
+
+@pytest.mark.parametrize("name", ["inspect", "copy", "random", "types", "warnings", "numpy", "networkx"])
+def test_op_names_of_modules_the_generated_tests_import_are_refused(name):
+    # The op's module NAME.py sits on sys.path where its tests run: `inspect` was generated, then its tests
+    # failed with "partially initialized module 'inspect'".
+    with pytest.raises(SpecError, match=f"op name '{name}' is also the name of .* {name}, which the generated") as info:
+        spec_from_flags(name, "x", ["x"])
+    assert info.value.hint == f"try 'my_{name}'"
+
+
+def _imported_modules(text: str) -> set[str]:
+    """The top-level modules that ``text`` imports, anywhere in it (relative imports aside)."""
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_module_the_generated_files_import_is_refused_as_an_op_name():
+    learnable = {"x": {}, "w": {"learnable": True, "init": 1.0}}
+    specs = [
+        make_spec("op", "sqrt(x) + x**n*w + log(2)*Max(x, 0)", learnable, {"n": {"type": "float", "default": 2.5}}),
+        make_spec("op", "x * sigmoid(beta * x)", {"x": {}, "beta": {"learnable": True, "init": 1.0}}, fuse=True),
+        make_spec("op", "x - log(sum(exp(x), dim=-1, keepdim=True))", {"x": {"shape": [3, 4]}}),
+        make_spec("op", "exp(x) / sum(exp(x), dim=-1, keepdim=True)", {"x": {"shape": [3, 4]}}, fuse=True),
+        make_spec("op", "x * tanh(x)", target="custom_op"),
+        make_spec("op", "Abs(x)", gradients={"x": "grad"}),
+    ]
+    texts = [Path(scaffold.testing.__file__).read_text()]  # vendored into projects as tests/scaffold_testing.py
+    for spec in specs:
+        texts += generate_op(spec, time_limit=None).values()
+        texts += generate_op(spec, time_limit=None, module_import="pkg.ops.op", shared_device_fixture=True).values()
+    # The op's own module aside (op, pkg.ops.op), and __future__: an op name starts with a letter.
+    imported = set().union(*map(_imported_modules, texts)) - {"op", "pkg", "__future__"}
+    assert {"torch", "inspect", "math", "pytest", "scaffold"} <= imported
+    refused = RESERVED_OP_NAMES | STANDARD_MODULES | TEST_RUNTIME_PACKAGES
+    assert imported <= refused, imported - refused
+
+
+def test_every_package_the_generated_tests_load_is_refused_as_an_op_name():
+    # What a generated test file imports, and what torch imports for torch.compile and torch.func: every module
+    # found on sys.path (where an op's module could shadow it).
+    code = """
+import importlib.machinery, sys
+import pytest, torch, torch._dynamo, torch._inductor.compile_fx, torch.func
+import scaffold.testing
+found = {m.split(".")[0] for m in list(sys.modules)}
+print(" ".join(sorted(m for m in found if importlib.machinery.PathFinder.find_spec(m) is not None)))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    loaded = {m for m in done.stdout.split() if not m.startswith("_")} - {"scaffold"}
+    refused = STANDARD_MODULES | TEST_RUNTIME_PACKAGES
+    assert "numpy" in loaded and loaded <= refused, loaded - refused
 
 
 def test_every_name_the_generated_test_file_defines_is_a_reserved_op_name():
