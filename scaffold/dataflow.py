@@ -56,7 +56,6 @@ from .structural import (
     LogSumExp,
     ReduceMean,
     ReduceSum,
-    matmul_shape,
     reduced_dims,
 )
 
@@ -128,6 +127,10 @@ class _Planner:
         self.nodes = [v for v in self.program.values if v.kind not in (TENSOR, SCALAR)]
         self.visible = [o.value for o in self.program.outputs]
         self.hoisted = self.program.hoisted
+        # whether some dim is counted from the front: at another rank than the example's, such a dimension
+        # is another one of the example's, and the example's shapes do not say which dimensions a gradient
+        # sums over (see _summed_to)
+        self.positional = any(_positional(v.expr) for v in self.nodes if v.kind != ELEMENTWISE)
         self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
         self.upstream = self._upstream()
@@ -187,7 +190,7 @@ class _Planner:
             # is a view of it: forward may not return one tensor twice, nor an input as it is.
             return f"{_atom(code)}[...]" if _may_alias(code) else code
         operands = [str(o) for o in v.expr.operand_exprs]
-        return forward_code(v.expr, operands, [len(self.shape(o)) for o in operands])
+        return forward_code(v.expr, operands)
 
     def _forward_lines(self) -> list[str]:
         """forward's statements. A log_softmax and a logsumexp of the same value along the same dimension
@@ -203,8 +206,8 @@ class _Planner:
                 lines += _log_normalizer_lines(operand, dim, largest, shifted, log_sum)
                 lines.append(f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}")
                 continue
-            key = _log_normalizer(v, self.shape)
-            partners = [w for w in self.nodes if w is not v and _log_normalizer(w, self.shape) == key]
+            key = _log_normalizer(v)
+            partners = [w for w in self.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
                 lines.append(f"{v.name} = {self.forward_expr(v)}")
                 continue
@@ -232,7 +235,7 @@ class _Planner:
         grad_names = {name: f"grad_{name}" for name in self.values}
         if len(self.visible) == 1:
             grad_names[self.visible[0]] = GRAD_OUTPUT
-        emitter = _Requests(self)
+        emitter = self.emitter = _Requests(self)
         lines: list[Line] = []
         grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
         for name in self.visible:
@@ -454,7 +457,8 @@ class _Planner:
         gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
         computed."""
         call = self.values[read].expr
-        if not isinstance(call, ReduceMean) or not call.keepdim:
+        if not isinstance(call, ReduceMean) or not call.keepdim or any(d >= 0 for d in call.dims):
+            # dims counted from the front are other dimensions at another rank than the example's
             return False
         x = str(call.args[0])
         if self.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
@@ -472,7 +476,7 @@ class _Planner:
         guard = self.upstream[target]
         want = self.shape(target)
         if self.values[target].kind != TENSOR:
-            code, static = _summed_to(code, static, want)
+            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.positional)
         if outer != "1":
             code = f"-{_atom(code) if code[0] == '-' else code}" if outer == "-1" else f"{outer} * {code}"
         g = grad_names[target]
@@ -494,8 +498,7 @@ class _Planner:
             value = self.values[t]
             if value.kind != TRANSPOSE or str(value.expr.args[0]) != a or t in self.visible:
                 continue
-            rank = len(self.shape(a))
-            if rank < 2 or sorted(d % rank for d in value.expr.dims) != [rank - 2, rank - 1]:
+            if sorted(value.expr.dims) != [-2, -1]:  # as written: the last two at every rank
                 continue
             if [c.name for c in self.program.consumers(t)] == [node.name]:
                 return a, first
@@ -523,26 +526,8 @@ class _Planner:
             swapped = list(padded)
             swapped[d0], swapped[d1] = padded[d1], padded[d0]
             return tuple(swapped)
-        assert node.kind == MATMUL
-        a, b = (self.shape(str(o)) for o in call.operand_exprs)
-        g = node.shape
-        if len(a) == 1 and len(b) == 1:
-            return b if operand == 0 else a
-        if operand == 0:
-            if len(b) == 1:
-                return (*g, b[0])
-            if len(a) == 1:
-                return (
-                    matmul_shape((1, *g), _transposed_shape(b), "g", "b")[-1:]
-                    if len(g) == 1
-                    else matmul_shape(g[:-1] + (1,) + g[-1:], _transposed_shape(b), "g", "b")[:-2] + (b[-2],)
-                )
-            return matmul_shape(g, _transposed_shape(b), "g", "b")
-        if len(a) == 1:
-            return (*g[:-1], a[0], g[-1])
-        if len(b) == 1:
-            return matmul_shape(_transposed_shape(a), (*g, 1), "a", "g")[:-1]
-        return matmul_shape(_transposed_shape(a), g, "a", "g")
+        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
+        return self.shape(str(call.operand_exprs[operand]))
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
@@ -745,16 +730,32 @@ class _Requests(Emitter):
                     self.values.add(s.name)
 
     def shape(self, name: str) -> str:
+        """The shape of ``name`` at run time: an argument's of the same shape where elementwise steps and
+        softmaxes lead to one, else the value's own (which backward then reads)."""
+        argument = self._argument_of_shape(name)
+        if argument is not None:
+            self.shapes.add(argument)
+            return f"{argument}_shape"
         v = self.planner.values[name]
-        if v.kind == TENSOR:
-            self.shapes.add(name)
-            return f"{name}_shape"
-        if v.kind in (ELEMENTWISE, SOFTMAX):
+        if v.kind == ELEMENTWISE:
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
                 if s.name in self.planner.values and self.planner.values[s.name].shape == v.shape:
-                    if self.planner.values[s.name].kind != SCALAR:
+                    if self.planner.values[s.name].kind not in (SCALAR, MATMUL):
                         return self.shape(s.name)
         return f"{self.value(name)}.shape"
+
+    def _argument_of_shape(self, name: str) -> str | None:
+        v = self.planner.values[name]
+        if v.kind == TENSOR:
+            return name
+        if v.kind in (ELEMENTWISE, SOFTMAX):
+            for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
+                read = self.planner.values.get(s.name)
+                if read is not None and read.shape == v.shape and read.kind != SCALAR:
+                    argument = self._argument_of_shape(s.name)
+                    if argument is not None:
+                        return argument
+        return None
 
     def example_shape(self, name: str) -> tuple[int, ...]:
         return self.planner.shape(name)
@@ -763,14 +764,12 @@ class _Requests(Emitter):
         self.planner.imports.add(alias)
         return alias
 
-    def softmax_of(self, name: str, dims: tuple[int, ...]) -> str | None:
-        rank = len(self.planner.shape(name))
+    def softmax_of(self, name: str, call) -> str | None:
+        if len(call.dims) != 1:
+            return None
         for v in self.planner.nodes:
-            if v.kind == SOFTMAX and str(v.expr.args[0]) == name and (v.expr.dim % rank) - rank == dims[0]:
-                if len(dims) == 1:
-                    return (
-                        self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
-                    )
+            if v.kind == SOFTMAX and str(v.expr.args[0]) == name and v.expr.dim == call.dims[0]:
+                return self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
         return None
 
     def temporary(self, code: str) -> str:
@@ -822,11 +821,22 @@ def _transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-2], shape[-1], shape[-2])
 
 
-def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+def _summed_to(
+    code: str, have: tuple[int, ...], want: tuple[int, ...], shape, positional: bool
+) -> tuple[str, tuple[int, ...]]:
     """``code`` (of example shape ``have``) summed over the dimensions it has beyond ``want``: leading
     ones, and those where ``want`` is 1 (kept). Where ``have`` is 1 and ``want`` not, it stays 1: it
-    broadcasts."""
+    broadcasts.
+
+    Where the dimensions summed depend on the rank at call time (leading ones, every one, or any where the
+    program counts dims from the front), it is summed to the target's shape at call time (``shape()``, its
+    code), where that takes a plain sum: every dimension of ``want`` is 1 or ``have``'s."""
     lead = len(have) - len(want)
+    if have != want and lead >= 0 and all(w in (1, h) for h, w in zip(have[lead:], want)):
+        if not want:
+            return f"{_atom(code)}.sum()", want
+        if lead or positional or all(w == 1 for w in want):
+            return f"{_atom(code)}.sum_to_size({shape()})", want
     if lead > 0:
         code = f"{_atom(code)}.sum(dim={_dims(tuple(range(lead)))})"
         have = have[lead:]
@@ -850,6 +860,17 @@ def _aligned(dims: tuple[int, ...], shape: tuple[int, ...], full: tuple[int, ...
     """``dims`` of ``full`` as dimensions of ``shape`` (aligned from the right; -1 where it has none)."""
     offset = len(full) - len(shape)
     return [d - offset if d >= offset else -1 for d in dims]
+
+
+def _positional(call: structural.Structural) -> bool:
+    """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
+    if isinstance(call, structural.Reduction):
+        return any(d >= 0 for d in call.dims)
+    if isinstance(call, structural.Softmax):
+        return call.dim >= 0
+    if isinstance(call, structural.Transposed):
+        return any(d >= 0 for d in call.dims)
+    return False
 
 
 def _may_alias(code: str) -> bool:
@@ -892,14 +913,12 @@ def _log_normalizer_lines(operand: str, dim: int, largest: str, shifted: str, lo
     ]
 
 
-def _log_normalizer(v: Value, shape) -> tuple[str, int] | None:
-    """(operand, dimension from the end) of a log_softmax or a logsumexp over one dimension, else None."""
+def _log_normalizer(v: Value) -> tuple[str, int] | None:
+    """(operand, dimension as written) of a log_softmax or a logsumexp over one dimension, else None: dims
+    written differently (1 and -1) are different dimensions at some rank, and share nothing."""
     call = v.expr
     if isinstance(call, LogSoftmax) or (isinstance(call, LogSumExp) and len(call.dims) == 1):
-        operand = str(call.args[0])
-        rank = len(shape(operand))
-        dim = call.dim if v.kind == SOFTMAX else call.dims[0]
-        return operand, dim % rank - rank
+        return str(call.args[0]), call.dim if v.kind == SOFTMAX else call.dims[0]
     return None
 
 

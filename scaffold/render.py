@@ -40,6 +40,7 @@ from .plan import (
     straight_line,
 )
 from .printing import IMPORTS, NEG_ABS, print_torch
+from .program import Program, RankRequirement, rank_requirements
 from .rules import ProgramDerivation
 from .spec import OpSpec
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
@@ -1141,7 +1142,7 @@ def render_op(
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
         parsed = derivation.program.parsed
-        module = _program_in_place(env, program_module_view(spec, parsed, plan, domains, namespace))
+        module = _program_in_place(env, program_module_view(spec, derivation.program, plan, domains, namespace))
         tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
     else:
         module = _in_place(env, module_view(spec, derivation, plan, domains, namespace))
@@ -1237,15 +1238,52 @@ class ProgramView(_Entry):
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     custom_op: CustomOpView | None = None
+    rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
+    rank_check_params: list[str] = dataclasses.field(default_factory=list)
+    module_check_args: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def backward_fused(self) -> bool:
         return self.fuse
 
 
+@dataclass(frozen=True)
+class RankCheck:
+    """One comparison of ``_check_ranks``: the condition under which an input's rank is refused, and the
+    error's message (the body of an f-string)."""
+
+    condition: str
+    message: str
+
+
+def _rank_checks(spec: OpSpec, requirements: tuple[RankRequirement, ...]) -> list[RankCheck]:
+    checks = []
+    for r in requirements:
+        dims = f"{r.rank} dimension{'s' if r.rank != 1 else ''}"
+        need, condition = (
+            (f"exactly {dims}", f"{r.tensor}.dim() != {r.rank}")
+            if r.exact
+            else (
+                f"at least {dims}",
+                f"{r.tensor}.dim() < {r.rank}",
+            )
+        )
+        reason = r.reason.replace("{", "{{").replace("}", "}}").replace('"', "'")
+        message = f"{spec.name}: {r.tensor} must have {need} ({reason}), got shape {{tuple({r.tensor}.shape)}}"
+        checks.append(RankCheck(condition, message))
+    return checks
+
+
 def program_module_view(
-    spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...], namespace: str = DEFAULT_NAMESPACE
+    spec: OpSpec,
+    program: Program,
+    plan: ProgramPlan,
+    domains: tuple[InputDomain, ...],
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> ProgramView:
+    parsed = program.parsed
+    requirements = rank_requirements(program)
+    learnable = {t.name for t in spec.tensors if t.learnable}
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
     arguments = tensor_names + scalar_names
@@ -1319,6 +1357,9 @@ def program_module_view(
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
         custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False),
+        rank_checks=_rank_checks(spec, requirements),
+        rank_check_params=[r.tensor for r in requirements],
+        module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
     )
 
 
