@@ -95,6 +95,8 @@ class ProgramPlan:
     imports: tuple[str, ...]
     # the example shape of each tensor backward takes (saved values, upstream gradients), for stage 6b
     parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # and the arguments whose leading dimensions each has at call time (_Planner._sources)
+    parameter_sources: tuple[tuple[str, frozenset[str]], ...] = ()
     elementwise_docs: tuple[tuple[str, str], ...] = ()  # "d tmp1 / d x", formula
     rule_docs: tuple[str, ...] = ()
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
@@ -131,6 +133,7 @@ class _Planner:
         # is another one of the example's, and the example's shapes do not say which dimensions a gradient
         # sums over (see _summed_to)
         self.positional = any(_positional(v.expr) for v in self.nodes if v.kind != ELEMENTWISE)
+        self.sources = self._sources()
         self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
         self.upstream = self._upstream()
@@ -160,6 +163,27 @@ class _Planner:
             else:
                 upstream[v.name] = frozenset().union(*(upstream[r] for r in v.reads))
         return upstream
+
+    def _sources(self) -> dict[str, frozenset[str]]:
+        """For each value, the tensor arguments whose leading dimensions it has at call time (an argument
+        called with more dimensions than its example's passes them on through broadcasting, reductions
+        over given dims, softmaxes, transposes and products; a reduction over every dimension stops them)."""
+        sources: dict[str, frozenset[str]] = {}
+        for v in self.program.values:
+            if v.kind == TENSOR:
+                sources[v.name] = frozenset({v.name})
+            elif v.kind == REDUCE and not v.expr.dims and not v.expr.keepdim:
+                sources[v.name] = frozenset()
+            else:
+                sources[v.name] = frozenset().union(*(sources[r] for r in v.reads))
+        return sources
+
+    def outranks(self, node: str, target: str) -> bool:
+        """Whether ``node`` may have leading dimensions at call time that ``target`` (which it reads) has
+        not: it reads an argument that ``target`` does not, of as many dimensions as ``target`` or more (an
+        argument of fewer dimensions broadcasts into it)."""
+        rank = len(self.shape(target))
+        return any(len(self.shape(s)) >= rank for s in self.sources[node] - self.sources[target])
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.values[name].shape
@@ -279,7 +303,7 @@ class _Planner:
                 shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
                 product = f"{node.name} = {structural.spelled(node.expr)}"
                 lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
-                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes)
+                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
                 continue
             for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
                 if operand not in targets:
@@ -288,7 +312,7 @@ class _Planner:
                 lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
                 emitter.pending.clear()
                 static = self._rule_shape(node, i, node.shape if exact != g else have)
-                self._contribute(lines, operand, code, static, grad_names, grad_shapes)
+                self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
 
         # what backward reads: saved, or recomputed from what is saved
         saved, recomputed, hidden, notes = self._resolve(emitter)
@@ -321,10 +345,16 @@ class _Planner:
             if name not in grad_shapes:
                 continue
             have, want = grad_shapes[name], self.shape(name)
-            if have == want:
-                continue
             index = frozenset({self.tensor_args.index(name)})
             g = grad_names[name]
+            if have == want:
+                # the same shape in the example; at call time an argument of as many dimensions beside it
+                # may have more (a batch of inputs beside an unbatched target)
+                # (a product's rule sums its operands' gradients to their shapes itself)
+                if any(c.kind != MATMUL and self.outranks(c.name, name) for c in self.program.consumers(name)):
+                    shapes_read.add(name)
+                    lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
+                continue
             shapes_read.add(name)
             padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
             larger = len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
@@ -377,6 +407,12 @@ class _Planner:
                 + [(grad_names[v], self.shape(v)) for v in self.visible]
                 + [(returned_grad(h), self.shape(h)) for h in hidden_values]
             ),
+            parameter_sources=tuple(
+                [(n, self.sources[n]) for n in saved if n in self.values]
+                + [(stat, self.sources[v]) for v, stats in self.restated.items() for stat in stats]
+                + [(grad_names[v], self.sources[v]) for v in self.visible]
+                + [(returned_grad(h), self.sources[h]) for h in hidden_values]
+            ),
             elementwise_docs=tuple(partials_docs),
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
@@ -420,6 +456,24 @@ class _Planner:
 
         for read, expr in zip(targets, reduced):
             have, want = shape_of(expr), self.shape(read)
+            if self.positional:
+                # dims counted from the front: which dimensions of node the gradient runs along at call time
+                # is not the example's, so it is spread over node's whole shape there (a view), unless node's
+                # gradient or a value of node's shape and leading dimensions is among its factors, and then
+                # summed to read's shape (_contribute)
+                names = _closure(expr.free_symbols, temporaries)
+                full = (g in names and grad_shapes[node.name] == node.shape) or any(
+                    n in self.values
+                    and self.is_tensor(n)
+                    and self.shape(n) == node.shape
+                    and not self.outranks(node.name, n)
+                    for n in names
+                )
+                code = self.print(expr, extra=tensors)
+                if not full:
+                    code, have = f"{_atom(code)}.expand({emitter.shape(node.name)})", node.shape
+                self._contribute(lines, read, code, have, grad_names, grad_shapes, node=node.name)
+                continue
             # node's gradient may be kept at a smaller shape than node (a mean's spread gradient, one value a
             # row); where neither it nor read runs along a dimension node runs along, read takes one share
             # from each of node's elements there: as many as the dimension is long
@@ -446,7 +500,8 @@ class _Planner:
             if copies:
                 negated = code.startswith("-") and code[1:].isidentifier()
                 code = f"{'-' if negated else ''}{_atom(code[1:] if negated else code)} * {' * '.join(copies)}"
-            self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=self.print(outer, extra=tensors))
+            outer = self.print(outer, extra=tensors)
+            self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=outer, node=node.name)
 
     def _sums_to_zero(
         self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
@@ -470,12 +525,18 @@ class _Planner:
                 return False
         return True
 
-    def _contribute(self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1") -> None:
-        """Add ``code`` (of example shape ``static``), summed to ``target``'s shape and then multiplied by
-        ``outer``, to ``target``'s gradient."""
+    def _contribute(
+        self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1", node: str | None = None
+    ) -> None:
+        """Add ``code`` (of example shape ``static``), passed on by ``node``, summed to ``target``'s shape and
+        then multiplied by ``outer``, to ``target``'s gradient."""
         guard = self.upstream[target]
         want = self.shape(target)
         if self.values[target].kind != TENSOR:
+            if static == want and node is not None and self.values[node].kind != MATMUL and self.outranks(node, target):
+                # the example's shapes agree, the shapes at call time need not: node may have leading
+                # dimensions that target has not
+                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
             code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.positional)
         if outer != "1":
             code = f"-{_atom(code) if code[0] == '-' else code}" if outer == "-1" else f"{outer} * {code}"
@@ -738,10 +799,15 @@ class _Requests(Emitter):
             return f"{argument}_shape"
         v = self.planner.values[name]
         if v.kind == ELEMENTWISE:
-            for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
-                if s.name in self.planner.values and self.planner.values[s.name].shape == v.shape:
-                    if self.planner.values[s.name].kind not in (SCALAR, MATMUL):
-                        return self.shape(s.name)
+            reads = [r for r in v.reads if self.planner.values[r].kind != SCALAR]
+            for r in reads:
+                read = self.planner.values[r]
+                if read.shape == v.shape and read.kind != MATMUL and not self.planner.outranks(name, r):
+                    return self.shape(r)
+            arguments = [self._argument_of_shape(r) for r in reads]
+            if len(arguments) > 1 and None not in arguments:  # their shapes broadcast at call time
+                self.shapes.update(arguments)
+                return f"torch.broadcast_shapes({', '.join(f'{a}_shape' for a in arguments)})"
         return f"{self.value(name)}.shape"
 
     def _argument_of_shape(self, name: str) -> str | None:
@@ -751,7 +817,8 @@ class _Requests(Emitter):
         if v.kind in (ELEMENTWISE, SOFTMAX):
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
                 read = self.planner.values.get(s.name)
-                if read is not None and read.shape == v.shape and read.kind != SCALAR:
+                same = read is not None and read.shape == v.shape and read.kind != SCALAR
+                if same and not self.planner.outranks(name, s.name):
                     argument = self._argument_of_shape(s.name)
                     if argument is not None:
                         return argument
@@ -884,8 +951,15 @@ def _may_alias(code: str) -> bool:
 
 
 def _atom(code: str) -> str:
-    """``code`` as the receiver of a method call: parenthesized unless it is a name."""
-    return code if code.isidentifier() else f"({code})"
+    """``code`` as the receiver of a method call: parenthesized unless it is a name, a call or an attribute
+    (``(a * b).expand(shape)`` is one already)."""
+    if code.isidentifier():
+        return code
+    try:
+        node = ast.parse(code, mode="eval").body
+    except SyntaxError:
+        return f"({code})"
+    return code if isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)) else f"({code})"
 
 
 def _dims(dims: tuple[int, ...]) -> str:

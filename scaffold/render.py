@@ -1419,9 +1419,13 @@ def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
     tensor broadcasts into another where its dimensions are a subset (the program's shapes are those of
     the example, up to sizes); masks as masks, scalars as numbers."""
     kinds: dict[str, Kind] = {}
+    sources = dict(plan.parameter_sources)
     for name, shape in plan.parameter_shapes:
-        # and its rank: a (16,) receiver cannot take a (1, 16) operand, whose result has two dimensions
+        # and its rank: a (16,) receiver cannot take a (1, 16) operand, whose result has two dimensions;
+        # and the arguments whose leading dimensions it has at call time: a target (8,) cannot take a
+        # (8,) operand computed from a batch of inputs, (2, 8) at call time
         dims = {f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1}
+        dims |= {f"from:{s}" for s in sources.get(name, ())}
         kinds[name] = Kind(TENSOR, frozenset(dims | {f"rank{k}" for k in range(1, len(shape) + 1)}))
     for mask in plan.masks:
         kinds[mask] = Kind(BOOL, frozenset())

@@ -111,6 +111,28 @@ def test_dims_as_written_at_other_ranks(forward, reference, shape, tmp_path: Pat
     _assert_as_torch(module.op, reference, shape)
 
 
+@pytest.mark.parametrize(
+    ("forward", "reference", "shapes"),
+    [
+        # a spread gradient, a broadcast operand and dims from the front: which dimensions the gradient runs
+        # along at call time is not the example's
+        ("mean(x + b, dim=0)", lambda x, b: torch.mean(x + b, 0), [(2, 3, 5), (5,)]),
+        ("mean(x * b, dim=1)", lambda x, b: torch.mean(x * b, 1), [(2, 3, 5), (5,)]),
+        ("sum(x * b, dim=0, keepdim=True) * x", lambda x, b: torch.sum(x * b, 0, keepdim=True) * x, [(2, 3, 5), (5,)]),
+        ("mean(x, dim=0) * b", lambda x, b: torch.mean(x, 0) * b, [(2, 3, 5), (5,)]),
+        # b of as many dimensions as x in the example, and fewer at call time (a batch beside one target)
+        ("mean((x - b)**2)", lambda x, b: torch.mean((x - b) ** 2), [(2, 4, 5), (4, 5)]),
+        ("mean((x - b)**2)", lambda x, b: torch.mean((x - b) ** 2), [(4, 5), (2, 4, 5)]),
+        ("mean(x * b, dim=-1)", lambda x, b: torch.mean(x * b, -1), [(4, 5), (3, 1, 5)]),
+    ],
+)
+def test_gradients_where_operands_have_other_ranks_than_in_the_example(forward, reference, shapes, tmp_path: Path):
+    module = _module(
+        "op", forward, {"x": {"shape": [4, 5]}, "b": {"shape": [5] if "dim" in forward else [4, 5]}}, tmp_path
+    )
+    _assert_as_torch(module.op, reference, *shapes)
+
+
 def test_a_centred_value_over_a_front_dim_is_not_assumed_to_sum_to_zero(tmp_path: Path):
     """A LayerNorm over dim=0: its mean's gradient through the centred value is not dropped as zero where the
     dims as written are other dimensions than the example's."""
