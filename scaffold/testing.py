@@ -825,6 +825,15 @@ class ProgramTests(OpTests):
         assert gradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
 
     @_quietly
+    def check_second_shape(self, device: str) -> None:
+        """:meth:`OpTests.check_second_shape`, and backward against finite differences there, along a
+        random direction (gradcheck's fast mode: a few evaluations, not one per element)."""
+        shapes = [i.second_shape or i.shape for i in self.inputs]
+        self._assert_matches_reference_at(device, shapes)
+        inputs = self.make_inputs(device, shapes=shapes)
+        assert gradcheck(self._float_outputs, (*inputs, *self._scalars), fast_mode=True)
+
+    @_quietly
     def check_gradgradcheck(self, device: str) -> None:
         """Double backward against finite differences of backward, at the inputs' own shapes."""
         assert gradgradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
