@@ -147,6 +147,41 @@ def test_a_centred_value_over_a_front_dim_is_not_assumed_to_sum_to_zero(tmp_path
         _assert_as_torch(module.norm0, reference, shape, (5,))
 
 
+@pytest.mark.parametrize(
+    ("forward", "reference"),
+    [
+        ("t * exp(x) / sum(exp(x), dim=1, keepdim=True)", lambda x, t: t * torch.softmax(x, 1)),
+        ("sum(-t * log_softmax(x, dim=1), dim=1)", lambda x, t: torch.sum(-t * torch.log_softmax(x, 1), 1)),
+        ("log_softmax(x, dim=0) + logsumexp(x, dim=0, keepdim=True) * t", None),
+    ],
+)
+def test_the_fused_plan_keeps_dims_as_written(forward, reference, tmp_path: Path, monkeypatch):
+    """fuse = true (torch.compile the identity here: the fused plan's own code, which keeps a softmax's
+    statistics and shares a log-normalizer, at another rank)."""
+    monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    files = generate_op(
+        spec_from_mapping(
+            {
+                "name": "fop",
+                "forward": forward,
+                "tensors": {"x": {"shape": [4, 5]}, "t": {"shape": [4, 5]}},
+                "fuse": True,
+            },
+            source="fop.toml",
+        )
+    )
+    (tmp_path / "fop.py").write_text(files["fop.py"], encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location(f"_ranks_fop_{next(_counter)}", tmp_path / "fop.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if reference is None:
+
+        def reference(x, t):
+            return torch.log_softmax(x, 0) + torch.logsumexp(x, 0, keepdim=True) * t
+
+    _assert_as_torch(module.fop, reference, (2, 3, 4), (2, 3, 4))
+
+
 # -- matrix products as torch.matmul ---------------------------------------------------------------------
 
 
