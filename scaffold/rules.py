@@ -7,9 +7,12 @@ node's operands, its result and the incoming gradient or tangents. An elementwis
 symbolic one: its partial derivatives in each value it reads, taken by :func:`.derivation.differentiate`
 in stable primitives; the gradient it passes on is the incoming one times the partial.
 
-The rules never see shapes beyond the example ones: a gradient that reaches a node with fewer elements
-than its result (the gradient of a reduction's operand before it meets another term) broadcasts, and a
-rule that needs the exact shape (a matrix product, log_softmax) expands it first (:mod:`.dataflow`).
+A rule's code keeps each dim as written (from the front where it is non-negative, from the back where it
+is negative, every dimension at call time where it is omitted), so that it means at every rank what torch
+means by it. The rules never see shapes beyond the example ones: a gradient that reaches a node with
+fewer elements than its result (the gradient of a reduction's operand before it meets another term)
+broadcasts, and a rule that needs the exact shape (a matrix product, log_softmax) expands it first
+(:mod:`.dataflow`).
 
 Rules, with ``g`` the gradient of the result ``y``, ``t`` a tangent, dims the reduced dimensions (``g``
 and ``y`` unsqueezed there where keepdim is False):
@@ -155,7 +158,7 @@ def reduce_code(call: Reduction, operand: str, dtype: str | None = None) -> str:
 def unsqueezed(code: str, call: Reduction) -> str:
     """``code`` (shaped like the reduction's result) with the reduced dimensions put back as size 1, at
     the dims as written: those counted from the front in increasing order, those from the back from -1 on
-    (:func:`.structural.check_dims` refuses a reduction that mixes the two)."""
+    (:mod:`.expression` refuses a reduction that mixes the two)."""
     if call.keepdim or not call.dims:  # a 0-d result broadcasts as it is
         return code
     front = sorted(d for d in call.dims if d >= 0)
