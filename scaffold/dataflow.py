@@ -56,7 +56,6 @@ from .structural import (
     LogSumExp,
     ReduceMean,
     ReduceSum,
-    matmul_shape,
     reduced_dims,
 )
 
@@ -96,6 +95,8 @@ class ProgramPlan:
     imports: tuple[str, ...]
     # the example shape of each tensor backward takes (saved values, upstream gradients), for stage 6b
     parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # and the arguments whose leading dimensions each has at call time (_Planner._sources)
+    parameter_sources: tuple[tuple[str, frozenset[str]], ...] = ()
     elementwise_docs: tuple[tuple[str, str], ...] = ()  # "d tmp1 / d x", formula
     rule_docs: tuple[str, ...] = ()
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
@@ -128,6 +129,11 @@ class _Planner:
         self.nodes = [v for v in self.program.values if v.kind not in (TENSOR, SCALAR)]
         self.visible = [o.value for o in self.program.outputs]
         self.hoisted = self.program.hoisted
+        # whether some dim is counted from the front: at another rank than the example's, such a dimension
+        # is another one of the example's, and the example's shapes do not say which dimensions a gradient
+        # sums over (see _summed_to)
+        self.positional = any(_positional(v.expr) for v in self.nodes if v.kind != ELEMENTWISE)
+        self.sources = self._sources()
         self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
         self.upstream = self._upstream()
@@ -158,6 +164,27 @@ class _Planner:
                 upstream[v.name] = frozenset().union(*(upstream[r] for r in v.reads))
         return upstream
 
+    def _sources(self) -> dict[str, frozenset[str]]:
+        """For each value, the tensor arguments whose leading dimensions it has at call time (an argument
+        called with more dimensions than its example's passes them on through broadcasting, reductions
+        over given dims, softmaxes, transposes and products; a reduction over every dimension stops them)."""
+        sources: dict[str, frozenset[str]] = {}
+        for v in self.program.values:
+            if v.kind == TENSOR:
+                sources[v.name] = frozenset({v.name})
+            elif v.kind == REDUCE and not v.expr.dims and not v.expr.keepdim:
+                sources[v.name] = frozenset()
+            else:
+                sources[v.name] = frozenset().union(*(sources[r] for r in v.reads))
+        return sources
+
+    def outranks(self, node: str, target: str) -> bool:
+        """Whether ``node`` may have leading dimensions at call time that ``target`` (which it reads) has
+        not: it reads an argument that ``target`` does not, of as many dimensions as ``target`` or more (an
+        argument of fewer dimensions broadcasts into it)."""
+        rank = len(self.shape(target))
+        return any(len(self.shape(s)) >= rank for s in self.sources[node] - self.sources[target])
+
     def shape(self, name: str) -> tuple[int, ...]:
         return self.values[name].shape
 
@@ -187,7 +214,7 @@ class _Planner:
             # is a view of it: forward may not return one tensor twice, nor an input as it is.
             return f"{_atom(code)}[...]" if _may_alias(code) else code
         operands = [str(o) for o in v.expr.operand_exprs]
-        return forward_code(v.expr, operands, [len(self.shape(o)) for o in operands])
+        return forward_code(v.expr, operands)
 
     def _forward_lines(self) -> list[str]:
         """forward's statements. A log_softmax and a logsumexp of the same value along the same dimension
@@ -203,8 +230,8 @@ class _Planner:
                 lines += _log_normalizer_lines(operand, dim, largest, shifted, log_sum)
                 lines.append(f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}")
                 continue
-            key = _log_normalizer(v, self.shape)
-            partners = [w for w in self.nodes if w is not v and _log_normalizer(w, self.shape) == key]
+            key = _log_normalizer(v)
+            partners = [w for w in self.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
                 lines.append(f"{v.name} = {self.forward_expr(v)}")
                 continue
@@ -232,7 +259,7 @@ class _Planner:
         grad_names = {name: f"grad_{name}" for name in self.values}
         if len(self.visible) == 1:
             grad_names[self.visible[0]] = GRAD_OUTPUT
-        emitter = _Requests(self)
+        emitter = self.emitter = _Requests(self)
         lines: list[Line] = []
         grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
         for name in self.visible:
@@ -276,7 +303,7 @@ class _Planner:
                 shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
                 product = f"{node.name} = {structural.spelled(node.expr)}"
                 lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
-                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes)
+                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
                 continue
             for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
                 if operand not in targets:
@@ -285,7 +312,7 @@ class _Planner:
                 lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
                 emitter.pending.clear()
                 static = self._rule_shape(node, i, node.shape if exact != g else have)
-                self._contribute(lines, operand, code, static, grad_names, grad_shapes)
+                self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
 
         # what backward reads: saved, or recomputed from what is saved
         saved, recomputed, hidden, notes = self._resolve(emitter)
@@ -318,10 +345,16 @@ class _Planner:
             if name not in grad_shapes:
                 continue
             have, want = grad_shapes[name], self.shape(name)
-            if have == want:
-                continue
             index = frozenset({self.tensor_args.index(name)})
             g = grad_names[name]
+            if have == want:
+                # the same shape in the example; at call time an argument of as many dimensions beside it
+                # may have more (a batch of inputs beside an unbatched target)
+                # (a product's rule sums its operands' gradients to their shapes itself)
+                if any(c.kind != MATMUL and self.outranks(c.name, name) for c in self.program.consumers(name)):
+                    shapes_read.add(name)
+                    lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
+                continue
             shapes_read.add(name)
             padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
             larger = len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
@@ -374,6 +407,12 @@ class _Planner:
                 + [(grad_names[v], self.shape(v)) for v in self.visible]
                 + [(returned_grad(h), self.shape(h)) for h in hidden_values]
             ),
+            parameter_sources=tuple(
+                [(n, self.sources[n]) for n in saved if n in self.values]
+                + [(stat, self.sources[v]) for v, stats in self.restated.items() for stat in stats]
+                + [(grad_names[v], self.sources[v]) for v in self.visible]
+                + [(returned_grad(h), self.sources[h]) for h in hidden_values]
+            ),
             elementwise_docs=tuple(partials_docs),
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
@@ -417,6 +456,24 @@ class _Planner:
 
         for read, expr in zip(targets, reduced):
             have, want = shape_of(expr), self.shape(read)
+            if self.positional:
+                # dims counted from the front: which dimensions of node the gradient runs along at call time
+                # is not the example's, so it is spread over node's whole shape there (a view), unless node's
+                # gradient or a value of node's shape and leading dimensions is among its factors, and then
+                # summed to read's shape (_contribute)
+                names = _closure(expr.free_symbols, temporaries)
+                full = (g in names and grad_shapes[node.name] == node.shape) or any(
+                    n in self.values
+                    and self.is_tensor(n)
+                    and self.shape(n) == node.shape
+                    and not self.outranks(node.name, n)
+                    for n in names
+                )
+                code = self.print(expr, extra=tensors)
+                if not full:
+                    code, have = f"{_atom(code)}.expand({emitter.shape(node.name)})", node.shape
+                self._contribute(lines, read, code, have, grad_names, grad_shapes, node=node.name)
+                continue
             # node's gradient may be kept at a smaller shape than node (a mean's spread gradient, one value a
             # row); where neither it nor read runs along a dimension node runs along, read takes one share
             # from each of node's elements there: as many as the dimension is long
@@ -443,7 +500,8 @@ class _Planner:
             if copies:
                 negated = code.startswith("-") and code[1:].isidentifier()
                 code = f"{'-' if negated else ''}{_atom(code[1:] if negated else code)} * {' * '.join(copies)}"
-            self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=self.print(outer, extra=tensors))
+            outer = self.print(outer, extra=tensors)
+            self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=outer, node=node.name)
 
     def _sums_to_zero(
         self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
@@ -454,7 +512,8 @@ class _Planner:
         gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
         computed."""
         call = self.values[read].expr
-        if not isinstance(call, ReduceMean) or not call.keepdim:
+        if not isinstance(call, ReduceMean) or not call.keepdim or any(d >= 0 for d in call.dims):
+            # dims counted from the front are other dimensions at another rank than the example's
             return False
         x = str(call.args[0])
         if self.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
@@ -466,13 +525,19 @@ class _Planner:
                 return False
         return True
 
-    def _contribute(self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1") -> None:
-        """Add ``code`` (of example shape ``static``), summed to ``target``'s shape and then multiplied by
-        ``outer``, to ``target``'s gradient."""
+    def _contribute(
+        self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1", node: str | None = None
+    ) -> None:
+        """Add ``code`` (of example shape ``static``), passed on by ``node``, summed to ``target``'s shape and
+        then multiplied by ``outer``, to ``target``'s gradient."""
         guard = self.upstream[target]
         want = self.shape(target)
         if self.values[target].kind != TENSOR:
-            code, static = _summed_to(code, static, want)
+            if static == want and node is not None and self.values[node].kind != MATMUL and self.outranks(node, target):
+                # the example's shapes agree, the shapes at call time need not: node may have leading
+                # dimensions that target has not
+                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
+            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.positional)
         if outer != "1":
             code = f"-{_atom(code) if code[0] == '-' else code}" if outer == "-1" else f"{outer} * {code}"
         g = grad_names[target]
@@ -494,8 +559,7 @@ class _Planner:
             value = self.values[t]
             if value.kind != TRANSPOSE or str(value.expr.args[0]) != a or t in self.visible:
                 continue
-            rank = len(self.shape(a))
-            if rank < 2 or sorted(d % rank for d in value.expr.dims) != [rank - 2, rank - 1]:
+            if sorted(value.expr.dims) != [-2, -1]:  # as written: the last two at every rank
                 continue
             if [c.name for c in self.program.consumers(t)] == [node.name]:
                 return a, first
@@ -523,26 +587,8 @@ class _Planner:
             swapped = list(padded)
             swapped[d0], swapped[d1] = padded[d1], padded[d0]
             return tuple(swapped)
-        assert node.kind == MATMUL
-        a, b = (self.shape(str(o)) for o in call.operand_exprs)
-        g = node.shape
-        if len(a) == 1 and len(b) == 1:
-            return b if operand == 0 else a
-        if operand == 0:
-            if len(b) == 1:
-                return (*g, b[0])
-            if len(a) == 1:
-                return (
-                    matmul_shape((1, *g), _transposed_shape(b), "g", "b")[-1:]
-                    if len(g) == 1
-                    else matmul_shape(g[:-1] + (1,) + g[-1:], _transposed_shape(b), "g", "b")[:-2] + (b[-2],)
-                )
-            return matmul_shape(g, _transposed_shape(b), "g", "b")
-        if len(a) == 1:
-            return (*g[:-1], a[0], g[-1])
-        if len(b) == 1:
-            return matmul_shape(_transposed_shape(a), (*g, 1), "a", "g")[:-1]
-        return matmul_shape(_transposed_shape(a), g, "a", "g")
+        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
+        return self.shape(str(call.operand_exprs[operand]))
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
@@ -745,16 +791,38 @@ class _Requests(Emitter):
                     self.values.add(s.name)
 
     def shape(self, name: str) -> str:
+        """The shape of ``name`` at run time: an argument's of the same shape where elementwise steps and
+        softmaxes lead to one, else the value's own (which backward then reads)."""
+        argument = self._argument_of_shape(name)
+        if argument is not None:
+            self.shapes.add(argument)
+            return f"{argument}_shape"
+        v = self.planner.values[name]
+        if v.kind == ELEMENTWISE:
+            reads = [r for r in v.reads if self.planner.values[r].kind != SCALAR]
+            for r in reads:
+                read = self.planner.values[r]
+                if read.shape == v.shape and read.kind != MATMUL and not self.planner.outranks(name, r):
+                    return self.shape(r)
+            arguments = [self._argument_of_shape(r) for r in reads]
+            if len(arguments) > 1 and None not in arguments:  # their shapes broadcast at call time
+                self.shapes.update(arguments)
+                return f"torch.broadcast_shapes({', '.join(f'{a}_shape' for a in arguments)})"
+        return f"{self.value(name)}.shape"
+
+    def _argument_of_shape(self, name: str) -> str | None:
         v = self.planner.values[name]
         if v.kind == TENSOR:
-            self.shapes.add(name)
-            return f"{name}_shape"
+            return name
         if v.kind in (ELEMENTWISE, SOFTMAX):
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
-                if s.name in self.planner.values and self.planner.values[s.name].shape == v.shape:
-                    if self.planner.values[s.name].kind != SCALAR:
-                        return self.shape(s.name)
-        return f"{self.value(name)}.shape"
+                read = self.planner.values.get(s.name)
+                same = read is not None and read.shape == v.shape and read.kind != SCALAR
+                if same and not self.planner.outranks(name, s.name):
+                    argument = self._argument_of_shape(s.name)
+                    if argument is not None:
+                        return argument
+        return None
 
     def example_shape(self, name: str) -> tuple[int, ...]:
         return self.planner.shape(name)
@@ -763,14 +831,12 @@ class _Requests(Emitter):
         self.planner.imports.add(alias)
         return alias
 
-    def softmax_of(self, name: str, dims: tuple[int, ...]) -> str | None:
-        rank = len(self.planner.shape(name))
+    def softmax_of(self, name: str, call) -> str | None:
+        if len(call.dims) != 1:
+            return None
         for v in self.planner.nodes:
-            if v.kind == SOFTMAX and str(v.expr.args[0]) == name and (v.expr.dim % rank) - rank == dims[0]:
-                if len(dims) == 1:
-                    return (
-                        self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
-                    )
+            if v.kind == SOFTMAX and str(v.expr.args[0]) == name and v.expr.dim == call.dims[0]:
+                return self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
         return None
 
     def temporary(self, code: str) -> str:
@@ -822,11 +888,22 @@ def _transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-2], shape[-1], shape[-2])
 
 
-def _summed_to(code: str, have: tuple[int, ...], want: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+def _summed_to(
+    code: str, have: tuple[int, ...], want: tuple[int, ...], shape, positional: bool
+) -> tuple[str, tuple[int, ...]]:
     """``code`` (of example shape ``have``) summed over the dimensions it has beyond ``want``: leading
     ones, and those where ``want`` is 1 (kept). Where ``have`` is 1 and ``want`` not, it stays 1: it
-    broadcasts."""
+    broadcasts.
+
+    Where the dimensions summed depend on the rank at call time (leading ones, every one, or any where the
+    program counts dims from the front), it is summed to the target's shape at call time (``shape()``, its
+    code), where that takes a plain sum: every dimension of ``want`` is 1 or ``have``'s."""
     lead = len(have) - len(want)
+    if have != want and lead >= 0 and all(w in (1, h) for h, w in zip(have[lead:], want)):
+        if not want:
+            return f"{_atom(code)}.sum()", want
+        if lead or positional or all(w == 1 for w in want):
+            return f"{_atom(code)}.sum_to_size({shape()})", want
     if lead > 0:
         code = f"{_atom(code)}.sum(dim={_dims(tuple(range(lead)))})"
         have = have[lead:]
@@ -870,6 +947,17 @@ def _names(code: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(code, mode="eval")) if isinstance(node, ast.Name)}
 
 
+def _positional(call: structural.Structural) -> bool:
+    """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
+    if isinstance(call, structural.Reduction):
+        return any(d >= 0 for d in call.dims)
+    if isinstance(call, structural.Softmax):
+        return call.dim >= 0
+    if isinstance(call, structural.Transposed):
+        return any(d >= 0 for d in call.dims)
+    return False
+
+
 def _may_alias(code: str) -> bool:
     """Whether printed code may evaluate to one of the names it reads, not a new tensor: a name, or a
     Python case (``a if flag else b``) with a name among its branches."""
@@ -881,8 +969,15 @@ def _may_alias(code: str) -> bool:
 
 
 def _atom(code: str) -> str:
-    """``code`` as the receiver of a method call: parenthesized unless it is a name."""
-    return code if code.isidentifier() else f"({code})"
+    """``code`` as the receiver of a method call: parenthesized unless it is a name, a call or an attribute
+    (``(a * b).expand(shape)`` is one already)."""
+    if code.isidentifier():
+        return code
+    try:
+        node = ast.parse(code, mode="eval").body
+    except SyntaxError:
+        return f"({code})"
+    return code if isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)) else f"({code})"
 
 
 def _dims(dims: tuple[int, ...]) -> str:
@@ -910,14 +1005,12 @@ def _log_normalizer_lines(operand: str, dim: int, largest: str, shifted: str, lo
     ]
 
 
-def _log_normalizer(v: Value, shape) -> tuple[str, int] | None:
-    """(operand, dimension from the end) of a log_softmax or a logsumexp over one dimension, else None."""
+def _log_normalizer(v: Value) -> tuple[str, int] | None:
+    """(operand, dimension as written) of a log_softmax or a logsumexp over one dimension, else None: dims
+    written differently (1 and -1) are different dimensions at some rank, and share nothing."""
     call = v.expr
     if isinstance(call, LogSoftmax) or (isinstance(call, LogSumExp) and len(call.dims) == 1):
-        operand = str(call.args[0])
-        rank = len(shape(operand))
-        dim = call.dim if v.kind == SOFTMAX else call.dims[0]
-        return operand, dim % rank - rank
+        return str(call.args[0]), call.dim if v.kind == SOFTMAX else call.dims[0]
     return None
 
 

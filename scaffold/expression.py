@@ -670,6 +670,13 @@ class _Builder:
                         hint="omit dim to reduce over all of them",
                     )
                 dims = tuple(self._integer(e, name, usage) for e in value.elts)
+                if any(d < 0 for d in dims) and any(d >= 0 for d in dims):
+                    raise self.fail(
+                        node,
+                        f"{name}() got dim={dims}, which counts some dimensions from the front and some "
+                        "from the back: which dimensions those are depends on the input's rank",
+                        hint="count them all from the front (dim=(0, 1)) or all from the back (dim=(-2, -1))",
+                    )
             else:
                 dims = (self._integer(value, name, usage),)
         keepdim = False

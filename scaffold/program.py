@@ -398,3 +398,84 @@ def _broadcast_checked(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
         if any(n not in (1, m) for n, m in zip(padded, result)):
             raise ValueError(shape)
     return result
+
+
+# -- ranks at call time ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankRequirement:
+    """What a tensor argument's rank must be at call time for the forward's dims to mean what they say:
+    at least ``rank`` dimensions (exactly ``rank`` where ``exact``), because of ``reason`` (the call, as
+    written)."""
+
+    tensor: str
+    rank: int
+    exact: bool
+    reason: str
+
+
+def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
+    """Each tensor argument's rank requirement, in the order of the arguments: the dims a reduction, a
+    softmax or a transpose names must exist (dim=1 needs 2 dimensions, dim=-3 needs 3); a matrix operand of
+    ``@`` stays a matrix (2 or more dimensions) and a vector stays a vector (exactly 1), so that the product
+    is the one the example's shapes describe. A requirement on an intermediate falls on the arguments that
+    give it its rank: those of the same rank as it in the example (a tensor of fewer dimensions broadcasts
+    into it), through the reductions, softmaxes and transposes before it."""
+    values = {v.name: v for v in program.values}
+    found: dict[str, RankRequirement] = {}
+
+    def require(name: str, rank: int, exact: bool, reason: str) -> None:
+        value = values[name]
+        if value.kind == SCALAR:
+            return
+        if value.kind == TENSOR:
+            known = found.get(name)
+            if known is None or (exact and not known.exact) or (known.exact == exact and rank > known.rank):
+                found[name] = RankRequirement(name, rank, exact, reason)
+            return
+        here = len(value.shape)
+        call = value.expr
+        if value.kind == ELEMENTWISE:
+            for read in value.reads:
+                if values[read].kind != SCALAR and len(values[read].shape) == here:
+                    require(read, rank, exact, reason)
+        elif isinstance(call, structural.Reduction):
+            if call.dims:  # a reduction over every dimension has rank 0 (or its operand's, kept) at any rank
+                removed = 0 if call.keepdim else len(call.dims)
+                require(str(call.args[0]), rank + removed, exact, reason)
+        elif isinstance(call, (structural.Softmax, structural.Transposed)):
+            require(str(call.args[0]), rank, exact, reason)
+        else:
+            for operand in call.operand_exprs:
+                if len(values[str(operand)].shape) == here:
+                    require(str(operand), rank, exact, reason)
+
+    for value in program.values:
+        call = value.expr
+        if isinstance(call, structural.Reduction) and call.dims:
+            reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
+            require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, structural.Softmax):
+            require(
+                str(call.args[0]),
+                call.dim + 1 if call.dim >= 0 else -call.dim,
+                False,
+                f"{call.spelling} over dim={call.dim}",
+            )
+        elif isinstance(call, structural.Transposed):
+            reason = structural.spelled(_written(program, call))
+            require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, structural.MatrixProduct):
+            product = structural.spelled(_written(program, call)).removeprefix("(").removesuffix(")")
+            for operand in call.operand_exprs:
+                if len(values[str(operand)].shape) == 1:
+                    require(str(operand), 1, True, f"a vector in {product}")
+                else:
+                    require(str(operand), 2, False, f"a matrix in {product}")
+    return tuple(found[t] for t in program.tensor_names if t in found)
+
+
+def _written(program: Program, call: structural.Structural) -> sympy.Basic:
+    """``call`` over the arguments (its operands' formulas substituted)."""
+    return call.with_operands(*(program.formula(str(o)) for o in call.operand_exprs))

@@ -24,7 +24,7 @@ from ._version import __version__
 from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
-from .errors import DerivationError
+from .errors import DerivationError, ScaffoldError
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
@@ -40,6 +40,7 @@ from .plan import (
     straight_line,
 )
 from .printing import IMPORTS, NEG_ABS, print_torch
+from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements
 from .rules import ProgramDerivation
 from .spec import OpSpec
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
@@ -910,7 +911,8 @@ def test_view(
     code.tensors |= set(upstream)
     gradients = [(name, code(expr)) for name, expr in plan.custom_gradients]
     shapes = small_shapes(spec)
-    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes))
+    seconds = second_shapes(spec, shapes, _broadcasts)
+    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes), seconds)
     by_name = {d.name: d for d in domains}
     return TestView(
         version=__version__,
@@ -939,12 +941,13 @@ def _input_views(
     domains: tuple[InputDomain, ...],
     shapes: list[tuple[int, ...]],
     module_shapes: list[tuple[int, ...]],
+    seconds: list[tuple[int, ...]],
 ) -> list[InputView]:
     """Each tensor's ``Input(...)`` in the test file, and a comment on where its values come from."""
     by_name = {d.name: d for d in domains}
     typical = _typical_values(domains)
     inputs = []
-    for t, shape, module_shape in zip(spec.tensors, shapes, module_shapes):
+    for t, shape, module_shape, second in zip(spec.tensors, shapes, module_shapes, seconds):
         d = by_name[t.name]
         arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
         if typical[t.name] != 1.0:
@@ -956,6 +959,8 @@ def _input_views(
             arguments.append("learnable=True")
         if module_shape != shape:
             arguments.append(f"module_shape={_shape(module_shape)}")
+        if second != shape:
+            arguments.append(f"second_shape={_shape(second)}")
         comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
         inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
     return inputs
@@ -986,6 +991,53 @@ def small_shapes(spec: OpSpec) -> list[tuple[int, ...]]:
             sizes[d] = SMALL_SIZES[wide] if wide < len(SMALL_SIZES) else 2
             wide += 1
     return [tuple(1 if n == 1 else sizes[len(t.shape) - i] for i, n in enumerate(t.shape)) for t in spec.tensors]
+
+
+#: The leading dimension the generated tests' second shape adds; the other sizes grow by one, so that it
+#: differs from each of them.
+SECOND_BATCH = 2
+
+
+def second_shapes(
+    spec: OpSpec, shapes: list[tuple[int, ...]], fits: Callable[[list[tuple[int, ...]]], bool]
+) -> list[tuple[int, ...]]:
+    """The tests' second shapes (``Input.second_shape``): each size above 1 of ``shapes`` one larger (equal
+    sizes stay equal, so that broadcasting and a product's inner dimensions still fit), and a leading
+    dimension of SECOND_BATCH more for the tensors that are not learnable and have the most dimensions of
+    those, as a batch of calls has; without that dimension where ``fits`` says the op cannot take it (a
+    vector that must stay one, a learnable tensor's dimensions it would no longer broadcast with)."""
+    resized = [tuple(n if n == 1 else n + 1 for n in shape) for shape in shapes]
+    ranks = [len(shape) for t, shape in zip(spec.tensors, shapes) if not t.learnable]
+    if not ranks:
+        return resized
+    batched = [
+        (SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape
+        for t, shape in zip(spec.tensors, resized)
+    ]
+    return batched if fits(batched) else resized
+
+
+def _broadcasts(shapes: list[tuple[int, ...]]) -> bool:
+    try:
+        _broadcast_checked(shapes)
+    except ValueError:
+        return False
+    return True
+
+
+def _program_fits(spec: OpSpec, program: Program, shapes: list[tuple[int, ...]]) -> bool:
+    """Whether a structured op takes inputs of ``shapes``: its shapes fit together there (as the example's
+    are checked) and each input has the rank _check_ranks asks for."""
+    ranks = dict(zip((t.name for t in spec.tensors), map(len, shapes)))
+    for r in rank_requirements(program):
+        if ranks[r.tensor] < r.rank or (r.exact and ranks[r.tensor] != r.rank):
+            return False
+    tensors = tuple(dataclasses.replace(t, shape=tuple(s)) for t, s in zip(spec.tensors, shapes))
+    try:
+        build_program(program.parsed, dataclasses.replace(spec, tensors=tensors))
+    except ScaffoldError:
+        return False
+    return True
 
 
 def _module_shapes(spec: OpSpec, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -1140,9 +1192,8 @@ def render_op(
     # A custom op's namespace: the project's package (the first part of the module the op lives in)
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
-        parsed = derivation.program.parsed
-        module = _program_in_place(env, program_module_view(spec, parsed, plan, domains, namespace))
-        tests = functools.partial(_program_test_view, spec, parsed, plan, domains)
+        module = _program_in_place(env, program_module_view(spec, derivation.program, plan, domains, namespace))
+        tests = functools.partial(_program_test_view, spec, derivation.program, plan, domains)
     else:
         module = _in_place(env, module_view(spec, derivation, plan, domains, namespace))
         tests = functools.partial(test_view, spec, derivation, plan, domains)
@@ -1237,15 +1288,52 @@ class ProgramView(_Entry):
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     custom_op: CustomOpView | None = None
+    rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
+    rank_check_params: list[str] = dataclasses.field(default_factory=list)
+    module_check_args: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def backward_fused(self) -> bool:
         return self.fuse
 
 
+@dataclass(frozen=True)
+class RankCheck:
+    """One comparison of ``_check_ranks``: the condition under which an input's rank is refused, and the
+    error's message (the body of an f-string)."""
+
+    condition: str
+    message: str
+
+
+def _rank_checks(spec: OpSpec, requirements: tuple[RankRequirement, ...]) -> list[RankCheck]:
+    checks = []
+    for r in requirements:
+        dims = f"{r.rank} dimension{'s' if r.rank != 1 else ''}"
+        need, condition = (
+            (f"exactly {dims}", f"{r.tensor}.dim() != {r.rank}")
+            if r.exact
+            else (
+                f"at least {dims}",
+                f"{r.tensor}.dim() < {r.rank}",
+            )
+        )
+        reason = r.reason.replace("{", "{{").replace("}", "}}").replace('"', "'")
+        message = f"{spec.name}: {r.tensor} must have {need} ({reason}), got shape {{tuple({r.tensor}.shape)}}"
+        checks.append(RankCheck(condition, message))
+    return checks
+
+
 def program_module_view(
-    spec: OpSpec, parsed, plan: ProgramPlan, domains: tuple[InputDomain, ...], namespace: str = DEFAULT_NAMESPACE
+    spec: OpSpec,
+    program: Program,
+    plan: ProgramPlan,
+    domains: tuple[InputDomain, ...],
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> ProgramView:
+    parsed = program.parsed
+    requirements = rank_requirements(program)
+    learnable = {t.name for t in spec.tensors if t.learnable}
     tensor_names = [t.name for t in spec.tensors]
     scalar_names = [s.name for s in spec.scalars]
     arguments = tensor_names + scalar_names
@@ -1319,6 +1407,9 @@ def program_module_view(
         + [f"self.{n}" for n in scalar_names],
         extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
         custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False),
+        rank_checks=_rank_checks(spec, requirements),
+        rank_check_params=[r.tensor for r in requirements],
+        module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
     )
 
 
@@ -1328,9 +1419,13 @@ def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
     tensor broadcasts into another where its dimensions are a subset (the program's shapes are those of
     the example, up to sizes); masks as masks, scalars as numbers."""
     kinds: dict[str, Kind] = {}
+    sources = dict(plan.parameter_sources)
     for name, shape in plan.parameter_shapes:
-        # and its rank: a (16,) receiver cannot take a (1, 16) operand, whose result has two dimensions
+        # and its rank: a (16,) receiver cannot take a (1, 16) operand, whose result has two dimensions;
+        # and the arguments whose leading dimensions it has at call time: a target (8,) cannot take a
+        # (8,) operand computed from a batch of inputs, (2, 8) at call time
         dims = {f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1}
+        dims |= {f"from:{s}" for s in sources.get(name, ())}
         kinds[name] = Kind(TENSOR, frozenset(dims | {f"rank{k}" for k in range(1, len(shape) + 1)}))
     for mask in plan.masks:
         kinds[mask] = Kind(BOOL, frozenset())
@@ -1371,7 +1466,7 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
 
 def _program_test_view(
     spec: OpSpec,
-    parsed,
+    program: Program,
     plan: ProgramPlan,
     domains: tuple[InputDomain, ...],
     *,
@@ -1380,11 +1475,12 @@ def _program_test_view(
     own_device_fixture: bool,
 ) -> TestView:
     code = _CodePrinter(spec)
-    reference_lines = _program_reference_lines(code, parsed)
+    reference_lines = _program_reference_lines(code, program.parsed)
     shapes = program_small_shapes(spec)
     # the Module's parameters have their example shapes, and the example's shapes fit them together
     module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
-    inputs = _input_views(spec, domains, shapes, module_shapes)
+    seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program))
+    inputs = _input_views(spec, domains, shapes, module_shapes, seconds)
     return TestView(
         version=__version__,
         source=spec.source,

@@ -7,9 +7,12 @@ node's operands, its result and the incoming gradient or tangents. An elementwis
 symbolic one: its partial derivatives in each value it reads, taken by :func:`.derivation.differentiate`
 in stable primitives; the gradient it passes on is the incoming one times the partial.
 
-The rules never see shapes beyond the example ones: a gradient that reaches a node with fewer elements
-than its result (the gradient of a reduction's operand before it meets another term) broadcasts, and a
-rule that needs the exact shape (a matrix product, log_softmax) expands it first (:mod:`.dataflow`).
+A rule's code keeps each dim as written (from the front where it is non-negative, from the back where it
+is negative, every dimension at call time where it is omitted), so that it means at every rank what torch
+means by it. The rules never see shapes beyond the example ones: a gradient that reaches a node with
+fewer elements than its result (the gradient of a reduction's operand before it meets another term)
+broadcasts, and a rule that needs the exact shape (a matrix product, log_softmax) expands it first
+(:mod:`.dataflow`).
 
 Rules, with ``g`` the gradient of the result ``y``, ``t`` a tangent, dims the reduced dimensions (``g``
 and ``y`` unsqueezed there where keepdim is False):
@@ -50,7 +53,6 @@ from .structural import (
     Softmax,
     Structural,
     Transposed,
-    reduced_dims,
     spelled,
 )
 
@@ -127,9 +129,9 @@ class Emitter:
         """The name of a temporary assigned ``code`` just before the rule's result (read twice there)."""
         raise NotImplementedError
 
-    def softmax_of(self, name: str, dims: tuple[int, ...]) -> str | None:
-        """Code for the softmax of the value ``name`` along ``dims`` (counted from the end) from a softmax or
-        log_softmax node of the program, or None where it has none."""
+    def softmax_of(self, name: str, call: Reduction) -> str | None:
+        """Code for the softmax of the value ``name`` along the one dim ``call`` reduces, as written, from a
+        softmax or log_softmax node of the program, or None where it has none."""
         return None
 
 
@@ -137,38 +139,39 @@ def _dims_argument(dims: tuple[int, ...]) -> str:
     return str(dims[0]) if len(dims) == 1 else str(tuple(dims))
 
 
-def negative_dims(call: Reduction, rank: int) -> tuple[int, ...]:
-    """The reduced dimensions, counted from the end (robust to leading batch dimensions)."""
-    return tuple(d - rank for d in reduced_dims(call, (1,) * rank))
-
-
-def reduce_code(call: Reduction, operand: str, rank: int, dtype: str | None = None) -> str:
-    """The torch code of a reduction of ``operand`` (a name, or code in parentheses), a sum accumulating in
-    ``dtype`` where given."""
-    dims = negative_dims(call, rank)
-    everything = not call.dims
+def reduce_code(call: Reduction, operand: str, dtype: str | None = None) -> str:
+    """The torch code of a reduction of ``operand`` (a name, or code in parentheses) over its dims as
+    written (every dimension at call time where dim is omitted), a sum accumulating in ``dtype`` where
+    given."""
     keep = (", keepdim=True" if call.keepdim else "") + (f", dtype={dtype}" if dtype else "")
     if isinstance(call, LogSumExp):
-        return f"torch.logsumexp({operand}, dim={_dims_argument(dims)}{keep})"
+        dims = _dims_argument(call.dims) if call.dims else f"tuple(range({operand}.dim()))"
+        return f"torch.logsumexp({operand}, dim={dims}{keep})"
     method = {ReduceSum: "sum", ReduceMean: "mean", AMax: "amax", AMin: "amin"}[type(call)]
-    if everything and not call.keepdim:
+    if not call.dims and not keep:
         return f"{operand}.{method}()"
-    return f"{operand}.{method}(dim={_dims_argument(dims)}{keep})"
+    if not call.dims:  # every dimension: amax and amin spell it dim=()
+        return f"{operand}.{method}(dim={'()' if method in ('amax', 'amin') else 'None'}{keep})"
+    return f"{operand}.{method}(dim={_dims_argument(call.dims)}{keep})"
 
 
-def unsqueezed(code: str, call: Reduction, rank: int) -> str:
-    """``code`` (shaped like the reduction's result) with the reduced dimensions put back as size 1."""
+def unsqueezed(code: str, call: Reduction) -> str:
+    """``code`` (shaped like the reduction's result) with the reduced dimensions put back as size 1, at
+    the dims as written: those counted from the front in increasing order, those from the back from -1 on
+    (:mod:`.expression` refuses a reduction that mixes the two)."""
     if call.keepdim or not call.dims:  # a 0-d result broadcasts as it is
         return code
-    for d in sorted(negative_dims(call, rank), reverse=True):
+    front = sorted(d for d in call.dims if d >= 0)
+    back = sorted((d for d in call.dims if d < 0), reverse=True)
+    for d in front + back:
         code = f"{code}.unsqueeze({d})"
     return code
 
 
-def forward_code(call: Structural, operands: list[str], ranks: list[int]) -> str:
+def forward_code(call: Structural, operands: list[str]) -> str:
     """The torch code computing ``call`` of the values ``operands`` (names)."""
     if isinstance(call, Reduction):
-        return reduce_code(call, operands[0], ranks[0])
+        return reduce_code(call, operands[0])
     if isinstance(call, Softmax):
         function = "torch.log_softmax" if isinstance(call, LogSoftmax) else "torch.softmax"
         return f"{function}({operands[0]}, dim={call.dim})"
@@ -190,9 +193,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
     call = node.expr
     x = str(call.operand_exprs[0])
     if isinstance(call, Reduction):
-        rank = len(emit.example_shape(x))
-        dims = negative_dims(call, rank)
-        grad = unsqueezed(g, call, rank)
+        dims = call.dims
+        grad = unsqueezed(g, call)
         if isinstance(call, ReduceSum):
             return grad
         if isinstance(call, ReduceMean):
@@ -203,15 +205,15 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
             )
             return f"{grad} / {count}" if len(dims) == 1 or not call.dims else f"{grad} / ({count})"
         if isinstance(call, LogSumExp):
-            softmax = emit.softmax_of(x, dims)  # the program's own softmax of x, where it has one
+            softmax = emit.softmax_of(x, call)  # the program's own softmax of x, where it has one
             if softmax is not None:
                 return f"{grad} * {softmax}"
-        y = unsqueezed(emit.value(node.name), call, rank)
+        y = unsqueezed(emit.value(node.name), call)
         if isinstance(call, LogSumExp):
             return f"{grad} * torch.exp({emit.value(x)} - {y})"
         # where, and a count in the gradient's dtype: a bool sum counts in int64, slowly
         ties = emit.temporary(f"{emit.value(x)} == {y}")
-        count = reduce_code(_keeping(call), ties, rank, dtype=f"{g}.dtype")
+        count = reduce_code(_keeping(call), ties, dtype=f"{g}.dtype")
         return f"torch.where({ties}, {grad} / {count}, 0)"
     if isinstance(call, Softmax):
         # PyTorch's own backward kernels (one pass, and differentiable again): y * (g - sum(g * y)) for
@@ -230,21 +232,22 @@ def _keeping(call: Reduction) -> Reduction:
 
 
 def _matmul_backward(call: MatrixProduct, operand: int, g: str, emit: Emitter) -> str:
+    """As torch.matmul's: a vector is a vector at every call (``_check_ranks``), a matrix may have batch
+    dimensions, which broadcast: each operand's gradient is summed back to its shape at call time."""
     a, b = (str(o) for o in call.operand_exprs)
     ra, rb = len(emit.example_shape(a)), len(emit.example_shape(b))
     if ra == 1 and rb == 1:  # a dot product
         return f"{g} * {emit.value(b if operand == 0 else a)}"
+    target = a if operand == 0 else b
     if operand == 0:
-        if rb == 1:  # (..., n, k) @ (k,): the outer product of g and b
+        if rb == 1:  # (..., n, k) @ (k,): the outer product of g and b, a's shape already
             return f"{g}.unsqueeze(-1) * {emit.value(b)}"
-        if ra == 1:
-            return f"({g}.unsqueeze(-2) @ {emit.value(b)}.mT).squeeze(-2)"
-        return f"{g} @ {emit.value(b)}.mT"
-    if ra == 1:  # (k,) @ (..., k, m)
-        return f"{emit.value(a)}.unsqueeze(-1) * {g}.unsqueeze(-2)"
-    if rb == 1:
-        return f"({emit.value(a)}.mT @ {g}.unsqueeze(-1)).squeeze(-1)"
-    return f"{emit.value(a)}.mT @ {g}"
+        code = f"({g}.unsqueeze(-2) @ {emit.value(b)}.mT).squeeze(-2)" if ra == 1 else f"({g} @ {emit.value(b)}.mT)"
+    else:
+        if ra == 1:  # (k,) @ (..., k, m): b's shape already
+            return f"{emit.value(a)}.unsqueeze(-1) * {g}.unsqueeze(-2)"
+        code = f"({emit.value(a)}.mT @ {g}.unsqueeze(-1)).squeeze(-1)" if rb == 1 else f"({emit.value(a)}.mT @ {g})"
+    return f"{code}.sum_to_size({emit.shape(target)})"
 
 
 def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
@@ -252,15 +255,14 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
     call = node.expr
     x = str(call.operand_exprs[0])
     if isinstance(call, Reduction):
-        rank = len(emit.example_shape(x))
         if isinstance(call, (ReduceSum, ReduceMean)):
-            return reduce_code(call, tangents[0], rank)
-        y = unsqueezed(emit.value(node.name), call, rank)
+            return reduce_code(call, tangents[0])
+        y = unsqueezed(emit.value(node.name), call)
         if isinstance(call, LogSumExp):
-            return reduce_code(_summing(call), f"(torch.exp({emit.value(x)} - {y}) * {tangents[0]})", rank)
+            return reduce_code(_summing(call), f"(torch.exp({emit.value(x)} - {y}) * {tangents[0]})")
         ties = f"({emit.value(x)} == {y})"
-        total = reduce_code(_summing(call), f"({tangents[0]} * {ties})", rank)
-        return f"{total} / {reduce_code(_summing(call), ties, rank)}"
+        total = reduce_code(_summing(call), f"({tangents[0]} * {ties})")
+        return f"{total} / {reduce_code(_summing(call), ties)}"
     if isinstance(call, Softmax):
         y = emit.value(node.name)
         if isinstance(call, LogSoftmax):

@@ -73,7 +73,8 @@ class Input:
     while another is at its extremes. ``extremes`` are large and tiny values inside the op's support, and
     ``special`` the points where the op is hardest (the ends of its support, 0 where the formula as written
     is 0/0). A ``learnable`` input is a parameter of the Module, of shape ``module_shape``; the others have
-    that shape in the Module's test.
+    that shape in the Module's test. ``second_shape`` is another shape the op must take (a leading batch
+    dimension more and other sizes, where its math allows), for :meth:`OpTests.check_second_shape`.
     """
 
     name: str
@@ -86,6 +87,7 @@ class Input:
     special: tuple[float, ...] = ()
     learnable: bool = False
     module_shape: tuple[int, ...] | None = None
+    second_shape: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,18 @@ class OpTests:
     def check_matches_reference(self, device: str) -> None:
         """Value and every gradient (for a random grad_output) against the reference; gradients have their
         input's shape."""
-        inputs = self.make_inputs(device)
+        self._assert_matches_reference_at(device, [i.shape for i in self.inputs])
+
+    @_quietly
+    def check_second_shape(self, device: str) -> None:
+        """:meth:`check_matches_reference` at each input's ``second_shape``: an op is called at other ranks
+        and sizes than its example's, where it must still be the forward as written (a dim counted from
+        the front or the back as torch counts it, a product's gradient summed over broadcast batch
+        dimensions), with outputs of the reference's shapes."""
+        self._assert_matches_reference_at(device, [i.second_shape or i.shape for i in self.inputs])
+
+    def _assert_matches_reference_at(self, device: str, shapes: Sequence[tuple[int, ...]]) -> None:
+        inputs = self.make_inputs(device, shapes=shapes)
         outs = self._outputs(self.op(*inputs, *self._scalars))
         expected = self._outputs(self.reference(*inputs, *self._scalars))
         self._assert_values_close(outs, expected, **CLOSE)
@@ -813,6 +826,15 @@ class ProgramTests(OpTests):
         intermediate forward returns for backward: its gradient arrives in a second derivative); not for
         the bool masks forward returns, which have no gradient."""
         assert gradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
+
+    @_quietly
+    def check_second_shape(self, device: str) -> None:
+        """:meth:`OpTests.check_second_shape`, and backward against finite differences there, along a
+        random direction (gradcheck's fast mode: a few evaluations, not one per element)."""
+        shapes = [i.second_shape or i.shape for i in self.inputs]
+        self._assert_matches_reference_at(device, shapes)
+        inputs = self.make_inputs(device, shapes=shapes)
+        assert gradcheck(self._float_outputs, (*inputs, *self._scalars), fast_mode=True)
 
     @_quietly
     def check_gradgradcheck(self, device: str) -> None:

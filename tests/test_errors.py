@@ -16,6 +16,11 @@ from scaffold.cli import main
 
 CASES = [
     pytest.param(
+        ["op", "--forward", "sum(x, dim=(0, -1))", "--tensor", "x=4,5"],
+        "scaffold: error: command-line flags: forward: sum() got dim=(0, -1), which counts some dimensions from the front and some from the back: which dimensions those are depends on the input's rank\n  hint: count them all from the front (dim=(0, 1)) or all from the back (dim=(-2, -1))\n",
+        id="reduction dims counted from both ends",
+    ),
+    pytest.param(
         ["op", "--forward", "", "--tensor", "x"],
         'scaffold: error: command-line flags: forward: the forward expression is empty\n  hint: give the math of the op, e.g. forward = "x / (1 + exp(-x))"\n',
         id="empty expression",

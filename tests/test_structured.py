@@ -314,8 +314,10 @@ def test_shapes_that_do_not_fit_are_refused_naming_the_line():
     message = _error("x * sum(x, dim=-1)", {"x": {"shape": [4, 8]}})
     assert "do not broadcast together: sum(x, dim=-1) [4], x [4, 8]" in message
     assert "keepdim=True" in message
-    message = _error("sum(x, dim=(0, -2))", {"x": {"shape": [4, 8]}})
+    message = _error("sum(x, dim=(1, 1))", {"x": {"shape": [4, 8]}})
     assert "names a dimension of x (shape [4, 8]) twice" in message
+    message = _error("sum(x, dim=(0, -2))", {"x": {"shape": [4, 8]}})  # the same at rank 2, not at rank 3
+    assert "counts some dimensions from the front and some from the back" in message
 
 
 def test_custom_gradients_are_refused_with_a_message():

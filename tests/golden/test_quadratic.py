@@ -30,6 +30,7 @@ OP = OpTests(
             low=-3.0,
             high=3.0,
             extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+            second_shape=(2, 4, 5),
         ),
         # a: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
         Input(
@@ -39,6 +40,7 @@ OP = OpTests(
             high=3.0,
             typical=0.5,
             extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+            second_shape=(5,),
         ),
         # b: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
         Input(
@@ -48,6 +50,7 @@ OP = OpTests(
             high=3.0,
             typical=1.5,
             extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
+            second_shape=(2, 4, 1),
         ),
         # c: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
         Input(
@@ -72,6 +75,10 @@ def test_gradgradcheck(device):
 
 def test_matches_reference(device):
     OP.check_matches_reference(device)
+
+
+def test_second_shape(device):
+    OP.check_second_shape(device)
 
 
 def test_only_needed_gradients(device):

@@ -25,7 +25,15 @@ OP = OpTests(
     reference=reference,
     inputs=[
         # x: uniform in [-3.0, 3.0] (declared in the spec); defined on [-3, 3] (declared in the spec)
-        Input("x", (3, 4), low=-3.0, high=3.0, extremes=(-3.0, -1.5, -0.001, 0.001, 1.5, 3.0), special=(-3.0, 3.0)),
+        Input(
+            "x",
+            (3, 4),
+            low=-3.0,
+            high=3.0,
+            extremes=(-3.0, -1.5, -0.001, 0.001, 1.5, 3.0),
+            special=(-3.0, 3.0),
+            second_shape=(2, 4, 5),
+        ),
         # beta: uniform in [-3.0, 3.0] (the default); defined on (-inf, inf) (nothing restricts it)
         Input(
             "beta",
@@ -55,6 +63,10 @@ def test_gradgradcheck(device):
 
 def test_matches_reference(device):
     OP.check_matches_reference(device)
+
+
+def test_second_shape(device):
+    OP.check_second_shape(device)
 
 
 def test_only_needed_gradients(device):
