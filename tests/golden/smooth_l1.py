@@ -45,8 +45,8 @@ def _torch_private(name, fallback):
 
 
 # Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
-# the check, one is taken to be at work: the op runs as torch.func needs it to, which is right in any case.
-_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: True)
+# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
+_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
 # Whether autocast is on for any device, before asking for the input's (reading its device takes longer).
 # Without the check, it is taken to be: torch.is_autocast_enabled(device) answers.
 _any_autocast_enabled = _torch_private("_is_any_autocast_enabled", lambda: True)
