@@ -425,7 +425,7 @@ class ModuleView(_Entry):
     # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
-    forward_in_place: bool = False  # Function.forward overwrites temporaries: torch.compile traces a twin's
+    forward_in_place: bool = False  # Function.forward overwrites temporaries: its twin for torch.compile does not
     custom_op: CustomOpView | None = None
 
     @property
