@@ -56,11 +56,12 @@ OPS: list[tuple[str, str, dict]] = [
         },
     ),
     (
-        "split_steps",
+        "elu_steps",
         "steps, two outputs",
         {
-            "forward": "pos = Max(x, 0)\nneg = Min(x, 0)\nout = pos * exp(-neg)",
+            "forward": "pos = Max(x, 0)\nneg = Min(x, 0)\nout = pos + alpha * expm1(neg)",
             "tensors": {"x": {"shape": [4, 5]}},
+            "scalars": {"alpha": {"type": "float", "default": 1.0}},
             "outputs": ["out", "neg"],
         },
     ),
