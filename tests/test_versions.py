@@ -38,7 +38,7 @@ def _dynamo_graphs(function, *inputs) -> list[torch.fx.GraphModule]:
         graphs.append(graph_module)
         return graph_module
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.compile(function, fullgraph=True, backend=backend)(*inputs)
     return graphs
 
@@ -91,7 +91,7 @@ def test_compile_traces_the_forward_out_of_place(tmp_path, spec_name):
         out = out[0] if isinstance(out, tuple) else out
         return torch.autograd.grad(out.sum(), inputs)
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = gradients(torch.compile(op, fullgraph=True, backend="aot_eager"))
     for got, expected in zip(compiled, gradients(op)):
         torch.testing.assert_close(got, expected)
