@@ -24,7 +24,10 @@ operation in place only where that cannot change a result:
 
 Forward and backward of a Function run unrecorded, except that torch.func transforms differentiate
 backward's code themselves: the generated backward then runs it through ``torch.func.functionalize``,
-which makes its in-place operations out-of-place again (see ``templates/op.py.j2``).
+which makes its in-place operations out-of-place again (see ``templates/op.py.j2``). torch.compile traces
+the forward, and torch 2.11's Dynamo loses the gradient of an output an in-place operation wrote
+(pytorch#180642): the Function's twin for torch.compile (``templates/_apply.py.j2``) has the forward as
+written, before this rewrite.
 """
 
 from __future__ import annotations

@@ -426,6 +426,7 @@ class ModuleView(_Entry):
     # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
+    forward_in_place: bool = False  # Function.forward overwrites temporaries: its twin for torch.compile does not
     custom_op: CustomOpView | None = None
 
     @property
@@ -1149,19 +1150,24 @@ def _support_description(d: InputDomain) -> str:
 def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
     """The module's text, its forward and backward computing in place where they can (stage 6b; not in
     fused mode, where the compiler plans the memory). Rendered with ``_out_of_place`` (torch.func runs an
-    in-place _backward functionalized) first, and again without it where _backward has nothing to reuse."""
+    in-place _backward functionalized) and with the forward as written in the Function's twin for
+    torch.compile first, and again without either where the forward or _backward has nothing to reuse."""
     template = env.get_template(TEMPLATES["module"])
     if view.fuse:
         return template.render(view=view)
 
-    def rendered(in_place: bool) -> tuple[str, str]:
-        """The text with its forward rewritten, and with its forward and _backward rewritten."""
-        module = template.render(view=dataclasses.replace(view, backward_in_place=in_place))
-        forward = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
-        return forward, reuse_temporaries(forward, "_backward", view.parameter_kinds)
+    def rendered(backward: bool, forward: bool) -> tuple[str, str, str]:
+        """The text as rendered, with its forward rewritten, and with its forward and _backward rewritten."""
+        module = template.render(view=dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
+        forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
+        return module, forward_rewritten, reuse_temporaries(forward_rewritten, "_backward", view.parameter_kinds)
 
-    forward, both = rendered(True)
-    return both if both != forward else rendered(False)[0]
+    module, forward, both = rendered(True, True)
+    forward_in_place, backward_in_place = forward != module, both != forward
+    if forward_in_place and backward_in_place:
+        return both
+    _, forward, both = rendered(backward_in_place, forward_in_place)
+    return both if backward_in_place else forward
 
 
 def render_op(
@@ -1287,6 +1293,7 @@ class ProgramView(_Entry):
     backward_args: list[str]
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
+    forward_in_place: bool = False  # the forward is never rewritten in place (only _backward)
     custom_op: CustomOpView | None = None
     rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
     rank_check_params: list[str] = dataclasses.field(default_factory=list)

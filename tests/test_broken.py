@@ -104,7 +104,7 @@ MUTATIONS = {
         _sub(r"return \w+Function if _transforms_active\(\) else (_\w+FunctionDirect)", r"return \1"),
     ),
     # Under autocast the op runs on what it is given, in bfloat16: its output is not the float32 it documents.
-    "ignores_autocast": ("swish", _sub(r"if not \(torch\._C\._is_any_autocast_enabled\(\) and .*:$", "if True:")),
+    "ignores_autocast": ("swish", _sub(r"if not \(_any_autocast_enabled\(\) and .*:$", "if True:")),
     # A forward that is not a function of its inputs alone (a statistic updated on every call, as a running
     # mean is): checkpoint's recomputation in backward is another forward than the one it replaces.
     "stateful_forward": (

@@ -111,7 +111,7 @@ def test_defaults_give_the_layout_and_record_the_answers(tmp_path):
         "package_name": "foo_bar",
         "license": "MIT",
         "python_min": "3.10",
-        "torch_min": "2.3",
+        "torch_min": "2.9",
         "author_name": "Your Name",
         "author_email": "you@example.com",
     }
@@ -128,7 +128,7 @@ def test_pyproject_package_and_conftest(tmp_path):
     pyproject = tomllib.loads((project / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == "demo" and pyproject["project"]["version"] == "0.1.0"
     assert pyproject["project"]["requires-python"] == ">=3.10"
-    assert pyproject["project"]["dependencies"] == ["torch>=2.3"]
+    assert pyproject["project"]["dependencies"] == ["torch>=2.9"]
     assert pyproject["project"]["optional-dependencies"]["test"] == ["pytest>=7"]
     assert pyproject["tool"]["scaffold"] == {"package": "demo"}
     assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/demo"]
@@ -190,6 +190,7 @@ def test_package_name_is_derived_from_the_project_name(tmp_path):
         {"project_name": ""},
         {"torch_min": "2.0"},
         {"torch_min": "2.2"},
+        {"torch_min": "2.8"},
         {"torch_min": "1.13"},
         {"python_min": "3.8"},
         {"license": "GPL-3.0"},

@@ -33,8 +33,18 @@ def _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape,
     return grad_x, grad_a, grad_b, grad_c
 
 
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same.
-_transforms_active = torch._C._are_functorch_transforms_active
+def _torch_private(name, fallback):
+    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
+    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
+    return getattr(torch._C, name, fallback)
+
+
+# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
+# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
+_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
+# Whether autocast is on for any device, before asking for the input's (reading its device takes longer).
+# Without the check, it is taken to be: torch.is_autocast_enabled(device) answers.
+_any_autocast_enabled = _torch_private("_is_any_autocast_enabled", lambda: True)
 
 
 def _differentiating_backward() -> bool:
@@ -208,8 +218,7 @@ def _apply(*args):
     """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
     ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
     setup_context (pytorch#132388)."""
-    # torch._C's check first: reading a tensor's device takes longer than the op's own check.
-    if not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
+    if not (_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
         return _function().apply(*args)
     device_type = args[0].device.type
     # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.

@@ -38,8 +38,18 @@ def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_sh
     return grad_input, grad_target
 
 
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same.
-_transforms_active = torch._C._are_functorch_transforms_active
+def _torch_private(name, fallback):
+    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
+    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
+    return getattr(torch._C, name, fallback)
+
+
+# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
+# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
+_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
+# Whether autocast is on for any device, before asking for the input's (reading its device takes longer).
+# Without the check, it is taken to be: torch.is_autocast_enabled(device) answers.
+_any_autocast_enabled = _torch_private("_is_any_autocast_enabled", lambda: True)
 
 
 def _out_of_place(function):
@@ -201,9 +211,17 @@ _SmoothL1Backward.forward.__signature__ = inspect.signature(_SmoothL1Backward.fo
 
 class _SmoothL1FunctionNoJvp(SmoothL1Function):
     """SmoothL1Function without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
-    one ("Unsupported custom jvp"), and compiled code has no use for it."""
+    one ("Unsupported custom jvp"), and compiled code has no use for it. Its forward computes out of place, as
+    written: torch.compile in torch 2.11 loses the gradient of an output that an in-place operation wrote
+    (pytorch#180642), and the compiler plans the memory itself."""
 
     jvp = torch.autograd.Function.jvp
+
+    @staticmethod
+    def forward(input, target, beta):
+        tmp0 = input - target
+        tmp1 = torch.abs(tmp0)
+        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0
 
 
 class _SmoothL1FunctionDirect(SmoothL1Function):
@@ -233,8 +251,7 @@ def _apply(*args):
     """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
     ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
     setup_context (pytorch#132388)."""
-    # torch._C's check first: reading a tensor's device takes longer than the op's own check.
-    if not (torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
+    if not (_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
         return _function().apply(*args)
     device_type = args[0].device.type
     # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.

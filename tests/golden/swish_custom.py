@@ -37,8 +37,15 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
     return grad_x, grad_beta
 
 
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same.
-_transforms_active = torch._C._are_functorch_transforms_active
+def _torch_private(name, fallback):
+    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
+    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
+    return getattr(torch._C, name, fallback)
+
+
+# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
+# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
+_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
 
 
 def _out_of_place(function):
