@@ -136,8 +136,8 @@ CASES = [
         id="bad scalar default",
     ),
     pytest.param(
-        ["op", "--forward", "x", "--tensor", "x=4,five"],
-        "scaffold: error: --tensor x=4,five: cannot read shape '4,five'\n  hint: write e.g. x=4,5 or beta=[] for one value\n",
+        ["op", "--forward", "x", "--tensor", "x=4,5.5"],
+        "scaffold: error: --tensor x=4,5.5: cannot read shape '4,5.5'\n  hint: write e.g. x=4,5, x=4,features (a size named with --size features=16) or beta=[] for one value\n",
         id="bad shape",
     ),
     pytest.param(
@@ -219,6 +219,140 @@ CASES = [
         ["op", "--forward", "x", "--tensor", "ｘ"],
         "scaffold: error: --tensor ｘ: argument name 'ｘ' is not a valid name: use ASCII letters, digits and underscores, starting with a letter\n  hint: try 'x'\n",
         id="look-alike argument",
+    ),
+    # --- sizes and init schemes ---
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,features"],
+        "scaffold: error: command-line flags: tensors.x.shape: size 'features' is not declared in [sizes]\n  hint: give its example value: features = 16 under [sizes], or --size features=16 on the command line\n",
+        id="undeclared size",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,5", "--size", "features=16"],
+        "scaffold: error: command-line flags: sizes.features: size 'features' is declared in [sizes] but no tensor's shape uses it\n  hint: use it in a shape, e.g. shape = [4, \"features\"], or remove it\n",
+        id="unused size",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,features", "--size", "features=0"],
+        "scaffold: error: command-line flags: sizes.features: size 'features' must be a positive integer (its example value), got 0\n  hint: e.g. features = 16\n",
+        id="size not positive",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,features", "--size", "features=many"],
+        "scaffold: error: --size features=many: cannot read size 'features=many'\n  hint: write NAME=VALUE, e.g. --size features=16\n",
+        id="size not a number",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,n", "--size", "n=3", "--size", "n=4"],
+        "scaffold: error: --size n=4: --size n is given twice\n  hint: give each argument once, e.g. --size n=...\n",
+        id="size given twice",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x=4,w", "--tensor", "w=w", "--size", "w=3"],
+        "scaffold: error: command-line flags: sizes.w: size name 'w' is also an argument of the op\n  hint: try 'w_size'\n",
+        id="size named like an argument",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,exp", "--size", "exp=3"],
+        "scaffold: error: command-line flags: sizes.exp: size name 'exp' is the name of a function or constant in expressions\n  hint: try 'exp_size'\n",
+        id="size named like a function",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,mean", "--size", "mean=3"],
+        "scaffold: error: command-line flags: sizes.mean: size name 'mean' is the name of a function or constant in expressions\n  hint: try 'mean_size'\n",
+        id="size named like a structural function",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,len", "--size", "len=3"],
+        "scaffold: error: command-line flags: sizes.len: size name 'len' is used by the generated code itself\n  hint: try 'len_size'\n",
+        id="size named like a builtin",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,training", "--size", "training=3"],
+        "scaffold: error: command-line flags: sizes.training: size name 'training' is used by the generated code itself\n  hint: try 'training_size'\n",
+        id="size named like a Module attribute",
+    ),
+    pytest.param(
+        ["op", "--forward", "x", "--tensor", "x=4,lambda", "--size", "lambda=3"],
+        "scaffold: error: --size lambda=3: size name 'lambda' is a Python keyword\n  hint: try 'lambda_'\n",
+        id="size keyword",
+    ),
+    pytest.param(
+        ["op", "--forward", "y = x*2; z = y+1", "--tensor", "x=4,z", "--size", "z=3", "--output", "z"],
+        "scaffold: error: command-line flags: sizes.z: size name 'z' is also an output of the op\n  hint: try 'z_size'\n",
+        id="size named like an output",
+    ),
+    pytest.param(
+        ["op", "--forward", "n = x*2; n+1", "--tensor", "x=4,n", "--size", "n=3"],
+        "scaffold: error: command-line flags: forward, line 1: step 'n' has the name of a size in [sizes]\n  hint: name the step differently, e.g. 'n_1', or rename the size\n",
+        id="size named like a step",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*beta", "--tensor", "x=4,beta_init", "--size", "beta_init=3", "--learnable", "beta"],
+        "scaffold: error: command-line flags: sizes.beta_init: 'beta_init' is the name the Module gives beta's initial value\n  hint: try 'beta_start'\n",
+        id="size named like an initial value",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=gaussian"],
+        'scaffold: error: command-line flags: tensors.w.init: unknown init \'gaussian\'\n  hint: use a number or one of "ones", "zeros", "normal(mean, std)", "uniform(low, high)", "kaiming_uniform", "xavier_uniform", "linear"\n',
+        id="unknown init",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=normal(0, big)"],
+        "scaffold: error: command-line flags: tensors.w.init: cannot read 'big' in init 'normal(0, big)' as a finite number\n  hint: write e.g. \"normal(0.0, 0.02)\"\n",
+        id="init with a bad number",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=uniform(0, inf)"],
+        "scaffold: error: command-line flags: tensors.w.init: cannot read 'inf' in init 'uniform(0, inf)' as a finite number\n  hint: write e.g. \"uniform(-0.1, 0.1)\"\n",
+        id="init not finite",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=normal(0, -1)"],
+        "scaffold: error: command-line flags: tensors.w.init: the std of init 'normal(0, -1)' must be positive\n  hint: e.g. \"normal(0.0, 0.02)\"\n",
+        id="init normal std",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=uniform(1, -1)"],
+        "scaffold: error: command-line flags: tensors.w.init: init 'uniform(1, -1)' needs low < high\n  hint: e.g. \"uniform(-0.1, 0.1)\"\n",
+        id="init uniform order",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--learnable", "w=__import__('os')"],
+        'scaffold: error: command-line flags: tensors.w.init: unknown init "__import__(\'os\')"\n  hint: use a number or one of "ones", "zeros", "normal(mean, std)", "uniform(low, high)", "kaiming_uniform", "xavier_uniform", "linear"\n',
+        id="init code",
+    ),
+    pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x", "--tensor", "w=5", "--learnable", "w=kaiming_uniform"],
+        'scaffold: error: command-line flags: tensors.w.init: init \'kaiming_uniform\' needs a tensor of two or more dimensions (fan-in and fan-out), and w has shape [5]\n  hint: give a weight [out, in] this scheme; a bias takes "linear", "zeros" or a number\n',
+        id="kaiming on a vector",
+    ),
+    pytest.param(
+        ["op", "--forward", "x + b", "--tensor", "x", "--tensor", "b=5", "--learnable", "b=linear"],
+        'scaffold: error: command-line flags: tensors.b.init: init "linear" of b is nn.Linear\'s bias scheme, uniform in +-1/sqrt(fan_in) of its weight, and no learnable tensor of two or more dimensions has init "linear"\n  hint: give the weight init = "linear" too, or give the bias another init, e.g. "zeros"\n',
+        id="linear bias without a weight",
+    ),
+    pytest.param(
+        [
+            "op",
+            "--forward",
+            "x @ transpose(w1, 0, 1) + x @ transpose(w2, 0, 1) + b",
+            "--tensor",
+            "x=4,5",
+            "--tensor",
+            "w1=3,5",
+            "--tensor",
+            "w2=3,5",
+            "--tensor",
+            "b=3",
+            "--learnable",
+            "w1=linear",
+            "--learnable",
+            "w2=linear",
+            "--learnable",
+            "b=linear",
+        ],
+        'scaffold: error: command-line flags: tensors.b.init: init "linear" of b: w1, w2 all have init "linear", and no one of them alone has b\'s last size name in its first dimension\n  hint: name each layer\'s output size, e.g. weight shape = ["out", "in"] and bias shape = ["out"]\n',
+        id="linear bias of two weights",
     ),
 ]
 
