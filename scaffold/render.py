@@ -404,22 +404,25 @@ class SizeChecks:
         return ", ".join(self.names)
 
 
-def size_checks(spec: OpSpec) -> SizeChecks | None:
+def size_checks(spec: OpSpec, *, batched_rule: bool = False) -> SizeChecks | None:
     """``_check_sizes``, where some size name is used by two or more dimensions of the tensors (None
     elsewhere): each is the same as in its first use. A dimension is named as its tensor's shape names it:
     a learnable tensor (a Module's parameter) keeps its rank and is indexed from the front; another may have
-    extra leading batch dimensions, so it is indexed from the end."""
-    uses: dict[str, list[tuple[str, int]]] = {}
+    extra leading batch dimensions, so it is indexed from the end. Where a ``batched_rule`` (an elementwise
+    custom op's vmap rule) calls the op with every input batched, a learnable one is read from the end too,
+    at the same dimension."""
+    uses: dict[str, list[tuple[str, int, int]]] = {}  # name -> (tensor, dim as named, dim as read)
     for t in spec.tensors:
         for position, name in enumerate(t.size_names):
             if name is not None:
-                index = position if t.learnable else position - len(t.shape)
-                uses.setdefault(name, []).append((t.name, index))
+                dim = position if t.learnable else position - len(t.shape)
+                read = position - len(t.shape) if batched_rule else dim
+                uses.setdefault(name, []).append((t.name, dim, read))
     checks = []
     for name, dims in uses.items():
-        (first, first_dim), *others = dims
-        for tensor, dim in others:
-            expected, got = f"{first}.shape[{first_dim}]", f"{tensor}.shape[{dim}]"
+        (first, first_dim, first_read), *others = dims
+        for tensor, dim, read in others:
+            expected, got = f"{first}.shape[{first_read}]", f"{tensor}.shape[{read}]"
             checks.append(
                 SizeCheck(
                     f"{got} != {expected}",
@@ -429,7 +432,7 @@ def size_checks(spec: OpSpec) -> SizeChecks | None:
             )
     if not checks:
         return None
-    involved = {t for dims in uses.values() if len(dims) > 1 for t, _ in dims}
+    involved = {t for dims in uses.values() if len(dims) > 1 for t, _, _ in dims}
     names = [t.name for t in spec.tensors if t.name in involved]
     return SizeChecks(names, checks)
 
@@ -695,7 +698,7 @@ def module_view(
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         kink_note=KINK_CONVENTION if has_kinks else "",
         module=module,
-        sizes_check=size_checks(spec),
+        sizes_check=size_checks(spec, batched_rule=spec.target == "custom_op"),
         parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
         custom_op=custom_op_view(
             spec,
