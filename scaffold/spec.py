@@ -402,6 +402,8 @@ class OpSpec:
             given.add(name)
         self._check_outputs(where, seen)
         self._check_sizes(where, seen)
+        if not self.structured:
+            _check_broadcast_names(self.tensors, where)
         for t in self.tensors:
             scheme = t.scheme
             if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
@@ -522,6 +524,33 @@ class OpSpec:
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
         """All arguments in call order: tensors, then scalars."""
         return self.tensors + self.scalars
+
+
+def _check_broadcast_names(tensors: tuple[TensorArg, ...], where: str) -> None:
+    """Elementwise, dimensions that broadcast together (counted from the right, above 1) are one size: where
+    one tensor names it, every other must give it the same name (the Module's tests try other sizes)."""
+    first: dict[int, TensorArg] = {}  # dimension counted from the right -> the first tensor naming it or > 1
+    for t in tensors:
+        for dim, (size, name) in enumerate(zip(reversed(t.shape), reversed(t.size_names)), start=1):
+            if size == 1 and name is None:
+                continue
+            other = first.setdefault(dim, t)
+            other_name = other.size_names[-dim]
+            if other_name == name:
+                continue
+            named, unnamed = (other, t) if other_name is not None else (t, other)
+            label = named.size_names[-dim]
+            detail = (
+                f"{unnamed.name} names it {unnamed.size_names[-dim]!r}"
+                if unnamed.size_names[-dim] is not None
+                else f"{unnamed.name} gives it as {unnamed.shape[-dim]}"
+            )
+            raise SpecError(
+                f"dimension -{dim} (counted from the right) is size {label!r} in {named.name}, but {detail}: "
+                "dimensions that broadcast together are one size",
+                where=f"{where}: tensors.{unnamed.name}.shape",
+                hint=f'write "{label}" there in the shape of {unnamed.name}',
+            )
 
 
 def _check_size_value(name: str, value: object, where: str) -> None:

@@ -222,6 +222,30 @@ CASES = [
     ),
     # --- sizes and init schemes ---
     pytest.param(
+        ["op", "--forward", "x*w", "--tensor", "x=4,16", "--tensor", "w=n", "--learnable", "w", "--size", "n=16"],
+        "scaffold: error: command-line flags: tensors.x.shape: dimension -1 (counted from the right) is size 'n' in w, but x gives it as 16: dimensions that broadcast together are one size\n  hint: write \"n\" there in the shape of x\n",
+        id="broadcast dimension named in one tensor only",
+    ),
+    pytest.param(
+        [
+            "op",
+            "--forward",
+            "x*w",
+            "--tensor",
+            "x=4,m",
+            "--tensor",
+            "w=n",
+            "--learnable",
+            "w",
+            "--size",
+            "n=16",
+            "--size",
+            "m=16",
+        ],
+        "scaffold: error: command-line flags: tensors.w.shape: dimension -1 (counted from the right) is size 'm' in x, but w names it 'n': dimensions that broadcast together are one size\n  hint: write \"m\" there in the shape of w\n",
+        id="broadcast dimension named twice",
+    ),
+    pytest.param(
         ["op", "--forward", "x", "--tensor", "x=4,features"],
         "scaffold: error: command-line flags: tensors.x.shape: size 'features' is not declared in [sizes]\n  hint: give its example value: features = 16 under [sizes], or --size features=16 on the command line\n",
         id="undeclared size",
