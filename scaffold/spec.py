@@ -526,6 +526,20 @@ class OpSpec:
         return self.tensors + self.scalars
 
 
+def other_sizes(sizes: dict[str, int]) -> dict[str, int]:
+    """Sizes other than ``sizes`` (the example's), each one more or more still, all distinct: the sizes the
+    generated Module tests try (scaffold.testing keeps its own copy) and stage 3 checks the op at."""
+    taken = set(sizes.values())
+    other = {}
+    for name, size in sizes.items():
+        size += 1
+        while size in taken:
+            size += 1
+        other[name] = size
+        taken.add(size)
+    return other
+
+
 def _check_broadcast_names(tensors: tuple[TensorArg, ...], where: str) -> None:
     """Elementwise, dimensions that broadcast together (counted from the right, above 1) are one size: where
     one tensor names it, every other must give it the same name (the Module's tests try other sizes)."""
@@ -1041,5 +1055,6 @@ def spec_to_toml(spec: OpSpec) -> str:
 
 __all__ = [
     "Init", "OpSpec", "ScalarArg", "TensorArg", "camel_case", "check_identifier", "linear_weight", "load_spec",
-    "parse_init", "spec_from_flags", "spec_from_mapping", "spec_to_mapping", "spec_to_toml", "spec_with_flags",
+    "other_sizes", "parse_init", "spec_from_flags", "spec_from_mapping", "spec_to_mapping", "spec_to_toml",
+    "spec_with_flags",
 ]  # fmt: skip
