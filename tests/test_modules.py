@@ -275,6 +275,8 @@ MUTATIONS = [
     ("torch.empty(out_features, in_features)", "torch.empty(32, in_features)", "sizes"),
     # the sizes swapped in the repr
     ('return f"{self.in_features}, {self.out_features}"', 'return f"{self.out_features}, {self.in_features}"', "sizes"),
+    # a size check that reads the wrong dimension (right only where the sizes happen to agree)
+    ("if weight.shape[1] != x.shape[-1]:", "if weight.shape[0] != x.shape[-1]:", "sizes"),
     # reset_parameters that does not draw again
     ("        self.reset_parameters()\n",
      "        self.reset_parameters()\n        self.reset_parameters = lambda: None\n", "reset"),
