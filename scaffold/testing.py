@@ -548,7 +548,7 @@ class OpTests:
         """``i``'s shape in the Module's test with the Module's sizes ``sizes``."""
         shape = i.shape if i.module_shape is None else i.module_shape
         names = i.size_names or (None,) * len(shape)
-        return tuple(sizes[name] if name in sizes else n for n, name in zip(shape, names))
+        return tuple(sizes.get(name, n) for n, name in zip(shape, names))
 
     def _module_with_inputs(
         self,
