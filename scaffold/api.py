@@ -15,14 +15,14 @@ from pathlib import Path, PurePath
 from .dataflow import ProgramPlan, plan_program
 from .derivation import Derivation, derive
 from .domain import InputDomain, infer_domains, infer_program_domains
-from .errors import ScaffoldWarning
+from .errors import ScaffoldError, ScaffoldWarning, SpecError
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
 from .program import Program, build_program
 from .render import TESTING_MODULE, render_op
 from .rules import ProgramDerivation, derive_program
-from .spec import OpSpec
+from .spec import OpSpec, other_sizes, spec_from_mapping, spec_to_mapping
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     parsed = parse_forward(spec)
     program = build_program(parsed, spec)
     if program.structured:
+        _check_other_sizes(spec)
         where = f"{spec.source}: forward"
         derivation = derive_program(program, where=where)
         plan = plan_program(derivation, where=where, fused=spec.fuse)
@@ -50,6 +51,26 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     derivation = derive(program, where=f"{spec.source}: forward")
     domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)
     return CompiledOp(spec, parsed, program, derivation, make_plan(derivation, spec), domains)
+
+
+def _check_other_sizes(spec: OpSpec) -> None:
+    """A structured op with size names holds at other sizes (each one more, all distinct, as the Module's
+    tests try them): a dimension that must equal a named one (a product's inner dimension) is named too."""
+    if not spec.sizes:
+        return
+    data = spec_to_mapping(spec)
+    data["sizes"] = other_sizes(dict(spec.sizes))
+    resized = spec_from_mapping(data, source=spec.source)
+    try:
+        build_program(parse_forward(resized), resized)
+    except ScaffoldError as exc:
+        tried = ", ".join(f"{name} = {value}" for name, value in data["sizes"].items())
+        raise SpecError(
+            f"the op's shapes do not hold at other sizes ({tried}): {exc.message}",
+            where=f"{spec.source}: tensors",
+            hint="a dimension that must equal a named size takes its name in every shape, "
+            'e.g. x = [8, "in_features"] where weight is ["out_features", "in_features"]',
+        ) from None
 
 
 def generate_op(

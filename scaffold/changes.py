@@ -65,10 +65,11 @@ class Flags:
     outputs: Sequence[str] = ()
     target: str | None = None
     namespace: str | None = None
+    sizes: Sequence[str] = ()
 
     def __bool__(self) -> bool:
         given = (self.forward, self.doc, self.fuse, self.policy, self.target, self.namespace)
-        listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs)
+        listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs, self.sizes)
         return any(v is not None for v in given) or any(listed)
 
 
@@ -244,6 +245,7 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         outputs=flags.outputs,
         target=flags.target,
         namespace=flags.namespace,
+        sizes=flags.sizes,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

@@ -64,9 +64,14 @@ def _add_new_op(kinds: argparse._SubParsersAction) -> None:
     )
     _argument_flags(
         op,
-        tensor="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[])",
-        learnable="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape",
+        tensor="a tensor argument, optionally with the example shape used by the tests (x=4,5 or beta=[]); "
+        "an entry may be a size name (x=4,features)",
+        learnable="a learnable tensor (an nn.Parameter of the Module), 0-dim unless --tensor gives a shape; "
+        "INIT is a number or a scheme (ones, zeros, normal(mean,std), uniform(low,high), kaiming_uniform, "
+        "xavier_uniform, linear)",
         scalar="a non-tensor argument with its default (alpha=0.5, n:int=3, flag=true)",
+        size="a size name's example value (features=16): the Module's constructor takes the sizes of its "
+        "learnable tensors",
     )
     _gradient_flag(op)
     op.add_argument("--doc", default="", help="one line describing the op, for its docstring")
@@ -134,6 +139,7 @@ def _add_update_op(update_kinds: argparse._SubParsersAction) -> None:
         tensor="add a tensor argument, or replace the argument of that name",
         learnable="add a learnable tensor, or replace the argument of that name",
         scalar="add a non-tensor argument, or replace the argument of that name",
+        size="add a size name's example value, or replace it (features=16)",
     )
     _gradient_flag(update_op)
     update_op.add_argument("--doc", help="a new one-line description")
@@ -236,12 +242,13 @@ def _gradient_flag(command: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable: str, scalar: str) -> None:
-    """--tensor, --learnable and --scalar (repeatable), with the command's own help for each."""
+def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable: str, scalar: str, size: str) -> None:
+    """--tensor, --learnable, --scalar and --size (repeatable), with the command's own help for each."""
     for flag, metavar, help_text in (
         ("--tensor", "T[=SHAPE]", tensor),
         ("--learnable", "T[=INIT]", learnable),
         ("--scalar", "S[:TYPE]=DEFAULT", scalar),
+        ("--size", "NAME=VALUE", size),
     ):
         command.add_argument(flag, metavar=metavar, action="append", default=[], help=help_text)
 
@@ -296,7 +303,7 @@ def _count(text: str) -> int:
 def _new_op(args: argparse.Namespace) -> int:
     if args.spec:
         given = [f for f, v in (("NAME", args.name), ("--forward", args.forward), ("--tensor", args.tensor),
-                                ("--scalar", args.scalar), ("--learnable", args.learnable),
+                                ("--scalar", args.scalar), ("--learnable", args.learnable), ("--size", args.size),
                                 ("--gradient", args.gradient), ("--output", args.output)) if v]  # fmt: skip
         if given:
             raise SpecError(
@@ -331,6 +338,7 @@ def _new_op(args: argparse.Namespace) -> int:
             outputs=args.output,
             target=args.target or "function",
             namespace=args.namespace or "",
+            sizes=args.size,
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -388,6 +396,7 @@ def _update(args: argparse.Namespace) -> int:
         tensors=getattr(args, "tensor", ()),
         scalars=getattr(args, "scalar", ()),
         learnable=getattr(args, "learnable", ()),
+        sizes=getattr(args, "size", ()),
         fuse=getattr(args, "fuse", None),
         policy=getattr(args, "policy", None),
         gradients=getattr(args, "gradient", ()),

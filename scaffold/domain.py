@@ -195,8 +195,12 @@ def _elementwise_stand_in(expr: sympy.Basic) -> sympy.Basic:
 
 
 def _with_init(tensor: TensorArg, domain: InputDomain) -> InputDomain:
-    """A learnable tensor's domain with its initial value in the Module (:func:`learnable_init`)."""
-    return dataclasses.replace(domain, init=learnable_init(tensor.init, domain)) if tensor.learnable else domain
+    """A learnable tensor's domain with its initial value in the Module (:func:`learnable_init`): its constant
+    init, or where it has none the default (a random scheme does not read it)."""
+    if not tensor.learnable:
+        return domain
+    constant = tensor.scheme.constant if tensor.scheme is not None else None
+    return dataclasses.replace(domain, init=learnable_init(constant, domain))
 
 
 def _scalar_values(spec: OpSpec, parsed: ParsedExpression) -> dict[sympy.Symbol, sympy.Number]:

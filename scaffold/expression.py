@@ -126,6 +126,14 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
     exprs, steps, output_text = parse_steps(spec.forward, symbols, where=where, outputs=spec.outputs)
+    sizes = dict(spec.sizes)
+    for step in steps:
+        if step.name in sizes:
+            raise ExpressionError(
+                f"step {step.name!r} has the name of a size in [sizes]",
+                where=f"{where}, line {step.line}",
+                hint=f"name the step differently, e.g. {step.name + '_1'!r}, or rename the size",
+            )
     tensor_names = tuple(t.name for t in spec.tensors)
     named = [
         (f"output {n!r}" if n else f"the forward {spec.forward!r}", e) for n, e in zip(spec.outputs or ("",), exprs)

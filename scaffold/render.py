@@ -42,7 +42,7 @@ from .plan import (
 from .printing import IMPORTS, NEG_ABS, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements
 from .rules import ProgramDerivation
-from .spec import OpSpec
+from .spec import OpSpec, linear_weight
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
 TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2", "program": "program_op.py.j2"}
@@ -281,11 +281,161 @@ class DoubleBackwardView:
 
 @dataclass(frozen=True)
 class Learnable:
-    """A learnable tensor: an ``nn.Parameter`` of the Module."""
+    """A learnable tensor: an ``nn.Parameter`` of the Module, created empty of ``shape`` (the arguments of
+    torch.empty: sizes by their names) and filled by the ``init`` lines of reset_parameters."""
 
     name: str
-    shape: tuple[int, ...]
-    init: float
+    shape: str
+    init: list[str]
+
+
+@dataclass(frozen=True)
+class ModuleCode:
+    """The Module's constructor, parameters and repr: what op.py.j2 and program_op.py.j2 share."""
+
+    init_params: list[str]  # after self: the sizes, then "*" and the keywords (0-d initial values, scalars)
+    attributes: list[str]  # what the constructor stores: the sizes, the initial values, the scalars
+    learnables: list[Learnable]
+    reset_imports_math: bool  # a scheme reads math.sqrt
+    forward_params: list[str]
+    call_args: list[str]
+    # what forward passes _check_sizes before it calls the entry point: "" where there is no _check_sizes or
+    # the entry point is the custom op, which calls it
+    check_args: str
+    extra_repr: str
+
+
+def _init_lines(spec: OpSpec, t, domain: InputDomain) -> list[str]:
+    """The lines of reset_parameters that fill the learnable tensor ``t``, by its init scheme (nn.init, as
+    torch/nn/modules/linear.py and normalization.py use it)."""
+    name = f"self.{t.name}"
+    scheme = t.scheme
+    if keyword_init(t):
+        return [f"nn.init.constant_({name}, self.{t.name}_init)"]
+    if scheme is None:
+        return [f"nn.init.constant_({name}, {domain.init!r})"]
+    if scheme.scheme in ("ones", "zeros"):
+        return [f"nn.init.{scheme.scheme}_({name})"]
+    if scheme.scheme == "constant":
+        return [f"nn.init.constant_({name}, {scheme.args[0]!r})"]
+    if scheme.scheme == "normal":
+        return [f"nn.init.normal_({name}, mean={scheme.args[0]!r}, std={scheme.args[1]!r})"]
+    if scheme.scheme == "uniform":
+        return [f"nn.init.uniform_({name}, {scheme.args[0]!r}, {scheme.args[1]!r})"]
+    if scheme.scheme in ("kaiming_uniform", "xavier_uniform"):
+        return [f"nn.init.{scheme.scheme}_({name})"]
+    if len(t.shape) >= 2:  # linear: nn.Linear's weight
+        return [f"nn.init.kaiming_uniform_({name}, a=math.sqrt(5))"]
+    weight = linear_weight(spec, t)
+    fan_in = f"self.{weight.name}.shape[1]" if len(weight.shape) == 2 else f"self.{weight.name}[0].numel()"
+    return [
+        f"# nn.Linear's bias: uniform within 1/sqrt(fan_in), the fan-in of {weight.name}",
+        f"bound = 1 / math.sqrt({fan_in})",
+        f"nn.init.uniform_({name}, -bound, bound)",
+    ]
+
+
+def keyword_init(t) -> bool:
+    """Whether the Module takes the initial value of the learnable tensor ``t`` as a keyword: a 0-d tensor
+    with a constant init (a number, "ones", "zeros", or none)."""
+    return t.learnable and not t.shape and (t.scheme is None or t.scheme.constant is not None)
+
+
+def module_code(spec: OpSpec, domains: tuple[InputDomain, ...], *, entry_checks: bool) -> ModuleCode:
+    """The Module: its constructor takes the sizes its learnable tensors use (positional or by keyword,
+    defaulting to the example), then the initial value of each 0-d learnable tensor and the scalars, by
+    keyword; reset_parameters fills the parameters, created empty. Its forward checks the sizes as the
+    functional does, unless the entry point it calls does (``entry_checks``: the custom op itself)."""
+    by_name = {d.name: d for d in domains}
+    sizes = [name for name, _ in spec.module_sizes]
+    keywords = []
+    attributes = [f"self.{n} = {n}" for n in sizes]
+    for t in spec.tensors:
+        if keyword_init(t):
+            value = t.scheme.constant if t.scheme is not None else by_name[t.name].init
+            keywords.append(f"{t.name}: float = {value!r}")
+            attributes.append(f"self.{t.name}_init = {t.name}")
+    keywords += [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
+    attributes += [f"self.{s.name} = {s.name}" for s in spec.scalars]
+    learnables = []
+    for t in spec.tensors:
+        if t.learnable:
+            dims = [name or str(n) for n, name in zip(t.shape, t.size_names)]
+            shape = ", ".join(dims) if dims else "()"
+            learnables.append(Learnable(t.name, shape, _init_lines(spec, t, by_name[t.name])))
+    shown = [f"{{self.{n}}}" for n in sizes] + [f"{s.name}={{self.{s.name}!r}}" for s in spec.scalars]
+    learned = {t.name for t in spec.tensors if t.learnable}
+    checks = size_checks(spec)
+    check_args = [f"self.{n}" if n in learned else n for n in checks.names] if checks and not entry_checks else []
+    return ModuleCode(
+        init_params=[f"{n}: int = {v}" for n, v in spec.module_sizes] + (["*", *keywords] if keywords else []),
+        attributes=attributes,
+        learnables=learnables,
+        reset_imports_math=any("math." in line for t in learnables for line in t.init),
+        forward_params=[f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable],
+        call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
+        + [f"self.{s.name}" for s in spec.scalars],
+        check_args=", ".join(check_args),
+        extra_repr=", ".join(shown),
+    )
+
+
+@dataclass(frozen=True)
+class SizeCheck:
+    """One check of ``_check_sizes``: where ``condition`` holds, the tensors disagree on a size name."""
+
+    condition: str
+    message: str  # the body of an f-string in single quotes
+
+
+@dataclass(frozen=True)
+class SizeChecks:
+    """``_check_sizes``, which the functional calls: its parameters (the tensors that share a size name),
+    what the functional passes them, and its checks."""
+
+    names: list[str]
+    checks: list[SizeCheck]
+
+    @property
+    def params(self) -> str:
+        return ", ".join(f"{n}: torch.Tensor" for n in self.names)
+
+    @property
+    def args(self) -> str:
+        return ", ".join(self.names)
+
+
+def size_checks(spec: OpSpec, *, batched_rule: bool = False) -> SizeChecks | None:
+    """``_check_sizes``, where some size name is used by two or more dimensions of the tensors (None
+    elsewhere): each is the same as in its first use. A dimension is named as its tensor's shape names it:
+    a learnable tensor (a Module's parameter) keeps its rank and is indexed from the front; another may have
+    extra leading batch dimensions, so it is indexed from the end. Where a ``batched_rule`` (an elementwise
+    custom op's vmap rule) calls the op with every input batched, a learnable one is read from the end too,
+    at the same dimension."""
+    uses: dict[str, list[tuple[str, int, int]]] = {}  # name -> (tensor, dim as named, dim as read)
+    for t in spec.tensors:
+        for position, name in enumerate(t.size_names):
+            if name is not None:
+                dim = position if t.learnable else position - len(t.shape)
+                read = position - len(t.shape) if batched_rule else dim
+                uses.setdefault(name, []).append((t.name, dim, read))
+    checks = []
+    for name, dims in uses.items():
+        (first, first_dim, first_read), *others = dims
+        for tensor, dim, read in others:
+            expected, got = f"{first}.shape[{first_read}]", f"{tensor}.shape[{read}]"
+            checks.append(
+                SizeCheck(
+                    f"{got} != {expected}",
+                    f'{spec.name}: size "{name}" is {{{expected}}} in {first} (dim {first_dim}) but {{{got}}} in '
+                    f"{tensor} (dim {dim})",
+                )
+            )
+    if not checks:
+        return None
+    involved = {t for dims in uses.values() if len(dims) > 1 for t, _, _ in dims}
+    names = [t.name for t in spec.tensors if t.name in involved]
+    return SizeChecks(names, checks)
 
 
 @dataclass(frozen=True)
@@ -418,11 +568,8 @@ class ModuleView(_Entry):
     custom_gradients: list[tuple[str, str]]  # as the spec gives them
     kink_note: str
     # the Module
-    module_init_params: list[str]
-    learnables: list[Learnable]
-    module_forward_params: list[str]
-    module_call_args: list[str]
-    extra_repr: str
+    module: ModuleCode
+    sizes_check: SizeChecks | None  # _check_sizes, where tensors share a size name
     # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
@@ -480,8 +627,7 @@ def module_view(
 
     hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
-    by_name = {d.name: d for d in domains}
-    learnables = [Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable]
+    module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
     backward_params = ["needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
     backward_params += [f"{n}_shape" for n in tensor_names]
     backward_args = ["ctx.needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
@@ -513,7 +659,7 @@ def module_view(
         output_shapes=output_shapes,
         doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
-        imports=_import_lines(code.imports),
+        imports=_import_lines(code.imports | ({"math"} if module.reset_imports_math else set())),
         neg_abs=NEG_ABS in code.helpers,
         arguments=all_names,
         tensor_names=tensor_names,
@@ -553,12 +699,8 @@ def module_view(
         ],
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         kink_note=KINK_CONVENTION if has_kinks else "",
-        module_init_params=scalar_params,
-        learnables=learnables,
-        module_forward_params=[f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable],
-        module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
-        + [f"self.{n}" for n in scalar_names],
-        extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+        module=module,
+        sizes_check=size_checks(spec, batched_rule=spec.target == "custom_op"),
         parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
         custom_op=custom_op_view(
             spec,
@@ -893,6 +1035,8 @@ class TestView:
     outputs: list[str]  # the outputs' names, where there are several
     structured: bool = False  # reductions or products: scaffold.testing.ProgramTests
     custom_op: str = ""  # target = "custom_op": the name the custom op is bound to in the op's module
+    sizes: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # the Module's, with defaults
+    learnable: bool = False  # some tensor is a parameter of the Module
 
 
 def test_view(
@@ -934,6 +1078,8 @@ def test_view(
         upstream=upstream,
         outputs=list(spec.outputs) if len(plan.outputs) > 1 else [],
         custom_op=spec.name if spec.target == "custom_op" else "",
+        sizes=list(spec.module_sizes),
+        learnable=any(t.learnable for t in spec.tensors),
     )
 
 
@@ -947,6 +1093,7 @@ def _input_views(
     """Each tensor's ``Input(...)`` in the test file, and a comment on where its values come from."""
     by_name = {d.name: d for d in domains}
     typical = _typical_values(domains)
+    module_sizes = dict(spec.module_sizes)
     inputs = []
     for t, shape, module_shape, second in zip(spec.tensors, shapes, module_shapes, seconds):
         d = by_name[t.name]
@@ -962,9 +1109,26 @@ def _input_views(
             arguments.append(f"module_shape={_shape(module_shape)}")
         if second != shape:
             arguments.append(f"second_shape={_shape(second)}")
+        if any(name in module_sizes for name in t.size_names):
+            arguments.append(f"size_names={_shape(tuple(n if n in module_sizes else None for n in t.size_names))}")
+        if t.learnable:
+            arguments.append(f"init={_test_init(spec, t, d)}")
         comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
         inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
     return inputs
+
+
+def _test_init(spec: OpSpec, t, domain: InputDomain) -> str:
+    """``Init(...)`` of the learnable tensor ``t`` in the test file (:class:`scaffold.testing.Init`)."""
+    scheme = t.scheme
+    if scheme is None or scheme.constant is not None:
+        value = domain.init if scheme is None else scheme.constant
+        return f'Init("constant", ({value!r},))'
+    if scheme.scheme in ("normal", "uniform"):
+        return f'Init("{scheme.scheme}", {scheme.args!r})'
+    if scheme.scheme == "linear" and len(t.shape) < 2:
+        return f'Init("linear", weight="{linear_weight(spec, t).name}")'
+    return f'Init("{scheme.scheme}")'
 
 
 #: Width of generated comment lines, before their indentation.
@@ -1281,11 +1445,8 @@ class ProgramView(_Entry):
     jvp_scalars: list[str]
     jvp_lines: list[str]
     jvp_returns: list[str]
-    module_init_params: list[str]
-    learnables: list[Learnable]
-    module_forward_params: list[str]
-    module_call_args: list[str]
-    extra_repr: str
+    module: ModuleCode
+    sizes_check: SizeChecks | None  # _check_sizes, where tensors share a size name
     fuse: bool
     # hidden outputs' gradients backward takes: not None only in a second derivative (or a gradcheck)
     returned_grads: list[str]
@@ -1345,7 +1506,7 @@ def program_module_view(
     scalar_names = [s.name for s in spec.scalars]
     arguments = tensor_names + scalar_names
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
-    by_name = {d.name: d for d in domains}
+    module = module_code(spec, domains, entry_checks=spec.target == "custom_op" and not plan.hidden)
     optional = bool(plan.hidden) or len(plan.visible) > 1
     written = parsed.written or " ".join(spec.forward.split())
     # the forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line
@@ -1364,7 +1525,7 @@ def program_module_view(
         forward_doc=forward_doc,
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
-        imports=list(plan.imports),
+        imports=sorted({*plan.imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -1407,12 +1568,8 @@ def program_module_view(
         jvp_scalars=list(plan.jvp_scalars),
         jvp_lines=list(plan.jvp),
         jvp_returns=list(plan.jvp_returns),
-        module_init_params=scalar_params,
-        learnables=[Learnable(t.name, tuple(t.shape), by_name[t.name].init) for t in spec.tensors if t.learnable],
-        module_forward_params=[f"{t.name}: torch.Tensor" for t in spec.tensors if not t.learnable],
-        module_call_args=[f"self.{t.name}" if t.learnable else t.name for t in spec.tensors]
-        + [f"self.{n}" for n in scalar_names],
-        extra_repr=", ".join(f"{n}={{self.{n}!r}}" for n in scalar_names),
+        module=module,
+        sizes_check=size_checks(spec),
         custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False),
         rank_checks=_rank_checks(spec, requirements),
         rank_check_params=[r.tensor for r in requirements],
@@ -1508,6 +1665,8 @@ def _program_test_view(
         outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
         structured=True,
         custom_op=(f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else "",
+        sizes=list(spec.module_sizes),
+        learnable=any(t.learnable for t in spec.tensors),
     )
 
 

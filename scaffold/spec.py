@@ -88,6 +88,79 @@ TEST_RUNTIME_PACKAGES = frozenset(
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 
+#: Attributes of every nn.Module: the generated Module stores its sizes under their names.
+MODULE_ATTRIBUTES = frozenset(
+    {
+        "training", "forward", "extra_repr", "reset_parameters", "parameters", "named_parameters", "buffers",
+        "named_buffers", "children", "modules", "named_modules", "state_dict", "load_state_dict", "train", "eval",
+        "to", "cpu", "cuda", "type", "half", "double", "apply", "zero_grad", "register_buffer",
+        "register_parameter", "register_module", "add_module", "requires_grad_", "call_super_init", "dump_patches",
+    }
+)  # fmt: skip
+
+#: What ``init`` takes besides a number (the README lists them).
+INIT_SCHEMES = (
+    '"ones"', '"zeros"', '"normal(mean, std)"', '"uniform(low, high)"', '"kaiming_uniform"', '"xavier_uniform"',
+    '"linear"',
+)  # fmt: skip
+_INIT_CALL = re.compile(r"(normal|uniform)\(([^(),]*),([^(),]*)\)\Z")
+#: Schemes that read a weight's fan-in and fan-out (torch.nn.init's: dimension 1 times the receptive field,
+#: and dimension 0 times it): they need a tensor of two or more dimensions.
+FAN_SCHEMES = ("kaiming_uniform", "xavier_uniform")
+
+
+@dataclass(frozen=True)
+class Init:
+    """A learnable tensor's initialisation, parsed from ``init``: ``constant`` (``args``: the value, also
+    what ``"ones"`` and ``"zeros"`` are, kept by ``scheme`` as written), ``normal`` (mean, std), ``uniform``
+    (low, high), ``kaiming_uniform``, ``xavier_uniform`` or ``linear`` (nn.Linear's: a weight of two or more
+    dimensions kaiming-uniform with a = sqrt(5); a tensor of fewer, its bias, uniform in +-1/sqrt(fan_in)
+    of that weight)."""
+
+    scheme: str  # "constant", "ones", "zeros", "normal", "uniform", "kaiming_uniform", "xavier_uniform", "linear"
+    args: tuple[float, ...] = ()
+
+    @property
+    def constant(self) -> float | None:
+        """The value of a constant scheme, None for a random one."""
+        return {"ones": 1.0, "zeros": 0.0}.get(self.scheme, self.args[0] if self.scheme == "constant" else None)
+
+
+def parse_init(value: object, key: str) -> Init:
+    """``init`` as written (a number or a scheme's text), read strictly: nothing is evaluated."""
+    hint = f"use a number or one of {', '.join(INIT_SCHEMES)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise SpecError(f"init must be a number or a scheme, got {value!r}", key=key, hint=hint)
+    if not isinstance(value, str):
+        if not math.isfinite(value):
+            raise SpecError(f"init must be a finite number, got {value!r}", key=key)
+        return Init("constant", (float(value),))
+    text = value.strip()
+    if text in ("ones", "zeros", "kaiming_uniform", "xavier_uniform", "linear"):
+        return Init(text)
+    call = _INIT_CALL.match(text.replace(" ", ""))
+    if call is None:
+        raise SpecError(f"unknown init {value!r}", key=key, hint=hint)
+    scheme, numbers = call.group(1), []
+    for part in call.group(2, 3):
+        try:
+            number = float(part)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or "_" in part:
+            raise SpecError(
+                f"cannot read {part!r} in init {value!r} as a finite number",
+                key=key,
+                hint=f'write e.g. "{scheme}(0.0, 0.02)"' if scheme == "normal" else f'write e.g. "{scheme}(-0.1, 0.1)"',
+            )
+        numbers.append(number)
+    first, second = numbers
+    if scheme == "normal" and second <= 0:
+        raise SpecError(f"the std of init {value!r} must be positive", key=key, hint='e.g. "normal(0.0, 0.02)"')
+    if scheme == "uniform" and first >= second:
+        raise SpecError(f"init {value!r} needs low < high", key=key, hint='e.g. "uniform(-0.1, 0.1)"')
+    return Init(scheme, (first, second))
+
 
 def camel_case(name: str) -> str:
     """``leaky_relu`` -> ``LeakyRelu``."""
@@ -126,10 +199,20 @@ class TensorArg:
     domain: tuple[float, float] | None = None
     avoid: tuple[float, ...] | None = None
     learnable: bool = False
-    init: float | None = None
+    #: A number or a scheme's text (:func:`parse_init`), as the spec gives it; :attr:`scheme` reads it.
+    init: float | str | None = None
+    #: The size name of each entry of ``shape`` (None: a plain number), as the spec writes it; ``shape`` holds
+    #: the example values ([sizes]). Empty: no names.
+    size_names: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         key = f"tensors.{self.name}"
+        if not self.size_names:
+            object.__setattr__(self, "size_names", (None,) * len(self.shape))
+        if len(self.size_names) != len(self.shape):
+            raise SpecError(
+                f"size_names {list(self.size_names)!r} do not match shape {list(self.shape)!r}", key=key + ".shape"
+            )
         if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in self.shape):
             raise SpecError(
                 f"shape must be a list of positive integers, got {list(self.shape)!r}",
@@ -152,8 +235,26 @@ class TensorArg:
                     key=key + ".init",
                     hint="add 'learnable = true' or remove 'init'",
                 )
-            if not math.isfinite(self.init):
-                raise SpecError(f"init must be a finite number, got {self.init!r}", key=key + ".init")
+            scheme = parse_init(self.init, key + ".init")
+            if scheme.scheme in FAN_SCHEMES and len(self.shape) < 2:
+                raise SpecError(
+                    f"init {self.init!r} needs a tensor of two or more dimensions (fan-in and fan-out), and "
+                    f"{self.name} has shape {self.written_shape!r}",
+                    key=key + ".init",
+                    hint='give a weight [out, in] this scheme; a bias takes "linear", "zeros" or a number',
+                )
+            if not isinstance(self.init, str):
+                object.__setattr__(self, "init", float(self.init))
+
+    @property
+    def scheme(self) -> Init | None:
+        """The parsed ``init``; None where the spec gives none."""
+        return None if self.init is None else parse_init(self.init, f"tensors.{self.name}.init")
+
+    @property
+    def written_shape(self) -> list[int | str]:
+        """The shape as the spec writes it: a size name where it gives one."""
+        return [n if name is None else name for n, name in zip(self.shape, self.size_names)]
 
 
 @dataclass(frozen=True)
@@ -216,6 +317,8 @@ class OpSpec:
     #: The names of the forward's values the op returns, in order (several: a tuple); empty: the forward's
     #: last line.
     outputs: tuple[str, ...] = ()
+    #: The size names the tensors' shapes use, with their example values, in declaration order ([sizes]).
+    sizes: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         where = self.source
@@ -324,6 +427,96 @@ class OpSpec:
             _check_length(text, "the gradient", key)
             given.add(name)
         self._check_outputs(where, seen)
+        self._check_sizes(where, seen)
+        if not self.structured:
+            _check_broadcast_names(self.tensors, where)
+        for t in self.tensors:
+            scheme = t.scheme
+            if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
+                linear_weight(self, t)
+
+    def _check_sizes(self, where: str, arguments: set[str]) -> None:
+        """[sizes]: names that are no other name of the op, positive example values, each declared size used
+        by some shape and each size a shape uses declared, with its value."""
+        from .functions import spellings  # the registry imports sympy: not at import time
+
+        functions = set(spellings()) | structural.SPELLINGS | {"Piecewise", "pi", "E", "e"}
+        # the Module keeps a 0-d learnable tensor's initial value as NAME_init
+        inits = {f"{t.name}_init": t.name for t in self.tensors if t.learnable and not t.shape}
+        declared: dict[str, int] = {}
+        for name, value in self.sizes:
+            key = f"{where}: sizes.{name}"
+            check_identifier(name, what="size name", where=key)
+            if name in declared:
+                raise SpecError(f"size {name!r} is declared twice", where=key)
+            _check_size_value(name, value, key)
+            if name in arguments:
+                raise SpecError(
+                    f"size name {name!r} is also an argument of the op", where=key, hint=f"try {name + '_size'!r}"
+                )
+            if name in self.outputs:
+                raise SpecError(
+                    f"size name {name!r} is also an output of the op", where=key, hint=f"try {name + '_size'!r}"
+                )
+            if name in functions:
+                raise SpecError(
+                    f"size name {name!r} is the name of a function or constant in expressions",
+                    where=key,
+                    hint=f"try {name + '_size'!r}",
+                )
+            if (
+                name in RESERVED_ARGUMENT_NAMES
+                or name in MODULE_ATTRIBUTES
+                or name.startswith(RESERVED_PREFIXES)
+                or name.endswith(RESERVED_SUFFIXES)
+                or name in {self.camel, self.camel + "Function"}
+            ):
+                raise SpecError(
+                    f"size name {name!r} is used by the generated code itself",
+                    where=key,
+                    hint=f"try {name + '_size'!r}",
+                )
+            declared[name] = value
+        kinds = {t.name: "tensors" for t in self.tensors} | {s.name: "scalars" for s in self.scalars}
+        kinds |= dict.fromkeys(declared, "sizes")
+        for name in kinds:
+            if name in inits:
+                raise SpecError(
+                    f"{name!r} is the name the Module gives {inits[name]}'s initial value",
+                    where=f"{where}: {kinds[name]}.{name}",
+                    hint=f"try {name.removesuffix('_init') + '_start'!r}",
+                )
+        used: set[str] = set()
+        for t in self.tensors:
+            for position, (n, name) in enumerate(zip(t.shape, t.size_names)):
+                if name is None:
+                    continue
+                key = f"{where}: tensors.{t.name}.shape"
+                if name not in declared:
+                    raise _undeclared_size(name, key)
+                if n != declared[name]:
+                    raise SpecError(
+                        f"dimension {position} of {t.name} is size {name!r}, {declared[name]} in [sizes], but {n} here",
+                        where=key,
+                    )
+                used.add(name)
+        for name in declared:
+            if name not in used:
+                raise SpecError(
+                    f"size {name!r} is declared in [sizes] but no tensor's shape uses it",
+                    where=f"{where}: sizes.{name}",
+                    hint=f'use it in a shape, e.g. shape = [4, "{name}"], or remove it',
+                )
+
+    @property
+    def module_sizes(self) -> tuple[tuple[str, int], ...]:
+        """The sizes the Module's constructor takes: those its learnable tensors use, in order of first
+        appearance in the tensors' shapes (x [8, "in"] then weight ["out", "in"]: in, out, as nn.Linear takes
+        them), with their example values."""
+        values = dict(self.sizes)
+        learned = {n for t in self.tensors if t.learnable for n in t.size_names}
+        names = [n for t in self.tensors for n in t.size_names if n is not None and n in learned]
+        return tuple((n, values[n]) for n in dict.fromkeys(names))
 
     def _check_outputs(self, where: str, arguments: set[str]) -> None:
         if not isinstance(self.outputs, tuple) or not all(isinstance(o, str) for o in self.outputs):
@@ -357,6 +550,95 @@ class OpSpec:
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
         """All arguments in call order: tensors, then scalars."""
         return self.tensors + self.scalars
+
+
+def other_sizes(sizes: dict[str, int]) -> dict[str, int]:
+    """Sizes other than ``sizes`` (the example's), each one more or more still, all distinct: the sizes the
+    generated Module tests try (scaffold.testing keeps its own copy) and stage 3 checks the op at."""
+    taken = set(sizes.values())
+    other = {}
+    for name, size in sizes.items():
+        size += 1
+        while size in taken:
+            size += 1
+        other[name] = size
+        taken.add(size)
+    return other
+
+
+def _check_broadcast_names(tensors: tuple[TensorArg, ...], where: str) -> None:
+    """Elementwise, dimensions that broadcast together (counted from the right, above 1) are one size: where
+    one tensor names it, every other must give it the same name (the Module's tests try other sizes)."""
+    first: dict[int, TensorArg] = {}  # dimension counted from the right -> the first tensor naming it or > 1
+    for t in tensors:
+        for dim, (size, name) in enumerate(zip(reversed(t.shape), reversed(t.size_names)), start=1):
+            if size == 1 and name is None:
+                continue
+            other = first.setdefault(dim, t)
+            other_name = other.size_names[-dim]
+            if other_name == name:
+                continue
+            named, unnamed = (other, t) if other_name is not None else (t, other)
+            label = named.size_names[-dim]
+            detail = (
+                f"{unnamed.name} names it {unnamed.size_names[-dim]!r}"
+                if unnamed.size_names[-dim] is not None
+                else f"{unnamed.name} gives it as {unnamed.shape[-dim]}"
+            )
+            raise SpecError(
+                f"dimension -{dim} (counted from the right) is size {label!r} in {named.name}, but {detail}: "
+                "dimensions that broadcast together are one size",
+                where=f"{where}: tensors.{unnamed.name}.shape",
+                hint=f'write "{label}" there in the shape of {unnamed.name}',
+            )
+
+
+def _check_size_value(name: str, value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(
+            f"size {name!r} must be a positive integer (its example value), got {value!r}",
+            where=where,
+            hint=f"e.g. {name} = 16",
+        )
+
+
+def _undeclared_size(name: str, where: str) -> SpecError:
+    return SpecError(
+        f"size {name!r} is not declared in [sizes]",
+        where=where,
+        hint=f"give its example value: {name} = 16 under [sizes], or --size {name}=16 on the command line",
+    )
+
+
+def linear_weight(spec: OpSpec, bias: TensorArg) -> TensorArg:
+    """The weight whose fan-in sets the bound of ``bias`` (a learnable tensor of fewer than two dimensions
+    with init "linear"): the one learnable tensor of two or more dimensions with init "linear", or, among
+    several, the one whose first dimension (nn.Linear's weight is [out, in]) has the size name of the bias's
+    last."""
+    where = f"{spec.source}: tensors.{bias.name}.init"
+    weights = [
+        t
+        for t in spec.tensors
+        if t.learnable and len(t.shape) >= 2 and t.scheme is not None and t.scheme.scheme == "linear"
+    ]
+    if not weights:
+        raise SpecError(
+            f'init "linear" of {bias.name} is nn.Linear\'s bias scheme, uniform in +-1/sqrt(fan_in) of its weight, '
+            'and no learnable tensor of two or more dimensions has init "linear"',
+            where=where,
+            hint='give the weight init = "linear" too, or give the bias another init, e.g. "zeros"',
+        )
+    if len(weights) > 1:
+        out = bias.size_names[-1] if bias.size_names else None
+        weights = [w for w in weights if out is not None and w.size_names[0] == out] or weights
+    if len(weights) > 1:
+        raise SpecError(
+            f'init "linear" of {bias.name}: {", ".join(w.name for w in weights)} all have init "linear", and '
+            f"no one of them alone has {bias.name}'s last size name in its first dimension",
+            where=where,
+            hint='name each layer\'s output size, e.g. weight shape = ["out", "in"] and bias shape = ["out"]',
+        )
+    return weights[0]
 
 
 _STRUCTURAL_CALL = re.compile(r"\b(" + "|".join(sorted(structural.SPELLINGS)) + r")\s*\(")
@@ -398,6 +680,7 @@ def _check_broadcasting(tensors: tuple[TensorArg, ...], where: str) -> None:
 
 _TOP_KEYS = {
     "name", "forward", "doc", "fuse", "policy", "target", "namespace", "tensors", "scalars", "gradients", "outputs",
+    "sizes",
 }  # fmt: skip
 _TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
 _SCALAR_KEYS = {"type", "default"}
@@ -425,7 +708,7 @@ def _number_list(value: Any, where: str) -> tuple[float, ...]:
     return tuple(_number(v, where) for v in value)
 
 
-def _tensor_from_table(name: str, table: Any, where: str) -> TensorArg:
+def _tensor_from_table(name: str, table: Any, where: str, sizes: dict[str, int]) -> TensorArg:
     check_identifier(name, what="argument name", where=where)
     if not isinstance(table, dict):
         raise SpecError("expected a table of settings", where=where, hint=f"write [tensors.{name}]")
@@ -435,7 +718,17 @@ def _tensor_from_table(name: str, table: Any, where: str) -> TensorArg:
         raise SpecError(f"learnable must be true or false, got {learnable!r}", where=where + ".learnable")
     shape = table.get("shape", DEFAULT_LEARNABLE_SHAPE if learnable else DEFAULT_SHAPE)
     if not isinstance(shape, list) and not isinstance(shape, tuple):
-        raise SpecError(f"shape must be a list of positive integers, got {shape!r}", where=where + ".shape")
+        raise SpecError(
+            f"shape must be a list of positive integers and size names, got {shape!r}", where=where + ".shape"
+        )
+    names = []
+    for entry in shape:
+        if isinstance(entry, str):
+            check_identifier(entry, what="size name", where=where + ".shape")
+            if entry not in sizes:
+                raise _undeclared_size(entry, where + ".shape")
+        names.append(entry if isinstance(entry, str) else None)
+    shape = [sizes[entry] if isinstance(entry, str) else entry for entry in shape]
     domain = table.get("domain")
     if domain is not None:
         domain = _number_list(domain, where + ".domain")
@@ -449,7 +742,8 @@ def _tensor_from_table(name: str, table: Any, where: str) -> TensorArg:
         domain=domain,
         avoid=None if avoid is None else _number_list(avoid, where + ".avoid"),
         learnable=learnable,
-        init=None if init is None else _number(init, where + ".init"),
+        init=init,
+        size_names=tuple(names),
     )
 
 
@@ -496,6 +790,13 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         raise SpecError(
             'gradients must be a table of expressions, e.g. [gradients] x = "grad"', where=f"{source}: gradients"
         )
+    sizes = data.get("sizes", {})
+    if not isinstance(sizes, dict):
+        raise SpecError(
+            "sizes must be a table of names and example values, e.g. [sizes] features = 16", where=f"{source}: sizes"
+        )
+    for size, value in sizes.items():
+        _check_size_value(size, value, f"{source}: sizes.{size}")
     outputs = data.get("outputs", [])
     if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
         raise SpecError(
@@ -506,7 +807,7 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
     return OpSpec(
         name=data["name"],
         forward=data["forward"],
-        tensors=tuple(_tensor_from_table(n, t, f"{source}: tensors.{n}") for n, t in tensors_table.items()),
+        tensors=tuple(_tensor_from_table(n, t, f"{source}: tensors.{n}", sizes) for n, t in tensors_table.items()),
         scalars=tuple(_scalar_from_table(n, t, f"{source}: scalars.{n}") for n, t in scalars_table.items()),
         doc=doc,
         fuse=data.get("fuse", False),
@@ -516,6 +817,7 @@ def _spec_from_mapping(data: dict[str, Any], source: str) -> OpSpec:
         source=source,
         gradients=tuple(gradients.items()),
         outputs=tuple(outputs),
+        sizes=tuple(sizes.items()),
     )
 
 
@@ -550,17 +852,40 @@ def load_spec(path: str | Path, *, source: str | None = None) -> OpSpec:
 # --- command-line flags ----------------------------------------------------------------------------
 
 
-def _parse_shape(text: str, where: str) -> tuple[int, ...]:
+def _parse_shape(text: str, where: str) -> tuple[int | str, ...]:
+    """``4,5`` (or ``4x5``), ``4,features`` (a size name), ``[]`` for one value."""
     text = text.strip()
     if text in ("", "[]", "()", "scalar"):
         return ()
-    parts = re.split(r"[,x]", text.strip("[]()"))
-    try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        raise SpecError(
-            f"cannot read shape {text!r}", where=where, hint="write e.g. x=4,5 or beta=[] for one value"
-        ) from None
+    inner = text.strip("[]()").replace(" ", "")
+    parts = inner.split("x") if re.fullmatch(r"\d+(x\d+)+", inner) else inner.split(",")
+    shape: list[int | str] = []
+    for part in parts:
+        if part.isdigit():
+            shape.append(int(part))
+        elif _IDENTIFIER.match(part):
+            shape.append(part)
+        else:
+            raise SpecError(
+                f"cannot read shape {text!r}",
+                where=where,
+                hint="write e.g. x=4,5, x=4,features (a size named with --size features=16) or beta=[] for one value",
+            )
+    return tuple(shape)
+
+
+def _size_table(sizes: Sequence[str]) -> dict[str, int]:
+    """The ``[sizes]`` table the ``--size NAME=VALUE`` flags describe."""
+    table: dict[str, int] = {}
+    for item in sizes:
+        name, sep, value = item.partition("=")
+        where = f"--size {item}"
+        name = check_identifier(name.strip(), what="size name", where=where)
+        if not sep or not value.strip().isdigit():
+            raise SpecError(f"cannot read size {item!r}", where=where, hint="write NAME=VALUE, e.g. --size features=16")
+        _once(name, table, "--size", where)
+        table[name] = int(value)
+    return table
 
 
 def _parse_scalar_value(text: str, type_: str | None, where: str) -> tuple[str, float | int | bool]:
@@ -594,11 +919,13 @@ def spec_from_flags(
     outputs: Sequence[str] = (),
     target: str = "function",
     namespace: str = "",
+    sizes: Sequence[str] = (),
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
-    ``tensors`` items are ``NAME`` or ``NAME=SHAPE`` (``x=4,5``, ``beta=[]``); ``learnable`` items are
-    ``NAME`` or ``NAME=INIT`` and declare learnable 0-dim tensors unless also given with ``--tensor``;
+    ``tensors`` items are ``NAME`` or ``NAME=SHAPE`` (``x=4,5``, ``x=4,features``, ``beta=[]``); ``sizes``
+    items ``NAME=VALUE`` (a size name's example value); ``learnable`` items are ``NAME`` or ``NAME=INIT`` (a
+    number or a scheme) and declare learnable 0-dim tensors unless also given with ``--tensor``;
     ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``; ``gradients`` items ``NAME=EXPR``.
     """
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
@@ -616,6 +943,7 @@ def spec_from_flags(
             "scalars": scalar_args,
             "gradients": custom,
             "outputs": list(outputs),
+            "sizes": _size_table(sizes),
         },
         source="command-line flags",
     )
@@ -635,6 +963,7 @@ def spec_with_flags(
     outputs: Sequence[str] | None = None,
     target: str | None = None,
     namespace: str | None = None,
+    sizes: Sequence[str] = (),
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
@@ -665,6 +994,7 @@ def spec_with_flags(
         for arg, table in given.items():
             data[kind][arg] = {**data[kind].get(arg, {}), **table}
     data["gradients"] = {**data["gradients"], **_gradient_table(gradients)}
+    data["sizes"] = {**data["sizes"], **_size_table(sizes)}
     if outputs:
         data["outputs"] = list(outputs)
     return spec_from_mapping(data, source=spec.source)
@@ -701,7 +1031,10 @@ def _argument_tables(
         settings = tensor_args.setdefault(arg, {})
         settings["learnable"] = True
         if init:
-            settings["init"] = _number(_parse_scalar_value(init, "float", where)[1], where)
+            try:
+                settings["init"] = float(init)
+            except ValueError:
+                settings["init"] = init.strip()  # a scheme, read by TensorArg
     scalar_args: dict[str, dict[str, Any]] = {}
     for item in scalars:
         where = f"--scalar {item}"
@@ -729,7 +1062,7 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
     """``spec`` as the mapping :func:`spec_from_mapping` reads (the TOML document, parsed)."""
     tensors: dict[str, dict[str, Any]] = {}
     for t in spec.tensors:
-        table: dict[str, Any] = {"shape": list(t.shape)}
+        table: dict[str, Any] = {"shape": t.written_shape}
         if t.domain is not None:
             table["domain"] = list(t.domain)
         if t.avoid is not None:
@@ -753,7 +1086,13 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
         data["namespace"] = spec.namespace
     if spec.outputs:
         data["outputs"] = list(spec.outputs)
-    return {**data, "tensors": tensors, "scalars": scalars, "gradients": dict(spec.gradients)}
+    return {
+        **data,
+        "sizes": dict(spec.sizes),
+        "tensors": tensors,
+        "scalars": scalars,
+        "gradients": dict(spec.gradients),
+    }
 
 
 def spec_to_toml(spec: OpSpec) -> str:
@@ -763,6 +1102,7 @@ def spec_to_toml(spec: OpSpec) -> str:
 
 
 __all__ = [
-    "OpSpec", "ScalarArg", "TensorArg", "camel_case", "check_identifier", "load_spec",
-    "spec_from_flags", "spec_from_mapping", "spec_to_mapping", "spec_to_toml", "spec_with_flags",
+    "Init", "OpSpec", "ScalarArg", "TensorArg", "camel_case", "check_identifier", "linear_weight", "load_spec",
+    "other_sizes", "parse_init", "spec_from_flags", "spec_from_mapping", "spec_to_mapping", "spec_to_toml",
+    "spec_with_flags",
 ]  # fmt: skip

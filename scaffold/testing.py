@@ -64,6 +64,26 @@ def _quietly(check: Callable[..., None]) -> Callable[..., None]:
 
 
 @dataclass(frozen=True)
+class Init:
+    """How the Module initialises a learnable input (the spec's ``init``): ``"constant"`` (``args``: the
+    value), ``"normal"`` (mean, std), ``"uniform"`` (low, high), ``"kaiming_uniform"``, ``"xavier_uniform"``
+    or ``"linear"`` (nn.Linear's: a weight of two or more dimensions kaiming-uniform with a = sqrt(5), bound
+    1/sqrt(fan_in); a bias, which names its ``weight``, uniform within 1/sqrt(that weight's fan_in))."""
+
+    scheme: str
+    args: tuple[float, ...] = ()
+    weight: str = ""
+
+
+#: How many values of a random init the Module test pools (over calls of reset_parameters) to check it.
+INIT_DRAWS = 4096
+#: How far the spread of a random init may be from the scheme's (a ratio; 4096 draws: about 2% either way).
+SPREAD_TOLERANCE = 0.15
+#: The chance the coverage check of a uniform init may fail on a right one (it is seeded, so no flake).
+INIT_MISS = 1e-9
+
+
+@dataclass(frozen=True)
 class Input:
     """One tensor argument of the op, as the tests draw it.
 
@@ -88,6 +108,10 @@ class Input:
     learnable: bool = False
     module_shape: tuple[int, ...] | None = None
     second_shape: tuple[int, ...] | None = None
+    #: The size name of each dimension of ``module_shape`` (None: a fixed size); empty: none has one.
+    size_names: tuple[str | None, ...] = ()
+    #: A learnable input's init scheme (None: not learnable).
+    init: Init | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +137,8 @@ class OpTests:
     #: The torch.library custom op (``target = "custom_op"``): ``op`` itself, or the op that ``op`` calls
     #: where it also returns the intermediates backward reads; None for a plain Function.
     custom_op: Callable[..., object] | None = None
+    #: The sizes the Module's constructor takes, in order, with their defaults (the example's).
+    sizes: Mapping[str, int] = field(default_factory=dict)
 
     # -- the checks, one per generated test ------------------------------------------------------------
 
@@ -452,11 +478,106 @@ class OpTests:
         for name in self.scalars:
             assert name in repr(module), f"the Module's repr does not show {name}"
 
-    def _module_with_inputs(self, device: str) -> tuple[torch.nn.Module, list[torch.Tensor], list[torch.Tensor]]:
-        """The Module in float64, its learnable inputs set to random values; every tensor argument of the op
-        (the parameters among them); the Module's own inputs, the others."""
-        module = self.module(**self.scalars).to(device=device, dtype=torch.float64)
-        shapes = [i.shape if i.module_shape is None else i.module_shape for i in self.inputs]
+    @_quietly
+    def check_module_sizes(self, device: str) -> None:
+        """The Module at sizes other than the example's, given by position and by keyword: its parameters
+        have those sizes, its repr shows them, and its forward at those sizes equals the functional's (and the
+        reference's) with the Module's parameters."""
+        other = _other_sizes(self.sizes)
+        by_position = self.module(*other.values(), **self.scalars)
+        by_keyword = self.module(**other, **self.scalars)
+        shapes = [self._sized(i, other) for i in self.inputs]
+        for how, module in (("by position", by_position), ("by keyword", by_keyword)):
+            for i, shape in zip(self.inputs, shapes):
+                if i.learnable:
+                    got = tuple(getattr(module, i.name).shape)
+                    assert got == shape, f"{i.name} has shape {got}, not {shape}, with the sizes {other} {how}"
+            shown = ", ".join(str(v) for v in other.values())
+            assert module.extra_repr().startswith(shown), f"the repr {module!r} does not show the sizes {shown}"
+        module, args, inputs = self._module_with_inputs(device, by_keyword, shapes)
+        outs = self._outputs(module(*inputs))
+        self._assert_values_close(outs, self._outputs(self.op(*args, *self._scalars)), **CLOSE)
+        self._assert_values_close(outs, self._outputs(self.reference(*args, *self._scalars)), **CLOSE)
+
+    @_quietly
+    def check_reset_parameters(self) -> None:
+        """The constructor initialises each parameter by its scheme and reset_parameters does again: a
+        constant scheme restores the value; a random one draws new values, which, pooled over draws until
+        there are :data:`INIT_DRAWS`, lie within the scheme's bounds (exact), cover them, and have about its
+        mean and spread. A 0-d parameter with a constant init takes it as a keyword."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            module = self.module(**self.scalars)
+            learnable = [i for i in self.inputs if i.learnable]
+            drawn = {i.name: [getattr(module, i.name).detach().clone()] for i in learnable}
+            with torch.no_grad():
+                for i in learnable:
+                    getattr(module, i.name).add_(7.0)
+            module.reset_parameters()
+            for i in learnable:
+                value = getattr(module, i.name).detach().clone()
+                if i.init.scheme == "constant":
+                    assert bool((value == i.init.args[0]).all()), f"reset_parameters does not restore {i.name}"
+                else:
+                    assert not torch.equal(value, drawn[i.name][0]), f"reset_parameters did not draw {i.name} again"
+                drawn[i.name].append(value)
+            while min(sum(v.numel() for v in values) for values in drawn.values()) < INIT_DRAWS:
+                module.reset_parameters()
+                for i in learnable:
+                    drawn[i.name].append(getattr(module, i.name).detach().clone())
+        for i in learnable:
+            self._assert_init(module, i, torch.cat([v.flatten() for v in drawn[i.name]]))
+            if i.init.scheme == "constant" and self._sized(i, {}) == ():
+                given = i.init.args[0] + 0.5
+                module = self.module(**{i.name: given}, **self.scalars)
+                assert getattr(module, i.name).item() == given, f"the Module does not start from {i.name}={given}"
+                with torch.no_grad():
+                    getattr(module, i.name).add_(7.0)
+                module.reset_parameters()
+                assert getattr(module, i.name).item() == given, f"reset_parameters does not restore {i.name}={given}"
+
+    def _assert_init(self, module: torch.nn.Module, i: Input, values: torch.Tensor) -> None:
+        """``values`` (draws of the parameter ``i``, flattened) are what its init scheme gives."""
+        init = i.init
+        if init.scheme == "constant":
+            assert bool((values == init.args[0]).all()), f"{i.name} does not start at {init.args[0]}"
+            return
+        values = values.double()
+        n = values.numel()
+        if init.scheme == "normal":
+            mean, spread = init.args
+        else:
+            low, high = _bounds(module, i)
+            mean, spread = (low + high) / 2, (high - low) / math.sqrt(12)
+            assert bool(((values >= low) & (values <= high)).all()), (
+                f"{i.name} is not within [{low}, {high}] ({init.scheme}): {values.min()} to {values.max()}"
+            )
+            # n uniform draws all miss a strip of width t at either end with probability about n * (1 - t)**n
+            t = math.log(n / INIT_MISS) / n
+            covered = float(values.max() - values.min()) / (high - low)
+            assert covered >= 1 - t, f"{i.name} covers {covered:.3f} of [{low}, {high}] ({init.scheme})"
+        std = float(values.std())
+        assert abs(std / spread - 1) <= SPREAD_TOLERANCE, f"{i.name} spreads {std}, not about {spread}"
+        assert abs(float(values.mean()) - mean) <= 6 * spread / math.sqrt(n), f"{i.name} has mean {values.mean()}"
+
+    def _sized(self, i: Input, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """``i``'s shape in the Module's test with the Module's sizes ``sizes``."""
+        shape = i.shape if i.module_shape is None else i.module_shape
+        names = i.size_names or (None,) * len(shape)
+        return tuple(sizes.get(name, n) for n, name in zip(shape, names))
+
+    def _module_with_inputs(
+        self,
+        device: str,
+        module: torch.nn.Module | None = None,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> tuple[torch.nn.Module, list[torch.Tensor], list[torch.Tensor]]:
+        """The Module (default: at its defaults) in float64, its learnable inputs set to random values; every
+        tensor argument of the op (the parameters among them); the Module's own inputs, the others. The
+        inputs have ``shapes`` (default: their module_shape)."""
+        module = (self.module(**self.scalars) if module is None else module).to(device=device, dtype=torch.float64)
+        if shapes is None:
+            shapes = [i.shape if i.module_shape is None else i.module_shape for i in self.inputs]
         args = []
         for i, x in zip(self.inputs, self.make_inputs(device, shapes=shapes)):
             if i.learnable:
@@ -901,6 +1022,45 @@ class ProgramTests(OpTests):
                 atol=1e-9 * max(scale, 1.0),
                 msg=lambda m, w=what: f"{w} at extreme inputs: {m}",
             )
+
+
+def _other_sizes(sizes: Mapping[str, int]) -> dict[str, int]:
+    """Sizes other than ``sizes``, each one more (or more still), all distinct: a size taken for another
+    shows."""
+    taken = set(sizes.values())
+    other = {}
+    for name, size in sizes.items():
+        size += 1
+        while size in taken:
+            size += 1
+        other[name] = size
+        taken.add(size)
+    return other
+
+
+def _fans(shape: Sequence[int]) -> tuple[int, int]:
+    """torch.nn.init's fan-in and fan-out: dimension 1 and dimension 0 times the receptive field."""
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _bounds(module: torch.nn.Module, i: Input) -> tuple[float, float]:
+    """The interval a uniform init scheme draws the parameter ``i`` of ``module`` from."""
+    init = i.init
+    shape = tuple(getattr(module, i.name).shape)
+    if init.scheme == "uniform":
+        return init.args[0], init.args[1]
+    if init.scheme == "kaiming_uniform":  # a = 0, leaky_relu's gain sqrt(2)
+        bound = math.sqrt(2.0) * math.sqrt(3.0 / _fans(shape)[0])
+    elif init.scheme == "xavier_uniform":
+        bound = math.sqrt(6.0 / sum(_fans(shape)))
+    elif init.scheme == "linear" and init.weight:  # a bias: 1/sqrt(fan_in) of its weight
+        bound = 1 / math.sqrt(_fans(tuple(getattr(module, init.weight).shape))[0])
+    elif init.scheme == "linear":  # kaiming-uniform with a = sqrt(5): gain sqrt(1/3), bound 1/sqrt(fan_in)
+        bound = 1 / math.sqrt(_fans(shape)[0])
+    else:
+        raise ValueError(f"unknown init scheme {init.scheme!r} of {i.name}")
+    return -bound, bound
 
 
 class _ScaledModel(torch.nn.Module):

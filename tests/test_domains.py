@@ -293,7 +293,8 @@ def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
     result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
     failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
     # The hand-written modules define jvp on the Function they call: Dynamo refuses them (test_compile,
-    # test_compiled_model); they compute in autocast's bfloat16, not in the float32 scaffold documents.
+    # test_compiled_model); they compute in autocast's bfloat16, not in the float32 scaffold documents; the
+    # hand-written Swishb has no reset_parameters.
     assert failed == [
         "FAILED test_powf.py::test_autocast[cpu]",
         "FAILED test_powf.py::test_compile[cpu]",
@@ -303,6 +304,7 @@ def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
         "FAILED test_swishb.py::test_compile[cpu]",
         "FAILED test_swishb.py::test_compiled_model[cpu]",
         "FAILED test_swishb.py::test_extreme_inputs[cpu]",
+        "FAILED test_swishb.py::test_reset_parameters",
     ], result.stdout[-4000:]
     assert "x at special points is nan where the reference's is 1.0, at {'x': 0.0}" in result.stdout
     assert "beta in float32 at extreme inputs" in result.stdout

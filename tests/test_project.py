@@ -272,6 +272,22 @@ def test_new_op_from_a_hand_written_spec(project, scaffold):
     assert "from specs/cube.toml" in (project / "src/demo_ops/ops/cube.py").read_text().splitlines()[0]
 
 
+def test_new_op_with_named_sizes_writes_them_into_its_spec(project, scaffold):
+    flags = ["--tensor", "x=4,features", "--tensor", "weight=features", "--learnable", "weight=ones"]
+    code, out, err = scaffold(
+        "new", "op", "scale", "--forward", "x * weight", *flags, "--size", "features=8", cwd=project
+    )
+    assert code == 0, err
+    spec = (project / "specs/scale.toml").read_text()
+    assert "[sizes]\nfeatures = 8\n" in spec and 'shape = [4, "features"]' in spec and 'init = "ones"' in spec
+    module = (project / "src/demo_ops/ops/scale.py").read_text()
+    assert "def __init__(self, features: int = 8) -> None:" in module
+    code, out, err = scaffold("update", "op", "scale", "--size", "features=12", cwd=project)
+    assert code == 0, err
+    assert "features = 12" in (project / "specs/scale.toml").read_text()
+    assert "features: int = 12" in (project / "src/demo_ops/ops/scale.py").read_text()
+
+
 def test_outside_a_project_update_says_so(tmp_path, scaffold):
     code, out, err = scaffold("update", cwd=tmp_path)
     assert code == cli.EXIT_ERROR

@@ -249,9 +249,15 @@ def swish(x: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 class Swish(nn.Module):
     """Module form of :func:`swish`; learns beta."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, beta: float = 1.0) -> None:
         super().__init__()
-        self.beta = nn.Parameter(torch.full((), 1.0))
+        self.beta_init = beta
+        self.beta = nn.Parameter(torch.empty(()))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Set the parameters to their initial values; random schemes draw them again."""
+        nn.init.constant_(self.beta, self.beta_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _apply(x, self.beta)

@@ -229,9 +229,15 @@ def _(info, in_dims, x, beta):
 class SwishCustom(nn.Module):
     """Module form of :func:`swish_custom`; learns beta."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, beta: float = 1.0) -> None:
         super().__init__()
-        self.beta = nn.Parameter(torch.full((), 1.0))
+        self.beta_init = beta
+        self.beta = nn.Parameter(torch.empty(()))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Set the parameters to their initial values; random schemes draw them again."""
+        nn.init.constant_(self.beta, self.beta_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swish_custom(x, self.beta)

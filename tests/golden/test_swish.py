@@ -6,7 +6,7 @@ tests that take ``device`` run on the CPU and on CUDA (skipped without a GPU).
 """
 
 import torch
-from scaffold.testing import Input, OpTests, device_fixture
+from scaffold.testing import Init, Input, OpTests, device_fixture
 
 from swish import Swish, SwishFunction, swish
 
@@ -43,6 +43,7 @@ OP = OpTests(
             typical=0.5,
             extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
             learnable=True,
+            init=Init("constant", (1.0,)),
         ),
     ],
 )
@@ -122,3 +123,7 @@ def test_compiled_model(device):
 
 def test_module(device):
     OP.check_module(device)
+
+
+def test_reset_parameters():
+    OP.check_reset_parameters()
