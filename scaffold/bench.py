@@ -245,8 +245,8 @@ def scaled_program_shapes(spec: OpSpec, numel: int) -> list[tuple[int, ...]]:
         ]
 
     def largest(size: int) -> int:
-        tensors = tuple(dataclasses.replace(t, shape=s) for t, s in zip(spec.tensors, shapes(size)))
-        grown = dataclasses.replace(spec, tensors=tensors)
+        tensors = tuple(dataclasses.replace(t, shape=s, size_names=()) for t, s in zip(spec.tensors, shapes(size)))
+        grown = dataclasses.replace(spec, tensors=tensors, sizes=())
         program = build_program(parse_forward(grown), grown)
         return max(math.prod(v.shape) for v in program.values)
 

@@ -1197,9 +1197,10 @@ def _program_fits(spec: OpSpec, program: Program, shapes: list[tuple[int, ...]])
     for r in rank_requirements(program):
         if ranks[r.tensor] < r.rank or (r.exact and ranks[r.tensor] != r.rank):
             return False
-    tensors = tuple(dataclasses.replace(t, shape=tuple(s)) for t, s in zip(spec.tensors, shapes))
+    # Sizes as numbers: a size name holds the example's value.
+    tensors = tuple(dataclasses.replace(t, shape=tuple(s), size_names=()) for t, s in zip(spec.tensors, shapes))
     try:
-        build_program(program.parsed, dataclasses.replace(spec, tensors=tensors))
+        build_program(program.parsed, dataclasses.replace(spec, tensors=tensors, sizes=()))
     except ScaffoldError:
         return False
     return True

@@ -12,7 +12,7 @@ import re
 import sys
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +428,7 @@ class OpSpec:
             given.add(name)
         self._check_outputs(where, seen)
         self._check_sizes(where, seen)
+        object.__setattr__(self, "tensors", _broadcast_names(self.tensors))
         if not self.structured:
             _check_broadcast_names(self.tensors, where)
         for t in self.tensors:
@@ -564,6 +565,27 @@ def other_sizes(sizes: dict[str, int]) -> dict[str, int]:
         other[name] = size
         taken.add(size)
     return other
+
+
+def _broadcast_names(tensors: tuple[TensorArg, ...]) -> tuple[TensorArg, ...]:
+    """The tensors with a number in a shape named where broadcasting ties it to a named size: a dimension
+    (counted from the right, above 1) that another tensor names, and that is that size at the example, takes
+    the name. x [8, 16] beside weight ["features"] (features = 16) is x [8, "features"], as torch requires of
+    every call; without the name the op's tests at other sizes could not broadcast x with the weight. A
+    number of another size is left as written, for the checks that follow to refuse."""
+    named: dict[int, tuple[str, int]] = {}  # dimension counted from the right -> its first name and size
+    for t in tensors:
+        for dim, (size, name) in enumerate(zip(reversed(t.shape), reversed(t.size_names)), start=1):
+            if name is not None:
+                named.setdefault(dim, (name, size))
+    result = []
+    for t in tensors:
+        names = list(t.size_names)
+        for dim in range(1, len(names) + 1):
+            if names[-dim] is None and t.shape[-dim] > 1 and named.get(dim, (None, 0))[1] == t.shape[-dim]:
+                names[-dim] = named[dim][0]
+        result.append(replace(t, size_names=tuple(names)) if tuple(names) != t.size_names else t)
+    return tuple(result)
 
 
 def _check_broadcast_names(tensors: tuple[TensorArg, ...], where: str) -> None:

@@ -155,6 +155,29 @@ def test_layer_norm_takes_its_size_by_position_and_by_keyword(layer_norm):
     assert layer_norm.LayerNorm().weight.shape == (16,)  # the example's size by default
 
 
+def test_a_number_that_broadcasts_with_a_named_size_takes_its_name(tmp_path):
+    """x [8, 16] beside weight ["features"] (features = 16): torch ties x's last dimension to the weight's, so
+    it is "features" too, for elementwise and structured ops alike; a product's inner dimension is tied when it
+    lines up from the right (x [8, 16] @ transpose(w, 0, 1) with w ["out", "in"])."""
+    unnamed = dict(LAYER_NORM, tensors=dict(LAYER_NORM["tensors"], x={"shape": [8, 16]}))
+    assert _spec(unnamed).tensors[0].size_names == (None, "features")
+    scaled = make_spec(
+        "scaled", "x*w", {"x": {"shape": [4, 16]}, "w": {"shape": ["n"], "learnable": True}}, sizes={"n": 16}
+    )
+    assert scaled.tensors[0].size_names == (None, "n")
+    linear = dict(LINEAR_RELU, tensors=dict(LINEAR_RELU["tensors"], x={"shape": [8, 16]}))
+    assert _spec(linear).tensors[0].size_names == (None, "in_features")
+    module = import_generated(tmp_path, _spec(unnamed))
+    x = torch.randn(2, 3, 768, dtype=torch.float64)
+    norm = module.LayerNorm(768).double()
+    torch.testing.assert_close(norm(x), F.layer_norm(x, (768,), norm.weight, norm.bias, 1e-5))
+    # a batch dimension equal to the size by chance is not tied: only dimensions that broadcast together are
+    square = make_spec(
+        "square", "x*w", {"x": {"shape": [16, 16]}, "w": {"shape": ["n"], "learnable": True}}, sizes={"n": 16}
+    )
+    assert square.tensors[0].size_names == (None, "n")
+
+
 def test_one_size_name_is_one_size_at_call_time(layer_norm):
     message = 'layer_norm: size "features" is 16 in x (dim -1) but 20 in weight (dim 0)'
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
