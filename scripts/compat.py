@@ -67,24 +67,30 @@ OPS: list[tuple[str, str, dict]] = [
     ),
     (
         "layer_norm",
-        "structured (reductions)",
+        "structured (reductions), a named size",
         {
             "forward": "mu = mean(x, dim=-1, keepdim=True)\nxc = x - mu\nvar = mean(xc**2, dim=-1, keepdim=True)\n"
             "xc / sqrt(var + eps) * weight + bias",
+            "sizes": {"features": 16},
             "tensors": {
-                "x": {"shape": [8, 16]},
-                "weight": {"shape": [16], "learnable": True, "init": 1.0},
-                "bias": {"shape": [16], "learnable": True, "init": 0.0},
+                "x": {"shape": [8, "features"]},
+                "weight": {"shape": ["features"], "learnable": True, "init": "ones"},
+                "bias": {"shape": ["features"], "learnable": True, "init": "zeros"},
             },
             "scalars": {"eps": {"default": 1e-5}},
         },
     ),
     (
         "linear_relu",
-        "structured (matmul)",
+        "structured (matmul), sizes, nn.Linear's init",
         {
             "forward": "Max(0, x @ transpose(weight, 0, 1) + bias)",
-            "tensors": {"x": {"shape": [8, 16]}, "weight": {"shape": [32, 16]}, "bias": {"shape": [32]}},
+            "sizes": {"in_features": 16, "out_features": 32},
+            "tensors": {
+                "x": {"shape": [8, "in_features"]},
+                "weight": {"shape": ["out_features", "in_features"], "learnable": True, "init": "linear"},
+                "bias": {"shape": ["out_features"], "learnable": True, "init": "linear"},
+            },
         },
     ),
     (
