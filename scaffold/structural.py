@@ -320,7 +320,11 @@ def _stable_form(expr: sympy.Basic) -> sympy.Basic:
                 continue
             numerator = base.args[0]
             if numerator in expr.args:
-                rest = [f for f in expr.args if f is not factor and f is not numerator]
+                # By equality, not identity: the numerator and the sum's exp are one object only while
+                # sympy's cache holds it (a full cache made this Softmax(x)*exp(x)).
+                rest = list(expr.args)
+                rest.remove(factor)
+                rest.remove(numerator)
                 return sympy.Mul(Softmax(numerator.args[0], base.args[1][0]), *rest)
     return expr
 

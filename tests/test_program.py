@@ -48,3 +48,21 @@ def test_outputs_keep_their_own_shapes():
 def test_the_same_value_twice_is_refused():
     with pytest.raises(ExpressionError, match="outputs 'a', 'b' are the same value"):
         _program("a = x*2\nb = 2*x", {"x": {}}, outputs=["a", "b"])
+
+
+def test_the_softmax_textbook_form_is_found_whatever_sympy_caches():
+    """exp(x) / sum(exp(x), dim=-1, keepdim=True) is softmax(x, dim=-1) also where its two exp(x) are distinct
+    objects (sympy's cache full, as late in a long process): the rewrite compares them by equality (by
+    identity it returned Softmax(x)*exp(x), inf at x = 1000)."""
+    import sympy
+    from sympy.core.cache import clear_cache
+
+    from scaffold.structural import ReduceSum, Softmax, stable_forms
+
+    x = sympy.Symbol("x", real=True)
+    summed = ReduceSum(sympy.exp(x), sympy.Tuple(-1), sympy.true)
+    clear_cache()
+    textbook = sympy.exp(x) / summed
+    assert all(a is not summed.args[0] for a in textbook.args)
+    assert stable_forms(textbook) == Softmax(x, -1)
+    assert stable_forms(2 * textbook) == 2 * Softmax(x, -1)
