@@ -13,6 +13,8 @@ translation is an error naming that node; nothing is printed half-right. It fixe
   into the gradient;
 * a case distinction between numbers takes its dtype from a float tensor beside it (never from a bool
   mask), and ``grad * tanh_grad(t)`` is one fused kernel, ``torch.ops.aten.tanh_backward``;
+* parentheses follow what a sub-expression prints as, by Python's own precedence (:func:`binding`), not
+  the sympy node it came from: ``Heaviside(x, 1)`` prints as a sum and is parenthesized as one;
 * ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
 * functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`;
 * the stable primitives of :mod:`.stable` map to PyTorch's own (``softplus`` ->
