@@ -168,6 +168,7 @@ class TorchPrinter(StrPrinter):
         self.imports: set[str] = set()  # keys of IMPORTS
         self.helpers: set[str] = set()  # the generated module's own functions the code calls (NEG_ABS)
         self._dtype_anchored = False
+        self._tensor_argument = False  # printing a torch function's argument, which must be a tensor
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -370,7 +371,10 @@ class TorchPrinter(StrPrinter):
         if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
             return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
         torch_name, math_name = function.torch, function.math
-        args = ", ".join(self._print(a) for a in expr.args)
+        if self.is_tensor(expr):
+            args = ", ".join(self._argument(a) if self.is_tensor(a) else self._print(a) for a in expr.args)
+        else:
+            args = ", ".join(self._print(a) for a in expr.args)
         if self.is_tensor(expr):
             if function.tensor_only and not all(self.is_tensor(a) for a in expr.args):
                 # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
@@ -401,6 +405,14 @@ class TorchPrinter(StrPrinter):
 
     def _print_kept(self, expr: stable.kept) -> str:
         return self._print(expr.args[0])
+
+    def _argument(self, item: sympy.Basic) -> str:
+        """``item`` as a torch function's tensor argument (a case picked in Python gives a tensor)."""
+        self._tensor_argument = isinstance(item, sympy.Piecewise)
+        try:
+            return self._print(item)
+        finally:
+            self._tensor_argument = False
 
     def _operand(self, item: sympy.Basic, tightest: int) -> str:
         """``item`` printed as an operand that must bind at least as tightly as ``tightest``."""
@@ -448,7 +460,7 @@ class TorchPrinter(StrPrinter):
         # torch.heaviside has no derivative, which breaks double backward and the reference test;
         # torch.sign keeps the input's dtype and differentiates to zero.
         arg, at_zero = expr.args
-        text = self._print(arg)
+        text = self._argument(arg) if self.is_tensor(arg) else self._print(arg)
         if not self.is_tensor(arg):
             return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
         if at_zero == 0:
@@ -464,9 +476,9 @@ class TorchPrinter(StrPrinter):
         numbers = [a for a in expr.args if not self.is_tensor(a)]
         if not tensors:
             return f"{builtin}({', '.join(self._print(a) for a in numbers)})"
-        text = self._print(tensors[0])
+        text = self._argument(tensors[0])
         for other in tensors[1:]:
-            text = f"{torch_name}({text}, {self._print(other)})"
+            text = f"{torch_name}({text}, {self._argument(other)})"
         if numbers:
             bound = (
                 self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
@@ -529,9 +541,10 @@ class TorchPrinter(StrPrinter):
                 text = f"({self._print(value)} if {self._print(cond)} else {text})"
             return text
         any_tensor_value = any(self.is_tensor(p.expr) for p in pairs)
-        # A condition on scalars alone picks its branch in Python: a number it may pick becomes a tensor (of a
-        # float tensor's dtype), so that what the case distinction feeds (torch.abs, ...) gets a tensor.
-        picked = any_tensor_value and not all(self.is_tensor(p.cond) for p in pairs[:-1])
+        # A condition on scalars alone picks its branch in Python: as a torch function's argument, a number it
+        # may pick becomes a tensor (of a float tensor's dtype), so that torch.abs, ... gets a tensor.
+        wanted, self._tensor_argument = self._tensor_argument, False
+        picked = wanted and any_tensor_value and not all(self.is_tensor(p.cond) for p in pairs[:-1])
         floats = sorted(s.name for p in pairs for s in p.expr.free_symbols if s.name in self.tensors - self.bools)
         previous: list[sympy.Basic] = []
         branches = []
