@@ -35,7 +35,8 @@ from . import structural
 from .errors import error_context
 from .lowering import step_relational
 from .plan import straight_line
-from .printing import IMPORTS, print_torch
+from .printing import IMPORTS, POWER, PRODUCT, print_torch
+from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, broadcast
 from .rules import (
     Emitter,
@@ -539,7 +540,11 @@ class _Planner:
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
             code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.positional)
         if outer != "1":
-            code = f"-{_atom(code) if code[0] == '-' else code}" if outer == "-1" else f"{outer} * {code}"
+            # by what the texts print as: outer * (a + b), -(a - b)
+            if outer == "-1":
+                code = f"-{_atom(code) if code[0] == '-' else parenthesized(code, PRODUCT)}"
+            else:
+                code = f"{parenthesized(outer, PRODUCT)} * {parenthesized(code, POWER)}"
         g = grad_names[target]
         if target in grad_shapes:
             total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"

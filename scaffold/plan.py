@@ -490,7 +490,7 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     for variant in variants:
         for chosen in kept.subsets(variant) if kept is not None else [()]:
             replaced = [e.xreplace(kept.replacements(chosen)) for e in variant] if chosen else variant
-            for subset in _mask_subsets(replaced, parsed):
+            for subset in _mask_subsets(replaced, parsed, set(grads)):
                 exprs, masks, cost = _with_masks(replaced, subset, taken, sizes)
                 if chosen:
                     if not kept.readable(chosen, exprs):
@@ -838,10 +838,23 @@ def _rank(cost: Cost, policy: str, fused: bool = False) -> tuple[float, float]:
     return (kept, cost.operations) if policy == "memory" else (cost.operations, kept)
 
 
-def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sympy.Basic]:
+def _conditions(
+    exprs: list[sympy.Expr], tensors: set[sympy.Symbol], upstream: set[sympy.Symbol] = frozenset()
+) -> list[sympy.Basic]:
     """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise and of steps
     (Heaviside, 0 or 1 at 0), except where the printer keeps a branch's or a step's other factors inside
-    the region using the condition itself (see lowering.needs_guard)."""
+    the region using the condition itself (see lowering.needs_guard). A mask is computed in setup_context,
+    before any gradient exists: a condition that reads an ``upstream`` gradient (a custom gradient's
+    ``grad < 0``) stays in backward, and of ``(x >= bound) | (grad < 0)`` only ``x >= bound`` may be a mask."""
+
+    def maskable(condition: sympy.Basic) -> list[sympy.Basic]:
+        if not condition.free_symbols & tensors:
+            return []
+        if not condition.free_symbols & upstream:
+            return [condition]
+        if isinstance(condition, (sympy.And, sympy.Or)):
+            return [c for arg in condition.args for c in maskable(arg)]
+        return []
 
     def needs_guard(value: sympy.Basic) -> bool:
         return lowering.needs_guard(value, lambda e: bool(e.free_symbols & tensors))
@@ -859,11 +872,12 @@ def _conditions(exprs: list[sympy.Expr], tensors: set[sympy.Symbol]) -> list[sym
         }
         for node in nodes:
             if isinstance(node, sympy.Piecewise) and not any(needs_guard(p.expr) for p in node.args):
-                conds = [p.cond for p in node.args if p.cond.free_symbols & tensors]
+                conds = [c for p in node.args for c in maskable(p.cond)]
             elif (
                 isinstance(node, sympy.Heaviside)
                 and node.args[1] in (0, 1)
                 and node.free_symbols & tensors
+                and not node.free_symbols & upstream
                 and node not in guarded
             ):
                 conds = [_step_condition(node)]
@@ -884,8 +898,10 @@ def _step_condition(step: sympy.Heaviside) -> sympy.Basic:
     return (sympy.Gt if at_zero == 0 else sympy.Ge)(positive, negative - constant)
 
 
-def _mask_subsets(exprs: list[sympy.Expr], parsed) -> list[tuple[sympy.Basic, ...]]:
-    conditions = _conditions(exprs, {parsed.symbols[n] for n in parsed.tensor_names})
+def _mask_subsets(
+    exprs: list[sympy.Expr], parsed, upstream: set[sympy.Symbol] = frozenset()
+) -> list[tuple[sympy.Basic, ...]]:
+    conditions = _conditions(exprs, {parsed.symbols[n] for n in parsed.tensor_names}, upstream)
     if len(conditions) > MAX_MASKED_CONDITIONS:
         return [(), tuple(conditions)]
     return [c for k in range(len(conditions) + 1) for c in itertools.combinations(conditions, k)]
@@ -904,7 +920,8 @@ def _with_masks(
             if node.args[1] in (0, 1) and _step_condition(node) in symbols:
                 return sympy.Piecewise((1, symbols[_step_condition(node)]), (0, True))
             return node
-        pairs = [(p.expr, symbols.get(p.cond, p.cond)) for p in node.args]
+        # a condition a mask stands for, or one of the terms of a condition's And/Or (the rest reads grad)
+        pairs = [(p.expr, symbols.get(p.cond, p.cond.xreplace(symbols))) for p in node.args]
         return sympy.Piecewise(*pairs)
 
     if symbols:

@@ -13,6 +13,8 @@ translation is an error naming that node; nothing is printed half-right. It fixe
   into the gradient;
 * a case distinction between numbers takes its dtype from a float tensor beside it (never from a bool
   mask), and ``grad * tanh_grad(t)`` is one fused kernel, ``torch.ops.aten.tanh_backward``;
+* parentheses follow what a sub-expression prints as, by Python's own precedence (:func:`binding`), not
+  the sympy node it came from: ``Heaviside(x, 1)`` prints as a sum and is parenthesized as one;
 * ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
 * functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`;
 * the stable primitives of :mod:`.stable` map to PyTorch's own (``softplus`` ->
@@ -24,10 +26,11 @@ exactly those.
 
 from __future__ import annotations
 
+import ast
+import functools
 from typing import NamedTuple
 
 import sympy
-from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 from . import functions, stable
@@ -64,6 +67,53 @@ _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, symp
              sympy.core.numbers.ComplexInfinity, sympy.core.numbers.NaN)  # fmt: skip
 
 
+#: How tightly Python binds a printed text's outermost operation, loosest first (the language reference's
+#: precedence table). Parentheses follow what was printed, not the sympy node it came from: Heaviside(x, 1)
+#: prints as ``1 - torch.sign(-x).clamp(min=0)``, a sum, wherever it stands.
+(LAMBDA, CONDITIONAL, OR, AND, NOT, COMPARISON, BIT_OR, BIT_XOR, BIT_AND, SHIFT, SUM, PRODUCT, UNARY, POWER, AWAIT,
+ ATOM) = range(16)  # fmt: skip
+_BINARY = {
+    ast.BitOr: BIT_OR, ast.BitXor: BIT_XOR, ast.BitAnd: BIT_AND, ast.LShift: SHIFT, ast.RShift: SHIFT,
+    ast.Add: SUM, ast.Sub: SUM, ast.Mult: PRODUCT, ast.MatMult: PRODUCT, ast.Div: PRODUCT, ast.FloorDiv: PRODUCT,
+    ast.Mod: PRODUCT, ast.Pow: POWER,
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def binding(text: str) -> int:
+    """How tightly the outermost operation of the Python expression ``text`` binds (ATOM: a name, a
+    number, a call, an attribute, anything parenthesized)."""
+    text = text.strip()
+    node = ast.parse(text, mode="eval").body
+    if node.col_offset > 0:  # the whole text is in parentheses
+        return ATOM
+    if isinstance(node, ast.Lambda):
+        return LAMBDA
+    if isinstance(node, ast.IfExp):
+        return CONDITIONAL
+    if isinstance(node, ast.BoolOp):
+        return OR if isinstance(node.op, ast.Or) else AND
+    if isinstance(node, ast.UnaryOp):
+        return NOT if isinstance(node.op, ast.Not) else UNARY
+    if isinstance(node, ast.Compare):
+        return COMPARISON
+    if isinstance(node, ast.BinOp):
+        return _BINARY[type(node.op)]
+    if isinstance(node, ast.Await):
+        return AWAIT
+    return ATOM
+
+
+#: sympy's precedence levels (StrPrinter's parenthesize) as Python's.
+_PYTHON_LEVEL = {0: LAMBDA, 10: BIT_XOR, 20: OR, 30: AND, 35: COMPARISON, 40: SUM, 50: PRODUCT, 60: POWER, 70: ATOM}
+
+
+def operand(text: str, tightest: int) -> str:
+    """``text`` where Python reads an operand that binds at least as tightly as ``tightest``: parenthesized
+    where its own outermost operation binds more loosely (a sum as a factor, a negation as a base)."""
+    return text if binding(text) >= tightest else f"({text})"
+
+
 def _unsupported(node: sympy.Basic, where: str | None = None) -> DerivationError:
     if isinstance(node, (sympy.Derivative, sympy.Subs, sympy.Integral)):
         message = f"sympy leaves {sympy.sstr(node)} unevaluated; it has no torch translation"
@@ -89,6 +139,13 @@ def check_printable(expr: sympy.Basic, *, where: str) -> None:
             raise _unsupported(node, where)
 
 
+def _boolean_symbols(expr: sympy.Basic) -> set[sympy.Symbol]:
+    """The symbols ``expr`` uses as conditions (a temporary holding a comparison: a bool tensor)."""
+    used = [pair.cond for p in expr.atoms(sympy.Piecewise) for pair in p.args]
+    used += [arg for b in expr.atoms(sympy.And, sympy.Or, sympy.Not) for arg in b.args]
+    return {c for c in used if isinstance(c, sympy.Symbol)}
+
+
 class TorchPrinter(StrPrinter):
     """Prints sympy expressions as torch code.
 
@@ -111,6 +168,7 @@ class TorchPrinter(StrPrinter):
         self.imports: set[str] = set()  # keys of IMPORTS
         self.helpers: set[str] = set()  # the generated module's own functions the code calls (NEG_ABS)
         self._dtype_anchored = False
+        self._tensor_argument = False  # printing a torch function's argument, which must be a tensor
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -171,14 +229,14 @@ class TorchPrinter(StrPrinter):
                 return f"torch.rsqrt({self._print(base)})"
             return f"1 / {self._qualified('math.sqrt')}({self._print(base)})"
         if exponent == -1:
-            return f"1 / {self.parenthesize(base, PRECEDENCE['Mul'], strict=True)}"
+            return f"1 / {self._operand(base, POWER)}"
         # Other negative powers stay powers, x**-7 rather than 1 / x**7: the double backward of the
         # reciprocal squares 1 / x**7 (inf in float32 at x = 1e-3); pow's own, -7 * x**-8, does not.
-        prec = PRECEDENCE["Pow"]
         exponent_text = self._print(exponent)
         if not exponent.is_Integer and not exponent.is_Symbol:
             exponent_text = f"({exponent_text})"
-        return f"{self.parenthesize(base, prec, strict=True)}**{exponent_text}"
+        # A base binds tighter than ** itself: (x**a)**b and (-x)**b keep their parentheses.
+        return f"{self._operand(base, AWAIT)}**{operand(exponent_text, UNARY)}"
 
     def _print_Mul(self, expr: sympy.Mul) -> str:
         """A product: a step selects, a case distinction between numbers scales the rest, a derivative
@@ -264,15 +322,14 @@ class TorchPrinter(StrPrinter):
                 denominator.append(str(coefficient.q))
         elif coefficient != 1:
             numerator.append(self._print(coefficient))
-        prec = PRECEDENCE["Mul"]
         for factor in factors:
             if factor in masks:
                 continue
             if factor.is_Pow and (factor.exp == -1 or (factor.exp == -sympy.S.Half and not self.is_tensor(factor))):
                 inverse = factor.base if factor.exp == -1 else sympy.sqrt(factor.base)
-                denominator.append(self.parenthesize(inverse, prec, strict=True))
+                denominator.append(self._operand(inverse, POWER))
             else:
-                numerator.append(self.parenthesize(factor, prec))
+                numerator.append(self._operand(factor, POWER))
         # The masks' case distinctions need no dtype anchor of their own: the product's tensors fix it.
         self._dtype_anchored, anchored = bool(masks), self._dtype_anchored
         try:
@@ -314,7 +371,10 @@ class TorchPrinter(StrPrinter):
         if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
             return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
         torch_name, math_name = function.torch, function.math
-        args = ", ".join(self._print(a) for a in expr.args)
+        if self.is_tensor(expr):
+            args = ", ".join(self._argument(a) if self.is_tensor(a) else self._print(a) for a in expr.args)
+        else:
+            args = ", ".join(self._print(a) for a in expr.args)
         if self.is_tensor(expr):
             if function.tensor_only and not all(self.is_tensor(a) for a in expr.args):
                 # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
@@ -336,7 +396,7 @@ class TorchPrinter(StrPrinter):
 
     def _print_finite_at_zero(self, expr: stable.finite_at_zero) -> str:
         value, x = expr.args
-        text = self.parenthesize(value, PRECEDENCE["Atom"], strict=True)
+        text = self._operand(value, ATOM)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
     def _print_neg_abs(self, expr: stable.neg_abs) -> str:
@@ -346,11 +406,35 @@ class TorchPrinter(StrPrinter):
     def _print_kept(self, expr: stable.kept) -> str:
         return self._print(expr.args[0])
 
+    def _argument(self, item: sympy.Basic) -> str:
+        """``item`` as a torch function's tensor argument (a case picked in Python gives a tensor)."""
+        self._tensor_argument = isinstance(item, sympy.Piecewise)
+        try:
+            return self._print(item)
+        finally:
+            self._tensor_argument = False
+
+    def _operand(self, item: sympy.Basic, tightest: int) -> str:
+        """``item`` printed as an operand that must bind at least as tightly as ``tightest``."""
+        return operand(self._print(item), tightest)
+
     def parenthesize(self, item: sympy.Basic, level: int, strict: bool = False) -> str:
-        # kept(w) prints as w, parenthesized also at equal precedence: (a**n)**2, not a**n**2 = a**(n**2)
-        if isinstance(item, stable.kept):
-            return super().parenthesize(item.args[0], level, strict=False)
-        return super().parenthesize(item, level, strict)
+        """sympy's hook, for the methods inherited from StrPrinter: by what ``item`` prints as."""
+        tightest = _PYTHON_LEVEL[max(k for k in _PYTHON_LEVEL if k <= level)]
+        return self._operand(item, tightest if strict else tightest + 1)
+
+    def _print_Add(self, expr: sympy.Add, order: str | None = None) -> str:
+        """A sum, its terms' leading minus signs made subtractions: x - y, x - (1 - s), never x - 1 - s."""
+        text = ""
+        for term in self._as_ordered_terms(expr, order=order):
+            printed = self._print(term)
+            if text and printed.startswith("-") and binding(printed) >= PRODUCT:  # -a * b: (-a) * b
+                text += f" - {operand(printed[1:], PRODUCT)}"
+            elif text:
+                text += f" + {operand(printed, SUM)}"
+            else:
+                text = operand(printed, SUM)
+        return text
 
     def _print_log_ndtr_grad(self, expr: stable.log_ndtr_grad) -> str:
         return self._print(stable.log_ndtr_grad.expanded(*expr.args))
@@ -376,7 +460,7 @@ class TorchPrinter(StrPrinter):
         # torch.heaviside has no derivative, which breaks double backward and the reference test;
         # torch.sign keeps the input's dtype and differentiates to zero.
         arg, at_zero = expr.args
-        text = self._print(arg)
+        text = self._argument(arg) if self.is_tensor(arg) else self._print(arg)
         if not self.is_tensor(arg):
             return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
         if at_zero == 0:
@@ -392,9 +476,9 @@ class TorchPrinter(StrPrinter):
         numbers = [a for a in expr.args if not self.is_tensor(a)]
         if not tensors:
             return f"{builtin}({', '.join(self._print(a) for a in numbers)})"
-        text = self._print(tensors[0])
+        text = self._argument(tensors[0])
         for other in tensors[1:]:
-            text = f"{torch_name}({text}, {self._print(other)})"
+            text = f"{torch_name}({text}, {self._argument(other)})"
         if numbers:
             bound = (
                 self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
@@ -414,8 +498,8 @@ class TorchPrinter(StrPrinter):
 
     def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
         op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
-        prec = PRECEDENCE["Relational"]
-        return f"{self.parenthesize(expr.lhs, prec)} {op} {self.parenthesize(expr.rhs, prec)}"
+        # comparisons chain in Python (a < b < c) and bind more loosely than & and |: both sides bind tighter
+        return f"{self._operand(expr.lhs, BIT_OR)} {op} {self._operand(expr.rhs, BIT_OR)}"
 
     def _print_And(self, expr: sympy.And) -> str:
         return self._boolean(expr, "&", "and")
@@ -430,13 +514,19 @@ class TorchPrinter(StrPrinter):
     def _print_ITE(self, expr: sympy.ITE) -> str:
         # if-then-else between conditions: sympy folds Abs(Piecewise(...) - t) <= delta into one
         condition, then, otherwise = expr.args
-        if self.is_tensor(expr):
+        if self.is_tensor(condition):
             return f"torch.where({self._print(condition)}, {self._print(then)}, {self._print(otherwise)})"
+        if self.is_tensor(expr):  # a Python bool picks a condition on tensors: both, each with its case
+            return self._print(expr.to_nnf(simplify=False))
         return f"(({self._print(then)}) if ({self._print(condition)}) else ({self._print(otherwise)}))"
 
     def _boolean(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
-        op = tensor_op if self.is_tensor(expr) else python_op
-        return f" {op} ".join(f"({self._print(a)})" for a in sorted(expr.args, key=sympy.default_sort_key))
+        args = sorted(expr.args, key=sympy.default_sort_key)
+        if not self.is_tensor(expr):
+            return f" {python_op} ".join(f"({self._print(a)})" for a in args)
+        # & and | bind tighter than comparisons: (x > 0) & mask
+        tightest = BIT_AND + 1 if tensor_op == "&" else BIT_OR + 1
+        return f" {tensor_op} ".join(self._operand(a, tightest) for a in args)
 
     def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
         pairs = list(expr.args)
@@ -451,18 +541,28 @@ class TorchPrinter(StrPrinter):
                 text = f"({self._print(value)} if {self._print(cond)} else {text})"
             return text
         any_tensor_value = any(self.is_tensor(p.expr) for p in pairs)
+        # A condition on scalars alone picks its branch in Python: as a torch function's argument, a number it
+        # may pick becomes a tensor (of a float tensor's dtype), so that torch.abs, ... gets a tensor.
+        wanted, self._tensor_argument = self._tensor_argument, False
+        picked = wanted and any_tensor_value and not all(self.is_tensor(p.cond) for p in pairs[:-1])
+        floats = sorted(s.name for p in pairs for s in p.expr.free_symbols if s.name in self.tensors - self.bools)
         previous: list[sympy.Basic] = []
         branches = []
         for value, cond in pairs:
             region = sympy.And(cond, *[sympy.Not(c) for c in previous]) if previous else cond
             previous.append(cond)
-            branches.append((self._print_branch(value, region), cond))
+            value_text = self._print_branch(value, region)
+            if picked and floats and not self.is_tensor(value):
+                value_text = f"{floats[0]}.new_tensor({value_text})"
+            branches.append((value_text, cond))
         text = branches[-1][0]
         if not any_tensor_value and not self._dtype_anchored:
             # Both values are numbers: anchor the dtype on a float tensor of the condition, else on
             # the upstream gradient (a bool mask's new_tensor(0) is bool, and where(mask, 1, False) int64: times
             # a float scalar, float32 inside a float64 gradient).
-            floats = sorted(s.name for s in expr.free_symbols if s.name in self.tensors - self.bools)
+            # a symbol that is itself a condition is a bool tensor, said so or not
+            conditions = {c.name for c in _boolean_symbols(expr)}
+            floats = sorted(s.name for s in expr.free_symbols if s.name in self.tensors - self.bools - conditions)
             anchor = floats[0] if floats else self.anchor_text if self.anchor in self.tensors else None
             if anchor is None:
                 raise DerivationError(
@@ -487,28 +587,28 @@ class TorchPrinter(StrPrinter):
     # -- reductions, softmax, products (the forward as written, in the generated test's reference) ------
 
     def _print_Reduction(self, expr: Reduction) -> str:
-        operand = self.parenthesize(expr.args[0], PRECEDENCE["Atom"])
+        receiver = self._operand(expr.args[0], ATOM)
         dims, keep = expr.dims, ", keepdim=True" if expr.keepdim else ""
         dim = (str(dims[0]) if len(dims) == 1 else str(dims)) if dims else None
         if isinstance(expr, LogSumExp):
-            return f"torch.logsumexp({self._print(expr.args[0])}, dim={dim or f'tuple(range({operand}.dim()))'}{keep})"
+            return f"torch.logsumexp({self._print(expr.args[0])}, dim={dim or f'tuple(range({receiver}.dim()))'}{keep})"
         method = type(expr).spelling
         if dim is None and not keep:
-            return f"{operand}.{method}()"
+            return f"{receiver}.{method}()"
         if dim is None:  # every dimension, kept: amax and amin spell it dim=()
             dim = "()" if method in ("amax", "amin") else "None"
-        return f"{operand}.{method}(dim={dim}{keep})"
+        return f"{receiver}.{method}(dim={dim}{keep})"
 
     def _print_Softmax(self, expr: Softmax) -> str:
         function = "torch.log_softmax" if isinstance(expr, LogSoftmax) else "torch.softmax"
         return f"{function}({self._print(expr.args[0])}, dim={expr.dim})"
 
     def _print_MatrixProduct(self, expr: Structural) -> str:
-        a, b = (self.parenthesize(e, PRECEDENCE["Mul"] + 1) for e in expr.args)
+        a, b = (self._operand(e, POWER) for e in expr.args)
         return f"({a} @ {b})"
 
     def _print_Transposed(self, expr: Transposed) -> str:
-        return f"{self.parenthesize(expr.args[0], PRECEDENCE['Atom'])}.transpose({expr.dims[0]}, {expr.dims[1]})"
+        return f"{self._operand(expr.args[0], ATOM)}.transpose({expr.dims[0]}, {expr.dims[1]})"
 
     def _print_within(self, expr: within) -> str:
         value, condition, inside = expr.args

@@ -153,6 +153,11 @@ class _CodePrinter:
             lines.append(f"{step.name} = {self(step.expr)}")
             if any(s.name in self.tensors for s in step.expr.free_symbols):
                 self.tensors.add(step.name)
+            # a condition's value is a bool tensor: no case distinction may take its dtype from it
+            if isinstance(step.expr, sympy.logic.boolalg.Boolean):
+                self.bools.add(step.name)
+            else:
+                self.bools.discard(step.name)
         return lines
 
 
@@ -773,12 +778,26 @@ def _jvp_code(
     """jvp's shared temporaries, its terms by tangent, the lists it collects them in and what it returns."""
     several = len(plan.outputs) > 1
     code.scope()
+    # jvp has no upstream gradient: a case distinction between numbers takes its dtype from a tangent
+    anchor = code.anchor, code.anchor_text
+    tangent_names = [n + TANGENT_SUFFIX for n in tensor_names]
+    code.anchor, code.anchor_text = tangent_names[0], _first_given(tangent_names)
+    try:
+        return _jvp_terms(code, plan, tensor_names, several)
+    finally:
+        code.anchor, code.anchor_text = anchor
+
+
+def _jvp_terms(
+    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], several: bool
+) -> tuple[list[Block], list[TangentCode], str, str]:
     blocks = _blocks(
         code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names)
     )
     tangents = []
     for index, name in enumerate(tensor_names):
         tangent, lines, appends = name + TANGENT_SUFFIX, [], []
+        code.anchor = code.anchor_text = tangent  # its terms are computed where it is given
         for t in (t for t in plan.jvp.terms if t.index == index):
             lines += code.steps(t.steps)
             # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device (and

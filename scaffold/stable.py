@@ -14,7 +14,7 @@ stay plain Python):
 * ``log(sigmoid(u))``, ``log(1 - sigmoid(u))`` -> ``logsigmoid(u)``, ``logsigmoid(-u)``
 * ``1 - sigmoid(u)`` -> ``sigmoid(-u)``; ``1 - tanh(u)``, ``1 + tanh(u)`` -> ``2*sigmoid(-2*u)``, ``2*sigmoid(2*u)``
 * ``log(1 + u)`` -> ``log1p(u)``
-* ``exp(u) - 1`` -> ``expm1(u)``
+* ``exp(u) - 1`` -> ``expm1(u)``; ``expm1(u) * sigmoid(-u)`` -> ``tanh(u/2)`` (the bipolar sigmoid)
 * ``exp(u) / (exp(u) + exp(v))`` -> ``sigmoid(u - v)``; with more terms ``exp(u - logaddexp(...))``
 * ``x * log(y)`` -> ``xlogy(x, y)`` (0 where x = 0, as torch.xlogy); ``x * log1p(y)`` -> ``xlog1py(x, y)``
 * ``x * exp(v)`` -> ``xexpy(x, v)`` (0 where x = 0), for x that can be 0 while v is large
@@ -44,8 +44,11 @@ its literal formula (:func:`to_literal`), which the test reference and the domai
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Sequence
 
+import mpmath
 import sympy
 from sympy.codegen.cfunctions import expm1, hypot, log1p
 from sympy.core.logic import fuzzy_and
@@ -530,6 +533,7 @@ class _Rewriter:
 
     def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
         self.tensors = tensors
+        self.check = _Float32Check(tensors)
         self.rules: dict[type, Callable[[sympy.Basic], sympy.Basic | None]] = {
             sympy.log: self._log,
             log1p: self._log1p,
@@ -544,6 +548,7 @@ class _Rewriter:
             self._merged_xexpy,
             self._softplus_ratio,
             self._merged_exps,
+            self._tanh_of_half,
             self._exp_over_expm1,
             self._sigmoid_of_exp,
             self._exp_times_bounded,
@@ -566,10 +571,14 @@ class _Rewriter:
         args = tuple(self(a) for a in expr.args)
         node = expr.func(*args) if args != expr.args else expr
         rule = self.rules.get(type(node))
-        if rule is None or not self.is_tensor(node):
+        rewritten = rule(node) if rule is not None and self.is_tensor(node) else None
+        if rewritten is None and node is expr:
             return node
-        rewritten = rule(node)
-        return node if rewritten is None else rewritten
+        # What the rewrites made of this node is taken only where it is finite wherever the written form is
+        # (in float32, at each input's tails and at ordinary points); else the node as its rewritten children
+        # make it, else the written form.
+        candidates = [c for c in (rewritten, node) if c is not None]
+        return next((c for c in candidates if self.check.holds(expr, c)), expr)
 
     # log(...) -------------------------------------------------------------------------------------
 
@@ -868,6 +877,17 @@ class _Rewriter:
         rest = [f for f in factors if not isinstance(f, sympy.exp)]
         return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
 
+    def _tanh_of_half(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """expm1(u) * sigmoid(-u) = (exp(u) - 1) / (exp(u) + 1) = tanh(u/2): the bipolar sigmoid
+        (1 - exp(-x)) / (1 + exp(-x)), which as -expm1(-x) * sigmoid(x) is inf * 0 at x = -100 in float32."""
+        for f in factors:
+            if isinstance(f, expm1) and sigmoid(-f.args[0]) in factors:
+                rest = list(factors)
+                rest.remove(f)
+                rest.remove(sigmoid(-f.args[0]))
+                return coefficient * sympy.Mul(*rest) * sympy.tanh(f.args[0] / 2)
+        return None
+
     def _exp_over_expm1(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
         """exp(m*u) / expm1(u)**k = 1 / ((-expm1(-u))**m * expm1(u)**(k - m)) for integers 0 < m <= k:
         exp(x) / expm1(x)**2, the derivative of 1/expm1(x) (Planck's law), is inf/inf at x = 100 in float32."""
@@ -1101,6 +1121,134 @@ def _as_ndtr(f: sympy.Expr) -> tuple[sympy.Expr, ...]:
     if isinstance(f, sympy.erf):
         return 2 * ndtr(z) - 1, 1 - 2 * ndtr(-z)
     return 2 * ndtr(-z), 2 - 2 * ndtr(z)
+
+
+class _Float32Check:
+    """Whether a rewritten form is finite in float32 wherever the written one is: both are evaluated at
+    each tensor's tails (the others at an ordinary value) and at a few ordinary points, each operation's
+    exact value brought into float32's range (beyond it inf, as torch's kernels overflow; inf * 0 is nan), and
+    compared with the written form's exact value. A rewrite must be finite and close where the written form
+    is. An expression the check cannot evaluate (a case distinction, a structural node) passes."""
+
+    TAILS = (-1e4, -100.0, 100.0, 1e4)
+    ORDINARY = (0.3, -0.7, 1.3)
+    SCALAR = 0.75  # a scalar argument's value (its default is not known here)
+    MAX_OPS = 120  # larger expressions are not checked (the cost grows with their size)
+    RTOL = 1e-4
+    ATOL = 1e-6
+
+    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
+        self.tensors = tensors
+
+    def holds(self, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
+        if rewritten == written or sympy.count_ops(written) > self.MAX_OPS:
+            return True
+        tensors = sorted(written.free_symbols & self.tensors, key=sympy.default_sort_key)
+        if not tensors:
+            return True
+        try:
+            for point in self._points(tensors, written.free_symbols | rewritten.free_symbols):
+                exact = _exact(written, point)
+                if exact is None:
+                    continue
+                if not _close(_float32(written, point), exact, self):
+                    continue  # the written form is not finite (or not right) here either
+                if not _close(_float32(rewritten, point), exact, self):
+                    return False
+        except _UnevaluatedError:
+            return True
+        return True
+
+    def _points(self, tensors: list[sympy.Symbol], symbols: set[sympy.Symbol]):
+        others = {s: (2 if s.is_integer else self.SCALAR) for s in symbols if s not in tensors}
+        for k, value in enumerate(self.ORDINARY):
+            yield {**others, **{t: value + k * i / 10 for i, t in enumerate(tensors)}}
+        for t in tensors:
+            for tail in self.TAILS:
+                yield {**others, **{u: 0.5 for u in tensors}, t: tail}
+
+
+class _UnevaluatedError(Exception):
+    """The float32 check met a node it does not evaluate."""
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TINY = 1.401298464324817e-45  # the least subnormal
+_DUMMIES = tuple(sympy.Dummy(f"a{i}", real=True) for i in range(8))
+_EVALUATED = (sympy.Add, sympy.Mul, sympy.Pow, sympy.Function)
+
+
+def _close(value: float, exact: float, check: _Float32Check) -> bool:
+    return math.isfinite(value) and abs(value - exact) <= check.ATOL + check.RTOL * abs(exact)
+
+
+def _exact(expr: sympy.Expr, point: dict) -> float | None:
+    """``expr``'s value at ``point`` (50 digits), None where it is not a real number in float32's range."""
+    with mpmath.workdps(50):
+        value = _evaluate(expr, {s: mpmath.mpf(v) for s, v in point.items()}, exact=True)
+    if not mpmath.isfinite(value) or not abs(value) <= _FLOAT32_MAX:
+        return None
+    return float(value)
+
+
+def _float32(expr: sympy.Basic, point: dict) -> float:
+    """``expr`` at ``point`` as float32 kernels compute it: each operation exact, its result beyond
+    float32's range inf (IEEE arithmetic on inf and nan)."""
+    with mpmath.workdps(50):
+        return float(_evaluate(expr, point, exact=False))
+
+
+def _evaluate(expr: sympy.Basic, point: dict, exact: bool):
+    """``expr`` at ``point``, each function exact (mpmath); with ``exact`` False each result beyond
+    float32's range is inf, and a complex one nan."""
+    if expr.is_Symbol:
+        return point[expr]
+    if expr.is_Number or expr.is_NumberSymbol:
+        return mpmath.mpf(float(expr)) if not exact else mpmath.mpf(sympy.Float(expr, 50))
+    if isinstance(expr, kept):
+        return _evaluate(expr.args[0], point, exact)
+    if not isinstance(expr, _EVALUATED) or isinstance(expr, (sympy.Piecewise, sympy.Heaviside, sympy.Min, sympy.Max)):
+        raise _UnevaluatedError(expr)
+    args = [_evaluate(a, point, exact) for a in expr.args]
+    if any(mpmath.isnan(a) for a in args):
+        return mpmath.nan
+    if isinstance(expr, sympy.Add):
+        value = mpmath.fsum(args)  # inf - inf is nan
+    elif isinstance(expr, sympy.Mul):
+        value = mpmath.fprod(args)  # inf * 0 is nan
+    else:  # a power or a function: exact (mpmath takes inf)
+        if len(args) > len(_DUMMIES):
+            raise _UnevaluatedError(expr)
+        dummies = _DUMMIES[: len(args)]
+        try:
+            function = _mpmath_function(to_literal(expr.func(*dummies)), dummies)
+        except Exception as error:  # noqa: BLE001 - a node mpmath has no translation for
+            raise _UnevaluatedError(expr) from error
+        try:
+            value = function(*args)
+        except NameError as error:  # a helper node without a formula (finite_at_zero, ...)
+            raise _UnevaluatedError(expr) from error
+        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+            return mpmath.nan
+        if isinstance(value, mpmath.mpc):
+            if value.imag and (not exact or abs(value.imag) > 1e-30 * (1 + abs(value.real))):
+                return mpmath.nan
+            value = value.real
+        if isinstance(expr, StableFunction) and not mpmath.isfinite(value) and all(map(mpmath.isfinite, args)):
+            # PyTorch's primitive is finite here; its formula cancels at 50 digits (log_ndtr(-100))
+            raise _UnevaluatedError(expr)
+    if exact or mpmath.isnan(value):
+        return value
+    if abs(value) > _FLOAT32_MAX:
+        return mpmath.inf if value > 0 else -mpmath.inf
+    return value if abs(value) >= _FLOAT32_TINY else mpmath.mpf(0)  # underflow: erfc(100) is 0
+
+
+@functools.lru_cache(maxsize=2048)
+def _mpmath_function(expr: sympy.Expr, symbols: tuple[sympy.Symbol, ...]):
+    function = sympy.lambdify(symbols, expr, modules="mpmath")
+
+    return function
 
 
 def stabilize(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:

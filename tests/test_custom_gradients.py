@@ -95,3 +95,31 @@ def test_update_flags_add_or_replace_a_custom_gradient():
     assert dict(both.gradients) == {"y": "grad*x", "x": "2*grad"}
     assert spec_with_flags(spec, tensors=["x=1,5"]).gradients == spec.gradients
     assert Flags(gradients=["x=grad"]) and not Flags()
+
+
+# CompressAI's LowerBound: the gradient passes where x is above the bound, or where it pushes x up (grad < 0).
+LOWER_BOUND = "x=Piecewise((grad, (x >= bound) | (grad < 0)), (0, True))"
+
+
+def _lower_bound(name: str, **options):
+    return spec_from_flags(name, "Max(x, bound)", ["x"], ["bound=0.1"], gradients=[LOWER_BOUND], **options)
+
+
+def test_a_condition_that_reads_grad_is_computed_in_backward(tmp_path):
+    """setup_context runs before any gradient exists: a mask may hold x >= bound, never grad < 0 (that was
+    a NameError on every call); as a function, a custom op and fused, each passing its own tests, which fail
+    for a backward that ignores grad < 0."""
+    files = {}
+    ops = [("lower_bound", {}), ("lower_bound_op", {"target": "custom_op"}), ("lower_bound_fused", {"fuse": True})]
+    for name, options in [*ops, ("lower_bound_broken", {})]:
+        files.update(generate_op(_lower_bound(name, **options)))
+    module = files["lower_bound.py"]
+    setup_context = module[module.index("def setup_context") : module.index("def backward")]
+    assert "mask = bound <= x" in setup_context and "grad_output" not in setup_context
+    right = "torch.where(mask | (grad_output < 0), grad_output, 0)"
+    assert right in module
+    files["lower_bound_broken.py"] = files["lower_bound_broken.py"].replace(right, "torch.where(mask, grad_output, 0)")
+    write_files(files, tmp_path)
+    result = run_pytest(tmp_path, "-k", "matches_reference or gradgradcheck or opcheck")
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and "test_lower_bound_broken.py::test_matches_reference" in failed[0], result.stdout[-3000:]

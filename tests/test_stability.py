@@ -391,3 +391,43 @@ def test_log_of_one_plus_a_square_that_overflows(tmp_path):
     (grad,) = torch.autograd.grad(op(x, 0.5).sum(), x, create_graph=True)
     (second,) = torch.autograd.grad(grad.sum(), x)
     assert torch.equal(second, torch.zeros(3, dtype=torch.float64)), second
+
+
+def test_the_bipolar_sigmoid_is_tanh_of_half_and_finite_in_its_tails(tmp_path):
+    """(1 - exp(-x)) / (1 + exp(-x)) was rewritten -expm1(-x) * sigmoid(x): inf * 0 = nan at x = -100 in
+    float32, in value and gradient. It is tanh(x/2), and passes its own tests of extreme inputs."""
+    import sympy
+
+    from scaffold.stable import stabilize
+
+    from .conftest import run_pytest
+
+    x = sympy.Symbol("x", real=True)
+    assert stabilize((1 - sympy.exp(-x)) / (1 + sympy.exp(-x)), {x}) == sympy.tanh(x / 2)
+    assert stabilize((sympy.exp(3 * x) - 1) / (sympy.exp(3 * x) + 1), {x}) == sympy.tanh(3 * x / 2)
+    files = generate_op(make_spec("bipolar_sigmoid", "(1 - exp(-x))/(1 + exp(-x))"))
+    assert "tanh" in files["bipolar_sigmoid.py"] and "expm1" not in files["bipolar_sigmoid.py"]
+    (tmp_path / "bipolar_sigmoid.py").write_text(files["bipolar_sigmoid.py"])
+    (tmp_path / "test_bipolar_sigmoid.py").write_text(files["test_bipolar_sigmoid.py"])
+    result = run_pytest(tmp_path, "-k", "extreme_inputs or matches_reference or gradgradcheck")
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_rewrite_that_overflows_where_the_written_form_is_finite_is_not_taken(monkeypatch):
+    """Each rewrite is evaluated in float32 at its inputs' tails before it is taken: one that is nan where
+    the written form is finite gives way to the node as its children were rewritten (or the written form)."""
+    import sympy
+
+    from scaffold import stable
+
+    x = sympy.Symbol("x", real=True)
+    overflowing = x * sympy.exp(x) / (1 + sympy.exp(x))  # x * sigmoid(x) as inf / inf at x = 100
+    monkeypatch.setattr(
+        stable._Rewriter, "_mul", lambda self, node: overflowing if node == x * stable.sigmoid(x) else None
+    )
+    assert stable.stabilize(x / (1 + sympy.exp(-x)), {x}) == x * stable.sigmoid(x)
+    check = stable._Float32Check(frozenset({x}))
+    assert not check.holds(sympy.tanh(x), (sympy.exp(2 * x) - 1) / (sympy.exp(2 * x) + 1))
+    assert check.holds(sympy.log(1 + sympy.exp(x)), stable.softplus(x))
+    # where the written form overflows too, a rewrite is free (that is what rewrites are for)
+    assert check.holds(sympy.exp(x) / (1 + sympy.exp(x)), stable.sigmoid(x))
