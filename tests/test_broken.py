@@ -124,7 +124,7 @@ MUTATIONS = {
     "derived_instead_of_custom_gradient": (
         "scaled_sign",
         _sub(
-            r"grad_y = \(grad_output \* x\)\.mul_\(\(1 - torch\.abs\(y\)\)\.sign_\(\)\.add_\(1\)\)\.div_\(2\)",
+            r"grad_y = \(grad_output \* x\)\.mul_\(\(1 - torch\.abs\(y\)\)\.sign_\(\)\.add_\(1\)\.div_\(2\)\)",
             "grad_y = (0 * grad_output)",
         ),
     ),
