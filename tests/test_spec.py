@@ -188,12 +188,15 @@ def test_every_module_the_generated_files_import_is_refused_as_an_op_name():
 
 def test_every_package_the_generated_tests_load_is_refused_as_an_op_name():
     # What a generated test file imports, and what torch imports for torch.compile and torch.func: every module
-    # found on sys.path (where an op's module could shadow it).
+    # found on sys.path (where an op's module could shadow it). Modules the interpreter loaded at start-up (a
+    # site-packages .pth file may import certifi, say) are not counted: they are loaded before the op's folder
+    # is on sys.path, and differ between machines.
     code = """
 import importlib.machinery, sys
+before = set(sys.modules)
 import pytest, torch, torch._dynamo, torch._inductor.compile_fx, torch.func
 import scaffold.testing
-found = {m.split(".")[0] for m in list(sys.modules)}
+found = {m.split(".")[0] for m in set(sys.modules) - before}
 print(" ".join(sorted(m for m in found if importlib.machinery.PathFinder.find_spec(m) is not None)))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
