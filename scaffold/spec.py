@@ -322,6 +322,31 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         where = self.source
+        self._check_name(where)
+        self._check_options(where)
+        if not isinstance(self.forward, str) or not self.forward.strip():
+            raise SpecError(
+                "the forward expression is empty",
+                where=f"{where}: forward",
+                hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
+            )
+        _check_length(self.forward, "the forward", f"{where}: forward")
+        arguments = self._check_arguments(where)
+        if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
+            _check_broadcasting(self.tensors, where)
+        self._check_gradients(where)
+        self._check_outputs(where, arguments)
+        self._check_sizes(where, arguments)
+        object.__setattr__(self, "tensors", _broadcast_names(self.tensors))
+        if not self.structured:
+            _check_broadcast_names(self.tensors, where)
+        for t in self.tensors:
+            scheme = t.scheme
+            if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
+                linear_weight(self, t)
+
+    def _check_name(self, where: str) -> None:
+        """A valid identifier that shadows none of the names the generated files and their tests import."""
         check_identifier(self.name, what="op name", where=f"{where}: name")
         if self.name in RESERVED_OP_NAMES or self.name.startswith("test_"):
             raise SpecError(
@@ -337,6 +362,9 @@ class OpSpec:
                 where=f"{where}: name",
                 hint=f"try {'my_' + self.name!r}",
             )
+
+    def _check_options(self, where: str) -> None:
+        """fuse, policy, target and namespace."""
         if not isinstance(self.fuse, bool):
             raise SpecError(f"fuse must be true or false, got {self.fuse!r}", where=f"{where}: fuse")
         if self.policy not in POLICIES:
@@ -365,13 +393,9 @@ class OpSpec:
                     where=f"{where}: namespace",
                     hint='add target = "custom_op", or remove namespace',
                 )
-        if not isinstance(self.forward, str) or not self.forward.strip():
-            raise SpecError(
-                "the forward expression is empty",
-                where=f"{where}: forward",
-                hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
-            )
-        _check_length(self.forward, "the forward", f"{where}: forward")
+
+    def _check_arguments(self, where: str) -> set[str]:
+        """At least one tensor; every argument's name valid, free, and declared once. Returns the names."""
         if not self.tensors:
             raise SpecError(
                 "the op has no tensor arguments",
@@ -404,8 +428,10 @@ class OpSpec:
             if arg.name in seen:
                 raise SpecError(f"argument {arg.name!r} is declared twice", where=arg_where)
             seen.add(arg.name)
-        if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
-            _check_broadcasting(self.tensors, where)
+        return seen
+
+    def _check_gradients(self, where: str) -> None:
+        """Each custom gradient: of a tensor argument, given once, a non-empty expression of bounded length."""
         tensor_names = {t.name for t in self.tensors}
         given: set[str] = set()
         for name, text in self.gradients:
@@ -426,15 +452,6 @@ class OpSpec:
                 )
             _check_length(text, "the gradient", key)
             given.add(name)
-        self._check_outputs(where, seen)
-        self._check_sizes(where, seen)
-        object.__setattr__(self, "tensors", _broadcast_names(self.tensors))
-        if not self.structured:
-            _check_broadcast_names(self.tensors, where)
-        for t in self.tensors:
-            scheme = t.scheme
-            if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
-                linear_weight(self, t)
 
     def _check_sizes(self, where: str, arguments: set[str]) -> None:
         """[sizes]: names that are no other name of the op, positive example values, each declared size used
