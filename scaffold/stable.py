@@ -44,6 +44,7 @@ its literal formula (:func:`to_literal`), which the test reference and the domai
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -1123,6 +1124,7 @@ def _as_ndtr(f: sympy.Expr) -> tuple[sympy.Expr, ...]:
     return 2 * ndtr(-z), 2 - 2 * ndtr(z)
 
 
+@dataclasses.dataclass(frozen=True)
 class _Float32Check:
     """Whether a rewritten form is finite in float32 wherever the written one is: both are evaluated at
     each tensor's tails (the others at an ordinary value) and at a few ordinary points, each operation's
@@ -1137,35 +1139,56 @@ class _Float32Check:
     RTOL = 1e-4
     ATOL = 1e-6
 
-    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
-        self.tensors = tensors
+    tensors: frozenset[sympy.Symbol]
+    #: The values of the subexpressions met so far, for each point and mode: the checks of a node and of its
+    #: ancestors, and of a derivative's repeated factors, evaluate each subexpression once.
+    memos: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def holds(self, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
-        if rewritten == written or sympy.count_ops(written) > self.MAX_OPS:
+        if rewritten == written:
+            return True
+        return _holds(self, written, rewritten)
+
+    def check(self, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
+        """:meth:`holds`, uncached."""
+        if sympy.count_ops(written) > self.MAX_OPS:
             return True
         tensors = sorted(written.free_symbols & self.tensors, key=sympy.default_sort_key)
         if not tensors:
             return True
         try:
-            for point in self._points(tensors, written.free_symbols | rewritten.free_symbols):
-                exact = _exact(written, point)
+            for k, point in enumerate(self._points(tensors)):
+                key = (tuple(tensors), k)
+                exact = _exact(written, point, self.memos.setdefault((*key, True), {}))
                 if exact is None:
                     continue
-                if not _close(_float32(written, point), exact, self):
+                float32 = self.memos.setdefault((*key, False), {})
+                if not _close(_float32(written, point, float32), exact, self):
                     continue  # the written form is not finite (or not right) here either
-                if not _close(_float32(rewritten, point), exact, self):
+                if not _close(_float32(rewritten, point, float32), exact, self):
                     return False
         except _UnevaluatedError:
             return True
         return True
 
-    def _points(self, tensors: list[sympy.Symbol], symbols: set[sympy.Symbol]):
-        others = {s: (2 if s.is_integer else self.SCALAR) for s in symbols if s not in tensors}
+    def _points(self, tensors: list[sympy.Symbol]):
+        """The tensors' values at each point; a scalar takes :attr:`SCALAR` (2 if it is an integer)."""
         for k, value in enumerate(self.ORDINARY):
-            yield {**others, **{t: value + k * i / 10 for i, t in enumerate(tensors)}}
+            yield _Point({t: value + k * i / 10 for i, t in enumerate(tensors)}, self.SCALAR)
         for t in tensors:
             for tail in self.TAILS:
-                yield {**others, **{u: 0.5 for u in tensors}, t: tail}
+                yield _Point({**{u: 0.5 for u in tensors}, t: tail}, self.SCALAR)
+
+
+class _Point(dict):
+    """A point's values: the tensors' as given, any other symbol's ``scalar`` (2 if it is an integer)."""
+
+    def __init__(self, values: dict, scalar: float) -> None:
+        super().__init__(values)
+        self.scalar = scalar
+
+    def __missing__(self, symbol: sympy.Symbol) -> float:
+        return 2 if symbol.is_integer else self.scalar
 
 
 class _UnevaluatedError(Exception):
@@ -1182,34 +1205,48 @@ def _close(value: float, exact: float, check: _Float32Check) -> bool:
     return math.isfinite(value) and abs(value - exact) <= check.ATOL + check.RTOL * abs(exact)
 
 
-def _exact(expr: sympy.Expr, point: dict) -> float | None:
+def _exact(expr: sympy.Expr, point: dict, memo: dict) -> float | None:
     """``expr``'s value at ``point`` (50 digits), None where it is not a real number in float32's range."""
     with mpmath.workdps(50):
-        value = _evaluate(expr, {s: mpmath.mpf(v) for s, v in point.items()}, exact=True)
+        value = _evaluate(expr, point, exact=True, memo=memo)
     if not mpmath.isfinite(value) or not abs(value) <= _FLOAT32_MAX:
         return None
     return float(value)
 
 
-def _float32(expr: sympy.Basic, point: dict) -> float:
+def _float32(expr: sympy.Basic, point: dict, memo: dict) -> float:
     """``expr`` at ``point`` as float32 kernels compute it: each operation exact, its result beyond
     float32's range inf (IEEE arithmetic on inf and nan)."""
     with mpmath.workdps(50):
-        return float(_evaluate(expr, point, exact=False))
+        return float(_evaluate(expr, point, exact=False, memo=memo))
 
 
-def _evaluate(expr: sympy.Basic, point: dict, exact: bool):
+def _evaluate(expr: sympy.Basic, point: dict, exact: bool, memo: dict):
     """``expr`` at ``point``, each function exact (mpmath); with ``exact`` False each result beyond
-    float32's range is inf, and a complex one nan."""
+    float32's range is inf, and a complex one nan. ``memo`` holds the values of the subexpressions met so
+    far: a derivative repeats its factors many times over."""
+    value = memo.get(expr)
+    if value is None:
+        try:
+            value = _evaluate_node(expr, point, exact, memo)
+        except _UnevaluatedError as error:
+            value = error
+        memo[expr] = value
+    if isinstance(value, _UnevaluatedError):
+        raise value
+    return value
+
+
+def _evaluate_node(expr: sympy.Basic, point: dict, exact: bool, memo: dict):
     if expr.is_Symbol:
-        return point[expr]
+        return mpmath.mpf(point[expr]) if exact else point[expr]
     if expr.is_Number or expr.is_NumberSymbol:
         return mpmath.mpf(float(expr)) if not exact else mpmath.mpf(sympy.Float(expr, 50))
     if isinstance(expr, kept):
-        return _evaluate(expr.args[0], point, exact)
+        return _evaluate(expr.args[0], point, exact, memo)
     if not isinstance(expr, _EVALUATED) or isinstance(expr, (sympy.Piecewise, sympy.Heaviside, sympy.Min, sympy.Max)):
         raise _UnevaluatedError(expr)
-    args = [_evaluate(a, point, exact) for a in expr.args]
+    args = [_evaluate(a, point, exact, memo) for a in expr.args]
     if any(mpmath.isnan(a) for a in args):
         return mpmath.nan
     if isinstance(expr, sympy.Add):
@@ -1219,11 +1256,9 @@ def _evaluate(expr: sympy.Basic, point: dict, exact: bool):
     else:  # a power or a function: exact (mpmath takes inf)
         if len(args) > len(_DUMMIES):
             raise _UnevaluatedError(expr)
-        dummies = _DUMMIES[: len(args)]
-        try:
-            function = _mpmath_function(to_literal(expr.func(*dummies)), dummies)
-        except Exception as error:  # noqa: BLE001 - a node mpmath has no translation for
-            raise _UnevaluatedError(expr) from error
+        function = _mpmath_function(expr.func, len(args))
+        if function is None:
+            raise _UnevaluatedError(expr)
         try:
             value = function(*args)
         except NameError as error:  # a helper node without a formula (finite_at_zero, ...)
@@ -1244,11 +1279,20 @@ def _evaluate(expr: sympy.Basic, point: dict, exact: bool):
     return value if abs(value) >= _FLOAT32_TINY else mpmath.mpf(0)  # underflow: erfc(100) is 0
 
 
-@functools.lru_cache(maxsize=2048)
-def _mpmath_function(expr: sympy.Expr, symbols: tuple[sympy.Symbol, ...]):
-    function = sympy.lambdify(symbols, expr, modules="mpmath")
+@functools.lru_cache(maxsize=4096)
+def _holds(check: _Float32Check, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
+    """:meth:`_Float32Check.check`, once for each pair: the double backward rewrites the same factors again."""
+    return check.check(written, rewritten)
 
-    return function
+
+@functools.lru_cache(maxsize=2048)
+def _mpmath_function(func: type, arity: int) -> Callable | None:
+    """``func`` of ``arity`` arguments as an mpmath function (None where mpmath has no translation of it)."""
+    dummies = _DUMMIES[:arity]
+    try:
+        return sympy.lambdify(dummies, to_literal(func(*dummies)), modules="mpmath")
+    except Exception:  # noqa: BLE001 - a node mpmath has no translation for
+        return None
 
 
 def stabilize(expr: sympy.Expr, tensors: frozenset[sympy.Symbol] | set[sympy.Symbol]) -> sympy.Expr:
