@@ -1147,7 +1147,14 @@ class _Float32Check:
     def holds(self, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
         if rewritten == written:
             return True
-        return _holds(self, written, rewritten)
+        # Each pair once: the double backward rewrites the same factors in many stabilize calls.
+        key = (self.tensors, written, rewritten)
+        verdict = _VERDICTS.get(key)
+        if verdict is None:
+            if len(_VERDICTS) >= _MAX_VERDICTS:
+                del _VERDICTS[next(iter(_VERDICTS))]  # the oldest
+            verdict = _VERDICTS[key] = self.check(written, rewritten)
+        return verdict
 
     def check(self, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
         """:meth:`holds`, uncached."""
@@ -1279,10 +1286,9 @@ def _evaluate_node(expr: sympy.Basic, point: dict, exact: bool, memo: dict):
     return value if abs(value) >= _FLOAT32_TINY else mpmath.mpf(0)  # underflow: erfc(100) is 0
 
 
-@functools.lru_cache(maxsize=4096)
-def _holds(check: _Float32Check, written: sympy.Expr, rewritten: sympy.Expr) -> bool:
-    """:meth:`_Float32Check.check`, once for each pair: the double backward rewrites the same factors again."""
-    return check.check(written, rewritten)
+#: The float32 check's verdicts on (tensors, written, rewritten), the most recent :data:`_MAX_VERDICTS`.
+_VERDICTS: dict[tuple, bool] = {}
+_MAX_VERDICTS = 4096
 
 
 @functools.lru_cache(maxsize=2048)
