@@ -289,8 +289,8 @@ class _Planner:
         grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
         for name in self.visible:
             grad_shapes[name] = self.shape(name)
-        partials_docs = []
-        rule_docs = []
+        partials_docs: list[tuple[str, str]] = []
+        rule_docs: list[str] = []
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
@@ -305,39 +305,14 @@ class _Planner:
                 grad_shapes[node.name] = node.shape
             if not guard or node.name not in grad_shapes:
                 continue
-            g = grad_names[node.name]
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
             hidden_grad_lines[node.name] = len(lines)
             if node.kind == ELEMENTWISE:
+                g = grad_names[node.name]
                 self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
-                continue
-            gram = self._gram(node)
-            rule_docs.append(describe(node))
-            if gram is None:
-                lines.append(Line(f"# {describe(node)}", guard))
-            exact = g
-            have = grad_shapes[node.name]
-            # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
-            if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
-                exact = f"{g}.expand({emitter.shape(node.name)})"
-            if gram is not None:  # one product of the sum of a's two shares, not two products
-                a, first = gram
-                emitter.value(a)
-                both = f"({_atom(exact)} + {_atom(exact)}.mT)"
-                code = f"{both} @ {a}" if first else f"{a} @ {both}"
-                shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
-                product = f"{node.name} = {structural.spelled(node.expr)}"
-                lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
-                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
-                continue
-            for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
-                if operand not in targets:
-                    continue
-                code = backward_code(node, i, exact, emitter)
-                lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
-                emitter.pending.clear()
-                static = self._rule_shape(node, i, node.shape if exact != g else have)
-                self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
+            else:
+                rule_docs.append(describe(node))
+                self._structural_backward(node, targets, grad_names, grad_shapes, lines)
 
         self._custom_backward(lines, grad_names, grad_shapes)
         lines = _comments_with_their_code(lines)
@@ -346,6 +321,77 @@ class _Planner:
         constants = [stat for stats in self.restated.values() for stat in stats]
         hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
         upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
+        lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
+        shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
+        recompute_lines = self._recompute_lines(recomputed, lines)
+        forward = self._forward_lines()
+        forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
+        jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
+        parameters = [(n, n) for n in saved if n in self.values]
+        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
+        parameters += [(grad_names[v], v) for v in self.visible] + [(returned_grad(h), h) for h in hidden_values]
+        return ProgramPlan(
+            forward=tuple(forward),
+            returns=tuple(self.visible) + tuple(hidden),
+            visible=tuple(self.visible),
+            hidden=tuple(hidden),
+            masks=tuple(self.masks.values()),
+            saved=tuple(saved),
+            saved_notes=tuple(notes),
+            upstream=tuple(upstream),
+            backward=tuple(recompute_lines + lines),
+            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
+            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
+            backward_scalars=tuple(sorted(emitter.scalars)),
+            jvp=tuple(jvp),
+            jvp_returns=tuple(jvp_returns),
+            jvp_scalars=tuple(jvp_scalars),
+            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
+            parameter_shapes=tuple((p, self._row_shape(v) if p in constants else self.shape(v)) for p, v in parameters),
+            parameter_sources=tuple((p, self.sources[v]) for p, v in parameters),
+            elementwise_docs=tuple(partials_docs),
+            rule_docs=tuple(rule_docs),
+            constants=tuple(constants),
+            recomputed=tuple(recomputed),
+        )
+
+    def _structural_backward(self, node: Value, targets: list[str], grad_names, grad_shapes, lines) -> None:
+        """What a reduction, softmax, product or transpose passes on to each operand that needs it, by its
+        rule (:mod:`.rules`)."""
+        emitter, guard, g = self.emitter, self.upstream[node.name], grad_names[node.name]
+        gram = self._gram(node)
+        if gram is None:
+            lines.append(Line(f"# {describe(node)}", guard))
+        exact = g
+        have = grad_shapes[node.name]
+        # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
+        if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
+            exact = f"{g}.expand({emitter.shape(node.name)})"
+        if gram is not None:  # one product of the sum of a's two shares, not two products
+            a, first = gram
+            emitter.value(a)
+            both = f"({_atom(exact)} + {_atom(exact)}.mT)"
+            code = f"{both} @ {a}" if first else f"{a} @ {both}"
+            shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
+            product = f"{node.name} = {structural.spelled(node.expr)}"
+            lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
+            self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
+            return
+        for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
+            if operand not in targets:
+                continue
+            code = backward_code(node, i, exact, emitter)
+            lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
+            emitter.pending.clear()
+            static = self._rule_shape(node, i, node.shape if exact != g else have)
+            self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
+
+    def _join_returned(
+        self, lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes
+    ) -> list[Line]:
+        """``lines`` with each hidden output's own gradient (given in a second derivative) joined where its
+        node's lines begin."""
+        lines = list(lines)
         starts = sorted(hidden_grad_lines.values())  # where each node's lines begin
         for name, at in sorted(only_returned.items(), key=lambda item: -item[1]):
             assert name in hidden_values, name  # the centred value's formula reads it
@@ -365,9 +411,12 @@ class _Planner:
                     Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
                     Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
                 ]
+        return lines
 
-        # each argument's gradient at its shape
-        shapes_read = set(emitter.shapes)
+    def _argument_shapes(self, lines: list[Line], grad_names, grad_shapes) -> set[str]:
+        """Each argument's gradient brought to its shape at call time (lines added to ``lines``); the
+        arguments whose shapes that reads."""
+        shapes_read = set()
         for name in self.tensor_args:
             if name not in grad_shapes:
                 continue
@@ -393,9 +442,16 @@ class _Planner:
             else:
                 fix = f"{g}.expand({name}_shape)"
             lines.append(Line(f"{g} = {fix}", index))
+        return shapes_read
 
+    def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
+        """backward's first lines: the values it computes again, each where some gradient reads it."""
         guards = self._recompute_guards(recomputed, lines)
-        recompute_lines = [
+        for name in recomputed:
+            for s in self.values[name].expr.free_symbols:
+                if s.name in self.scalars:
+                    self.emitter.scalars.add(s.name)
+        return [
             Line(
                 f"{v} = torch.exp({self.exp_of[v]})"
                 if v in self.exp_of
@@ -406,47 +462,6 @@ class _Planner:
             )
             for v in recomputed
         ]
-        for name in recomputed:
-            for s in self.values[name].expr.free_symbols:
-                if s.name in self.scalars:
-                    emitter.scalars.add(s.name)
-        forward = self._forward_lines()
-        forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
-        jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
-        return ProgramPlan(
-            forward=tuple(forward),
-            returns=tuple(self.visible) + tuple(hidden),
-            visible=tuple(self.visible),
-            hidden=tuple(hidden),
-            masks=tuple(self.masks.values()),
-            saved=tuple(saved),
-            saved_notes=tuple(notes),
-            upstream=tuple(upstream),
-            backward=tuple(recompute_lines + lines),
-            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
-            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
-            backward_scalars=tuple(sorted(emitter.scalars)),
-            jvp=tuple(jvp),
-            jvp_returns=tuple(jvp_returns),
-            jvp_scalars=tuple(jvp_scalars),
-            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
-            parameter_shapes=tuple(
-                [(n, self.shape(n)) for n in saved if n in self.values]
-                + [(stat, self._row_shape(v)) for v, stats in self.restated.items() for stat in stats]
-                + [(grad_names[v], self.shape(v)) for v in self.visible]
-                + [(returned_grad(h), self.shape(h)) for h in hidden_values]
-            ),
-            parameter_sources=tuple(
-                [(n, self.sources[n]) for n in saved if n in self.values]
-                + [(stat, self.sources[v]) for v, stats in self.restated.items() for stat in stats]
-                + [(grad_names[v], self.sources[v]) for v in self.visible]
-                + [(returned_grad(h), self.sources[h]) for h in hidden_values]
-            ),
-            elementwise_docs=tuple(partials_docs),
-            rule_docs=tuple(rule_docs),
-            constants=tuple(constants),
-            recomputed=tuple(recomputed),
-        )
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
@@ -780,7 +795,7 @@ class _Planner:
         changed = True
         while changed:
             changed = False
-            for name in list(wanted):
+            for name in sorted(wanted):  # sorted: the same temporaries in every process
                 v = self.values[name]
                 if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
                     continue

@@ -1531,12 +1531,6 @@ def program_module_view(
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op" and not plan.hidden)
     optional = bool(plan.hidden) or len(plan.visible) > 1
-    written = parsed.written or " ".join(spec.forward.split())
-    # the forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line
-    forward_doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
-    forward_doc += [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps]
-    if parsed.steps:
-        forward_doc.append(_docstring_text(f"return {parsed.output_text}"))
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
     return ProgramView(
@@ -1545,7 +1539,7 @@ def program_module_view(
         name=spec.name,
         camel=spec.camel,
         doc=_docstring_text(spec.doc.strip()),
-        forward_doc=forward_doc,
+        forward_doc=_program_forward_doc(spec, parsed, arguments),
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
         imports=sorted({*plan.imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
@@ -1600,6 +1594,16 @@ def program_module_view(
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         custom_grad_names=_custom_grad_names(program),
     )
+
+
+def _program_forward_doc(spec: OpSpec, parsed, arguments: list[str]) -> list[str]:
+    """The forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line."""
+    written = parsed.written or " ".join(spec.forward.split())
+    doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
+    doc += [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps]
+    if parsed.steps:
+        doc.append(_docstring_text(f"return {parsed.output_text}"))
+    return doc
 
 
 def _custom_grad_names(program: Program) -> str:
