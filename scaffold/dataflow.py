@@ -132,6 +132,7 @@ class _Planner:
         policy: str = "memory",
     ) -> None:
         self.policy = policy  # "memory": products and softmaxes recomputed where that keeps fewer bytes
+        self.for_memory: set[str] = set()  # those recomputed so
         self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
         self.fused = fused  # the code runs through torch.compile: see _restatable
         self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row
@@ -451,17 +452,20 @@ class _Planner:
             for s in self.values[name].expr.free_symbols:
                 if s.name in self.scalars:
                     self.emitter.scalars.add(s.name)
-        return [
-            Line(
-                f"{v} = torch.exp({self.exp_of[v]})"
-                if v in self.exp_of
-                else f"{v} = {self._restated(v)}"
-                if v in self.restated
-                else f"{v} = {self.forward_expr(self.values[v])}",
-                guards[v],
-            )
-            for v in recomputed
-        ]
+        lines = []
+        again = [v for v in recomputed if v in self.for_memory]
+        if again:
+            where = [guards[v] for v in again]
+            guard = frozenset().union(*where) if all(where) else frozenset()
+            lines.append(Line(f'# policy "memory": {", ".join(again)} computed again, not kept from forward', guard))
+        for v in recomputed:
+            if v in self.exp_of:
+                lines.append(Line(f"{v} = torch.exp({self.exp_of[v]})", guards[v]))
+            elif v in self.restated:
+                lines.append(Line(f"{v} = {self._restated(v)}", guards[v]))
+            else:
+                lines.append(Line(f"{v} = {self.forward_expr(self.values[v])}", guards[v]))
+        return lines
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
@@ -861,6 +865,7 @@ class _Planner:
                     continue
                 chain = self._recomputable(name, wanted - {name}, recomputed)
                 if chain is not None:
+                    self.for_memory.add(name)
                     recomputed |= chain
                     wanted |= chain | {r for c in chain for r in self.values[c].reads}
                     changed = True
