@@ -946,8 +946,8 @@ class _Planner:
         instead of keeping it: its operand is an input or elementwise math of inputs (recomputed in backward's
         own loop), so that fused forward writes no tensor of its size (compiled plain math keeps those two
         statistics too). Eager forward computes the softmax whole anyway: it keeps it."""
-        if not self.fused or v.kind != SOFTMAX or v.name in self.visible:
-            return False
+        if not self.fused or v.kind != SOFTMAX or v.name in self.visible or v.name in self.program.backward_only:
+            return False  # (forward computes no statistics of a softmax only a custom gradient reads)
 
         def from_inputs(name: str) -> bool:
             value = self.values[name]

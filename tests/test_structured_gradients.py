@@ -46,7 +46,23 @@ SCALED_LOGSUMEXP = {
     "tensors": {"x": {"shape": [8, 4]}, "w": {"shape": [8, 1]}},
     "gradients": {"x": "grad * w * exp(x - lse)"},
 }
-EXAMPLES = [LOGSUMEXP_MOE, AMAX_STE, SOFT_AMAX_STE, SCALED_LOGSUMEXP]
+# several outputs, each with its own upstream gradient
+TWO_OUTPUTS = {
+    "name": "lse_and_max",
+    "forward": "lse = logsumexp(x, dim=-1)\ntop = amax(x, dim=-1)",
+    "outputs": ["lse", "top"],
+    "tensors": {"x": {"shape": [8, 4]}},
+    "gradients": {"x": "grad_lse * softmax(x, dim=-1) + grad_top"},
+}
+EXAMPLES = [
+    LOGSUMEXP_MOE,
+    AMAX_STE,
+    SOFT_AMAX_STE,
+    SCALED_LOGSUMEXP,
+    TWO_OUTPUTS,
+    {**LOGSUMEXP_MOE, "name": "logsumexp_moe_op", "target": "custom_op"},
+    {**SCALED_LOGSUMEXP, "name": "scaled_logsumexp_fused", "fuse": True},
+]
 
 _counter = itertools.count()
 
