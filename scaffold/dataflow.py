@@ -27,17 +27,18 @@ jvp recomputes the forward from the inputs alongside the tangents (forward mode 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 import sympy
 
 from . import structural
-from .errors import error_context
+from .errors import ExpressionError, error_context
 from .lowering import step_relational
 from .plan import straight_line
 from .printing import IMPORTS, POWER, PRODUCT, print_torch
 from .printing import operand as parenthesized
-from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, broadcast
+from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
 from .rules import (
     Emitter,
     ProgramDerivation,
@@ -46,6 +47,7 @@ from .rules import (
     forward_code,
     needs_exact_gradient,
     tangent_code,
+    unsqueezed,
 )
 from .stable import finite_at_zero, xexpy
 from .structural import (
@@ -102,22 +104,35 @@ class ProgramPlan:
     rule_docs: tuple[str, ...] = ()
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
     constants: tuple[str, ...] = ()
+    recomputed: tuple[str, ...] = ()  # values backward computes again from what it has
 
 
-def plan_program(derivation: ProgramDerivation, *, where: str, fused: bool = False) -> ProgramPlan:
-    """The plan of a structured program. Where it saves masks, it is planned again without a mask for any
-    condition on values it saves anyway (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
+def plan_program(
+    derivation: ProgramDerivation, *, where: str, fused: bool = False, policy: str = "memory"
+) -> ProgramPlan:
+    """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`).
+    Where it saves masks, it is planned again without a mask for any condition on values it saves anyway
+    (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
     with error_context(where):
-        plan = _Planner(derivation, where, fused=fused).plan()
+        plan = _Planner(derivation, where, fused=fused, policy=policy).plan()
         if plan.masks:
-            plan = _Planner(derivation, where, frozenset(plan.saved) - frozenset(plan.masks), fused=fused).plan()
+            unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
+            plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy).plan()
         return plan
 
 
 class _Planner:
     def __init__(
-        self, derivation: ProgramDerivation, where: str, unmasked: frozenset[str] = frozenset(), *, fused: bool = False
+        self,
+        derivation: ProgramDerivation,
+        where: str,
+        unmasked: frozenset[str] = frozenset(),
+        *,
+        fused: bool = False,
+        policy: str = "memory",
     ) -> None:
+        self.policy = policy  # "memory": products and softmaxes recomputed where that keeps fewer bytes
+        self.for_memory: set[str] = set()  # those recomputed so
         self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
         self.fused = fused  # the code runs through torch.compile: see _restatable
         self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row
@@ -127,7 +142,9 @@ class _Planner:
         self.values = {v.name: v for v in self.program.values}
         self.tensor_args = [v.name for v in self.program.values if v.kind == TENSOR]
         self.scalars = {v.name for v in self.program.values if v.kind == SCALAR}
-        self.nodes = [v for v in self.program.values if v.kind not in (TENSOR, SCALAR)]
+        # the forward's nodes; those only custom gradients read, backward computes (_recomputed_for_custom)
+        forward_nodes = [v for v in self.program.values if v.name not in self.program.backward_only]
+        self.nodes = [v for v in forward_nodes if v.kind not in (TENSOR, SCALAR)]
         self.visible = [o.value for o in self.program.outputs]
         self.hoisted = self.program.hoisted
         # whether some dim is counted from the front: at another rank than the example's, such a dimension
@@ -137,7 +154,14 @@ class _Planner:
         self.sources = self._sources()
         self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
-        self.upstream = self._upstream()
+        # the custom gradients (the spec's gradients table): their tensors take no derived gradient
+        self.custom = dict(derivation.custom)
+        for name in self.tensor_args:
+            if name not in self.custom and not any(name in v.reads for v in self.nodes):
+                self.custom[name] = sympy.Integer(0)  # only a custom gradient reads it: the forward is flat in it
+        self.custom_reads: set[str] = set()  # values they read that depend on a tensor they are given for
+        self.depends = self._upstream(frozenset())
+        self.upstream = self._upstream(frozenset(self.custom))
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
         # softmax nodes with a log_softmax of the same value along the same dimension: softmax -> log_softmax
         self.exp_of = {
@@ -153,12 +177,13 @@ class _Planner:
 
     # -- which arguments each value depends on ----------------------------------------------------------
 
-    def _upstream(self) -> dict[str, frozenset[int]]:
-        """For each value, the indices of the tensor arguments it depends on."""
+    def _upstream(self, custom: frozenset[str]) -> dict[str, frozenset[int]]:
+        """For each value, the indices of the tensor arguments it depends on (those in ``custom``, whose
+        gradient is not derived, aside)."""
         upstream: dict[str, frozenset[int]] = {}
         for v in self.program.values:
             if v.kind == TENSOR:
-                upstream[v.name] = frozenset({self.tensor_args.index(v.name)})
+                upstream[v.name] = frozenset() if v.name in custom else frozenset({self.tensor_args.index(v.name)})
             elif v.kind == SCALAR:
                 upstream[v.name] = frozenset()
             else:
@@ -265,8 +290,8 @@ class _Planner:
         grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
         for name in self.visible:
             grad_shapes[name] = self.shape(name)
-        partials_docs = []
-        rule_docs = []
+        partials_docs: list[tuple[str, str]] = []
+        rule_docs: list[str] = []
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
@@ -281,45 +306,93 @@ class _Planner:
                 grad_shapes[node.name] = node.shape
             if not guard or node.name not in grad_shapes:
                 continue
-            g = grad_names[node.name]
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
             hidden_grad_lines[node.name] = len(lines)
             if node.kind == ELEMENTWISE:
+                g = grad_names[node.name]
                 self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
-                continue
-            gram = self._gram(node)
-            rule_docs.append(describe(node))
-            if gram is None:
-                lines.append(Line(f"# {describe(node)}", guard))
-            exact = g
-            have = grad_shapes[node.name]
-            # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
-            if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
-                exact = f"{g}.expand({emitter.shape(node.name)})"
-            if gram is not None:  # one product of the sum of a's two shares, not two products
-                a, first = gram
-                emitter.value(a)
-                both = f"({_atom(exact)} + {_atom(exact)}.mT)"
-                code = f"{both} @ {a}" if first else f"{a} @ {both}"
-                shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
-                product = f"{node.name} = {structural.spelled(node.expr)}"
-                lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
-                self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
-                continue
-            for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
-                if operand not in targets:
-                    continue
-                code = backward_code(node, i, exact, emitter)
-                lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
-                emitter.pending.clear()
-                static = self._rule_shape(node, i, node.shape if exact != g else have)
-                self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
+            else:
+                rule_docs.append(describe(node))
+                self._structural_backward(node, targets, grad_names, grad_shapes, lines)
 
+        self._custom_backward(lines, grad_names, grad_shapes)
+        lines = _comments_with_their_code(lines)
         # what backward reads: saved, or recomputed from what is saved
         saved, recomputed, hidden, notes = self._resolve(emitter)
         constants = [stat for stats in self.restated.values() for stat in stats]
         hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
         upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
+        lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
+        shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
+        recompute_lines = self._recompute_lines(recomputed, lines)
+        forward = self._forward_lines()
+        forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
+        jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
+        parameters = [(n, n) for n in saved if n in self.values]
+        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
+        parameters += [(grad_names[v], v) for v in self.visible] + [(returned_grad(h), h) for h in hidden_values]
+        return ProgramPlan(
+            forward=tuple(forward),
+            returns=tuple(self.visible) + tuple(hidden),
+            visible=tuple(self.visible),
+            hidden=tuple(hidden),
+            masks=tuple(self.masks.values()),
+            saved=tuple(saved),
+            saved_notes=tuple(notes),
+            upstream=tuple(upstream),
+            backward=tuple(recompute_lines + lines),
+            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
+            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
+            backward_scalars=tuple(sorted(emitter.scalars)),
+            jvp=tuple(jvp),
+            jvp_returns=tuple(jvp_returns),
+            jvp_scalars=tuple(jvp_scalars),
+            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
+            parameter_shapes=tuple((p, self._row_shape(v) if p in constants else self.shape(v)) for p, v in parameters),
+            parameter_sources=tuple((p, self.sources[v]) for p, v in parameters),
+            elementwise_docs=tuple(partials_docs),
+            rule_docs=tuple(rule_docs),
+            constants=tuple(constants),
+            recomputed=tuple(recomputed),
+        )
+
+    def _structural_backward(self, node: Value, targets: list[str], grad_names, grad_shapes, lines) -> None:
+        """What a reduction, softmax, product or transpose passes on to each operand that needs it, by its
+        rule (:mod:`.rules`)."""
+        emitter, guard, g = self.emitter, self.upstream[node.name], grad_names[node.name]
+        gram = self._gram(node)
+        if gram is None:
+            lines.append(Line(f"# {describe(node)}", guard))
+        exact = g
+        have = grad_shapes[node.name]
+        # a rule that needs the gradient's exact shape, or its rank (a transpose of a 0-d gradient)
+        if have != node.shape and (needs_exact_gradient(node.expr) or len(have) < len(node.shape)):
+            exact = f"{g}.expand({emitter.shape(node.name)})"
+        if gram is not None:  # one product of the sum of a's two shares, not two products
+            a, first = gram
+            emitter.value(a)
+            both = f"({_atom(exact)} + {_atom(exact)}.mT)"
+            code = f"{both} @ {a}" if first else f"{a} @ {both}"
+            shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
+            product = f"{node.name} = {structural.spelled(node.expr)}"
+            lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
+            self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
+            return
+        for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
+            if operand not in targets:
+                continue
+            code = backward_code(node, i, exact, emitter)
+            lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
+            emitter.pending.clear()
+            static = self._rule_shape(node, i, node.shape if exact != g else have)
+            self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
+
+    def _join_returned(
+        self, lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes
+    ) -> list[Line]:
+        """``lines`` with each hidden output's own gradient (given in a second derivative) joined where its
+        node's lines begin."""
+        lines = list(lines)
         starts = sorted(hidden_grad_lines.values())  # where each node's lines begin
         for name, at in sorted(only_returned.items(), key=lambda item: -item[1]):
             assert name in hidden_values, name  # the centred value's formula reads it
@@ -339,9 +412,12 @@ class _Planner:
                     Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
                     Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
                 ]
+        return lines
 
-        # each argument's gradient at its shape
-        shapes_read = set(emitter.shapes)
+    def _argument_shapes(self, lines: list[Line], grad_names, grad_shapes) -> set[str]:
+        """Each argument's gradient brought to its shape at call time (lines added to ``lines``); the
+        arguments whose shapes that reads."""
+        shapes_read = set()
         for name in self.tensor_args:
             if name not in grad_shapes:
                 continue
@@ -367,57 +443,29 @@ class _Planner:
             else:
                 fix = f"{g}.expand({name}_shape)"
             lines.append(Line(f"{g} = {fix}", index))
+        return shapes_read
 
-        recompute_lines = [
-            Line(
-                f"{v} = torch.exp({self.exp_of[v]})"
-                if v in self.exp_of
-                else f"{v} = {self._restated(v)}"
-                if v in self.restated
-                else f"{v} = {self.forward_expr(self.values[v])}"
-            )
-            for v in recomputed
-        ]
+    def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
+        """backward's first lines: the values it computes again, each where some gradient reads it."""
+        guards = self._recompute_guards(recomputed, lines)
         for name in recomputed:
             for s in self.values[name].expr.free_symbols:
                 if s.name in self.scalars:
-                    emitter.scalars.add(s.name)
-        forward = self._forward_lines()
-        forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
-        jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
-        return ProgramPlan(
-            forward=tuple(forward),
-            returns=tuple(self.visible) + tuple(hidden),
-            visible=tuple(self.visible),
-            hidden=tuple(hidden),
-            masks=tuple(self.masks.values()),
-            saved=tuple(saved),
-            saved_notes=tuple(notes),
-            upstream=tuple(upstream),
-            backward=tuple(recompute_lines + lines),
-            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
-            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
-            backward_scalars=tuple(sorted(emitter.scalars)),
-            jvp=tuple(jvp),
-            jvp_returns=tuple(jvp_returns),
-            jvp_scalars=tuple(jvp_scalars),
-            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
-            parameter_shapes=tuple(
-                [(n, self.shape(n)) for n in saved if n in self.values]
-                + [(stat, self._row_shape(v)) for v, stats in self.restated.items() for stat in stats]
-                + [(grad_names[v], self.shape(v)) for v in self.visible]
-                + [(returned_grad(h), self.shape(h)) for h in hidden_values]
-            ),
-            parameter_sources=tuple(
-                [(n, self.sources[n]) for n in saved if n in self.values]
-                + [(stat, self.sources[v]) for v, stats in self.restated.items() for stat in stats]
-                + [(grad_names[v], self.sources[v]) for v in self.visible]
-                + [(returned_grad(h), self.sources[h]) for h in hidden_values]
-            ),
-            elementwise_docs=tuple(partials_docs),
-            rule_docs=tuple(rule_docs),
-            constants=tuple(constants),
-        )
+                    self.emitter.scalars.add(s.name)
+        lines = []
+        again = [v for v in recomputed if v in self.for_memory]
+        if again:
+            where = [guards[v] for v in again]
+            guard = frozenset().union(*where) if all(where) else frozenset()
+            lines.append(Line(f'# policy "memory": {", ".join(again)} computed again, not kept from forward', guard))
+        for v in recomputed:
+            if v in self.exp_of:
+                lines.append(Line(f"{v} = torch.exp({self.exp_of[v]})", guards[v]))
+            elif v in self.restated:
+                lines.append(Line(f"{v} = {self._restated(v)}", guards[v]))
+            else:
+                lines.append(Line(f"{v} = {self.forward_expr(self.values[v])}", guards[v]))
+        return lines
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
@@ -503,6 +551,110 @@ class _Planner:
                 code = f"{'-' if negated else ''}{_atom(code[1:] if negated else code)} * {' * '.join(copies)}"
             outer = self.print(outer, extra=tensors)
             self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=outer, node=node.name)
+
+    def _custom_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
+        """Each custom gradient as the spec gives it, over the values backward has and the upstream
+        gradients; summed to its tensor's shape at call time, as a derived gradient is."""
+        upstream, shapes, sources, aligned = self._custom_upstream(grad_names)
+        for name, expr in self.custom.items():
+            where = self.where.replace(": forward", f": gradients.{name}")
+            expr = expr.xreplace(upstream)
+            self.emitter.request_symbols(expr)
+            read = sorted(s.name for s in expr.free_symbols if s.name in self.values and self.is_tensor(s.name))
+            computed = [r for r in read if r not in self.tensor_args]
+            self.custom_reads |= {
+                r for r in computed if self.depends[r] != self.upstream[r] or r in self.program.backward_only
+            }
+            grads = [s.name for s in expr.free_symbols if s.name in shapes]
+            named = {r: self.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
+            have = self._custom_shape(name, named, where)
+            for grad in grads:
+                if len(shapes[grad]) < len(have) and not self._trailing_aligned(aligned[grad]):
+                    raise ExpressionError(
+                        f"grad (shape {list(shapes[grad])}) has fewer dimensions than the gradient of {name!r} "
+                        f"(shape {list(have)}), and broadcasting aligns its last dimensions with dimensions the "
+                        "forward reduced away",
+                        where=where,
+                        hint="make the reduction the forward's last step, or keep its dimensions with keepdim=True",
+                    )
+            index = frozenset({self.tensor_args.index(name)})
+            code = self.print(expr, extra=set(shapes))
+            want = self.shape(name)
+            if not read and not grads:  # a number: a tensor of it, of the tensor's shape
+                self.emitter.shapes.add(name)
+                anchor = grad_names[self.visible[0]]
+                code = f"{anchor}.new_zeros({name}_shape)" if expr == 0 else f"{anchor}.new_full({name}_shape, {code})"
+                have = want
+            calls = frozenset().union(*(self.sources[r] for r in read), *(sources[g] for g in grads))
+            if have == want and any(len(self.shape(a)) >= len(want) for a in calls - self.sources[name]):
+                # the example's shapes agree, the shapes at call time need not: another argument's leading
+                # dimensions
+                self.emitter.shapes.add(name)
+                code = f"{_atom(code)}.sum_to_size({name}_shape)"
+            if name in dict(self.derivation.custom):
+                comment = f"{name}'s gradient is the custom one the spec gives, not the derived one"
+            else:
+                comment = f"only a custom gradient reads {name}: the forward is flat in it"
+            lines.append(Line(f"# {comment}", index))
+            lines.append(Line(f"{grad_names[name]} = {code}", index))
+            grad_shapes[name] = have
+
+    def _custom_upstream(self, grad_names) -> tuple[dict, dict, dict, dict]:
+        """Each upstream gradient of a custom gradient (ParsedExpression.grads) as backward has it: an
+        output's gradient, with the dimensions a reduction without keepdim removed put back as size 1 where
+        the output is that reduction (so that ``grad * posterior`` spreads it over them, as the reduction's
+        derivative does); with its example shape, the arguments whose leading dimensions it has and the
+        value whose dimensions it has (the reduction's operand where it is spread)."""
+        upstream, shapes, sources, aligned = {}, {}, {}, {}
+        for symbol, output in zip(self.program.parsed.grads, self.visible):
+            code, call, shape = grad_names[output], spread_reduction(self.program, output), self.shape(output)
+            aligned[code] = output
+            if call is not None:
+                operand = self.shape(str(call.args[0]))
+                dims = reduced_dims(call, operand)
+                code, shape = unsqueezed(code, call), tuple(1 if d in dims else n for d, n in enumerate(operand))
+                aligned[code] = str(call.args[0])
+            upstream[symbol] = sympy.Symbol(code, real=True)
+            shapes[code], sources[code] = shape, self.sources[output]
+        return upstream, shapes, sources, aligned
+
+    def _trailing_aligned(self, name: str) -> bool:
+        """Whether the value ``name``'s dimensions, counted from the back, are those of the tensors it is
+        computed from: no reduction without keepdim removed other than leading dimensions on the way, and
+        no product with a vector removed one."""
+        v = self.values[name]
+        if v.kind == REDUCE and not v.expr.keepdim and v.expr.dims:
+            if sorted(v.expr.dims) != list(range(len(v.expr.dims))):
+                return False
+        if v.kind == MATMUL and len(v.shape) < max(len(self.shape(str(o))) for o in v.expr.operand_exprs):
+            return False
+        return all(self._trailing_aligned(r) for r in v.reads)
+
+    def _custom_shape(self, name: str, shapes: dict[str, tuple[int, ...]], where: str) -> tuple[int, ...]:
+        """The example shape of the custom gradient of ``name`` (of the tensors ``shapes``, by name): refused
+        where those do not broadcast together, or the result not to ``name``'s shape."""
+        want = self.shape(name)
+        try:
+            have = _broadcast_checked(list(shapes.values()))
+        except ValueError:
+            listed = ", ".join(f"{n} {list(shape)}" for n, shape in sorted(shapes.items()))
+            raise ExpressionError(
+                f"the gradient of {name!r} combines tensors whose shapes do not broadcast together: {listed}",
+                where=where,
+                hint="grad has the output's shape (a reduced output's with its reduced dimensions as 1); "
+                "keepdim=True keeps a reduced dimension as 1",
+            ) from None
+        try:
+            _broadcast_checked([have, want])
+        except ValueError:
+            raise ExpressionError(
+                f"the gradient of {name!r} has shape {list(have)}, which does not broadcast to the shape of {name!r}, "
+                f"{list(want)}",
+                where=where,
+                hint="a gradient has its tensor's shape, or one that broadcasts to it (it is summed back over the "
+                "broadcast dimensions); keepdim=True keeps a reduced dimension as 1",
+            ) from None
+        return have
 
     def _sums_to_zero(
         self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
@@ -647,7 +799,7 @@ class _Planner:
         changed = True
         while changed:
             changed = False
-            for name in list(wanted):
+            for name in sorted(wanted):  # sorted: the same temporaries in every process
                 v = self.values[name]
                 if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
                     continue
@@ -667,6 +819,9 @@ class _Planner:
                         if s.name in self.values and s.name not in wanted:
                             wanted.add(s.name)
                             changed = True
+        self._recomputed_for_custom(wanted, recomputed)
+        if self.policy == "memory":
+            self._recomputed_for_memory(wanted, recomputed)
         for name in list(wanted):
             if self.values[name].kind == SCALAR:
                 wanted.discard(name)
@@ -695,6 +850,78 @@ class _Planner:
             notes.append(f"{mask}: a bool mask, one byte an element, instead of the intermediate its condition reads")
         return saved, self._in_order(recomputed), hidden, notes
 
+    def _recomputed_for_memory(self, wanted: set[str], recomputed: set[str]) -> None:
+        """Under the policy "memory": each product or softmax backward reads (not an output) is recomputed
+        in backward where that needs only what backward keeps anyway (the bilinear form's ``x @ m`` from
+        ``x`` and ``m``, attention's probabilities from ``q`` and ``k``): the tensor is not kept between
+        forward and backward, at the cost of computing it again. A reduction's result or a hoisted part
+        (a norm's per-row statistics) stays saved: a few elements a row, as a hand-written Function keeps
+        them. Under "time" all of them are saved, as forward computed them."""
+        changed = True
+        while changed:
+            changed = False
+            for name in [v.name for v in self.nodes if v.name in wanted and v.name not in recomputed]:
+                if self.values[name].kind not in (MATMUL, SOFTMAX) or name in self.visible:
+                    continue
+                chain = self._recomputable(name, wanted - {name}, recomputed)
+                if chain is not None:
+                    self.for_memory.add(name)
+                    recomputed |= chain
+                    wanted |= chain | {r for c in chain for r in self.values[c].reads}
+                    changed = True
+
+    def _recomputed_for_custom(self, wanted: set[str], recomputed: set[str]) -> None:
+        """The values a custom gradient reads that depend on a tensor it is given for (``exp(x - out)``
+        for x) are recomputed in backward from the inputs, never kept: a second derivative then
+        differentiates the gradient as written, through them, as autograd of its formula does. So are
+        those only custom gradients read, which forward does not compute."""
+        for name in sorted(self.custom_reads - recomputed):
+            kept = set(self.tensor_args) | {n for n in wanted if self.depends[n] == self.upstream[n]}
+            chain = self._recomputable(name, kept, recomputed, forced=True)
+            if chain is None:
+                symbol = sympy.Symbol(name, real=True)
+                gradients = ", ".join(n for n, e in self.custom.items() if symbol in e.free_symbols)
+                raise ExpressionError(
+                    f"the custom gradient reads {name}, which backward cannot compute again from the inputs",
+                    where=self.where.replace(": forward", f": gradients.{gradients}"),
+                    hint="write the gradient over the arguments, grad and the forward's reductions and products",
+                )
+            recomputed |= chain
+            wanted |= chain | {r for c in chain for r in self.values[c].reads}
+
+    def _recomputable(self, name: str, kept: set[str], recomputed: set[str], forced: bool = False) -> set[str] | None:
+        """The values backward computes to recompute ``name`` from ``kept`` and ``recomputed`` values (its
+        own operands, and theirs, where those are products, softmaxes, transposes or elementwise math; any
+        node where ``forced``), or None where it would need another tensor kept."""
+        chain: set[str] = set()
+
+        def reach(value: str) -> bool:
+            v = self.values[value]
+            if v.kind == SCALAR or value in recomputed or value in chain or (value in kept and value != name):
+                return True
+            if value in self.exp_of or value in self.restated or v.kind == TENSOR:
+                return False
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and value not in self.hoisted
+            if not forced and (not cheap or value in self.visible):
+                return False
+            chain.add(value)
+            return all(reach(r) for r in v.reads)
+
+        return chain if reach(name) else None
+
+    def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
+        """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
+        empty guard, always, where some line that reads it runs always)."""
+        guards: dict[str, frozenset[int]] = {}
+        for name in reversed(recomputed):
+            readers = [line.guard for line in lines if re.search(rf"\b{name}\b", line.text.split("#")[0])]
+            readers += [guards[r] for r in guards if name in self.values[r].reads]
+            if self.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
+                guards[name] = frozenset().union(*readers)
+            else:
+                guards[name] = frozenset()
+        return guards
+
     def _in_order(self, recomputed: set[str]) -> list[str]:
         """The recomputed values, each after those its recomputation reads (a softmax recomputed as
         exp(log_probs) after log_probs, which may come later in forward)."""
@@ -710,7 +937,7 @@ class _Planner:
                     visit(read)
                 ordered.append(name)
 
-        for v in self.nodes:
+        for v in self.program.values:
             visit(v.name)
         return ordered
 
@@ -719,8 +946,8 @@ class _Planner:
         instead of keeping it: its operand is an input or elementwise math of inputs (recomputed in backward's
         own loop), so that fused forward writes no tensor of its size (compiled plain math keeps those two
         statistics too). Eager forward computes the softmax whole anyway: it keeps it."""
-        if not self.fused or v.kind != SOFTMAX or v.name in self.visible:
-            return False
+        if not self.fused or v.kind != SOFTMAX or v.name in self.visible or v.name in self.program.backward_only:
+            return False  # (forward computes no statistics of a softmax only a custom gradient reads)
 
         def from_inputs(name: str) -> bool:
             value = self.values[name]
@@ -813,6 +1040,13 @@ class _Requests(Emitter):
             if len(arguments) > 1 and None not in arguments:  # their shapes broadcast at call time
                 self.shapes.update(arguments)
                 return f"torch.broadcast_shapes({', '.join(f'{a}_shape' for a in arguments)})"
+        if v.kind == MATMUL:
+            # two (batches of) matrices: their batch dimensions broadcast, then a's rows and b's columns, so
+            # that backward need not have the product (policy "memory" recomputes it only where read)
+            a, b = (self._argument_of_shape(str(o)) for o in v.expr.operand_exprs)
+            if a is not None and b is not None and min(len(self.planner.shape(a)), len(self.planner.shape(b))) >= 2:
+                self.shapes.update((a, b))
+                return f"torch.broadcast_shapes({a}_shape[:-1] + (1,), {b}_shape[:-2] + (1, {b}_shape[-1]))"
         return f"{self.value(name)}.shape"
 
     def _argument_of_shape(self, name: str) -> str | None:
@@ -855,6 +1089,22 @@ class _Everything(_Requests):
 
     def shape(self, name: str) -> str:
         return f"{name}.shape"
+
+
+def _grad_of(code: str, upstream: dict[sympy.Symbol, sympy.Symbol]) -> sympy.Symbol:
+    """The upstream gradient as the spec names it (``grad``) of its code in backward."""
+    return next(grad for grad, symbol in upstream.items() if symbol.name == code)
+
+
+def _comments_with_their_code(lines: list[Line]) -> list[Line]:
+    """``lines`` with each comment under the guard of the statement after it (a rule's comment before code
+    that only some gradients need), so that no guarded block holds a comment alone."""
+    result = list(lines)
+    for k in range(len(result) - 2, -1, -1):
+        line, after = result[k], result[k + 1]
+        if line.text.startswith("#") and line.indent == after.indent:
+            result[k] = Line(line.text, after.guard, line.indent)
+    return result
 
 
 def _closure(symbols, temporaries: dict[str, sympy.Expr]) -> set[str]:

@@ -158,15 +158,6 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 hint="check for a division by zero or a log of a negative constant",
             )
         _check_constants(expr, spec, symbols, where)
-    used = set().union(*(e.free_symbols for e in exprs))
-    unused = [n for n in tensor_names if symbols[n] not in used]
-    if unused:
-        raise ExpressionError(
-            f"tensor argument{'s' if len(unused) > 1 else ''} {', '.join(map(repr, unused))} "
-            f"{'are' if len(unused) > 1 else 'is'} declared but not used in the forward",
-            where=where,
-            hint="remove the declaration or use it in the expression",
-        )
     parsed = ParsedExpression(
         exprs=exprs,
         symbols=symbols,
@@ -176,7 +167,20 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
         output_text=output_text,
         output_names=spec.outputs or ("",),
     )
-    return dataclasses.replace(parsed, gradients=_parse_gradients(spec, parsed))
+    parsed = dataclasses.replace(parsed, gradients=_parse_gradients(spec, parsed))
+    used = set().union(*(e.free_symbols for e in exprs))
+    if any(structural.has_structural(e) for e in exprs):
+        # a structured op's backward may read a tensor its forward does not (fairseq's LogSumExpMoE's posterior)
+        used |= set().union(*(e.free_symbols for _, e in parsed.gradients))
+    unused = [n for n in tensor_names if symbols[n] not in used]
+    if unused:
+        raise ExpressionError(
+            f"tensor argument{'s' if len(unused) > 1 else ''} {', '.join(map(repr, unused))} "
+            f"{'are' if len(unused) > 1 else 'is'} declared but not used in the forward",
+            where=where,
+            hint="remove the declaration or use it in the expression",
+        )
+    return parsed
 
 
 def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str, sympy.Expr], ...]:

@@ -71,6 +71,13 @@ class Program:
     values: tuple[Value, ...]  # arguments first, then the steps in order
     outputs: tuple[Output, ...]
     hoisted: frozenset[str] = frozenset()  # elementwise nodes hoisted out of formulas (see _Lifter.hoisted)
+    # A structured program's custom gradients: tensor name -> what backward returns for it, over the values
+    # (each reduction, softmax or product the forward computes, by its value's name) and the upstream
+    # gradients (ParsedExpression.grads)
+    gradients: tuple[tuple[str, sympy.Expr], ...] = ()
+    # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
+    # computes them, forward does not
+    backward_only: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
@@ -104,6 +111,16 @@ class Program:
 
     def consumers(self, name: str) -> tuple[Value, ...]:
         return tuple(v for v in self.values if name in v.reads)
+
+
+def spread_reduction(program: Program, output: str) -> structural.Reduction | None:
+    """The reduction whose removed dimensions a custom gradient's upstream gradient of the output value
+    ``output`` has back as size 1 (``grad * posterior`` spreads it over them, as the reduction's own
+    derivative does): the output's node, where it reduces given dims without keepdim; else None."""
+    value = program.value(output)
+    if value.kind == structural.REDUCE and not value.expr.keepdim and value.expr.dims:
+        return value.expr
+    return None
 
 
 def broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
@@ -177,7 +194,26 @@ class _Lifter:
                 hint="return each value once; the caller can use it twice",
             )
         hoisted = frozenset(self.statistics) - {v.name for v in self.values if v.kind != ELEMENTWISE}
-        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted - {o.value for o in outputs})
+        count = len(self.values)
+        gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
+        hoisted -= {o.value for o in outputs}
+        backward_only = frozenset(v.name for v in self.values[count:])
+        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only)
+
+    def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:
+        """The custom gradient ``expr`` of ``name`` over the program's values: each reduction, softmax or
+        product in it a node, the forward's where it computes one (else a node only backward computes)."""
+        where = f"{self.spec.source}: gradients.{name}"
+        grads = set(self.parsed.grads)
+        for node in sympy.preorder_traversal(expr):
+            if isinstance(node, Structural) and node.free_symbols & grads:
+                raise ExpressionError(
+                    f"the gradient reads {structural.spelled(node)}, a reduction, softmax or product of the upstream "
+                    "gradient: backward computes a custom gradient elementwise from grad and the forward's values",
+                    where=where,
+                    hint="write the gradient as grad times (elementwise math of) the forward's values",
+                )
+        return self.lift(structural.stable_forms(expr))
 
     def lift(self, expr: sympy.Basic) -> sympy.Basic:
         """``expr`` with each structural call replaced by its node's value."""

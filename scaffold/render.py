@@ -40,8 +40,8 @@ from .plan import (
     straight_line,
 )
 from .printing import IMPORTS, NEG_ABS, print_torch
-from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements
-from .rules import ProgramDerivation
+from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
+from .rules import ProgramDerivation, unsqueezed
 from .spec import OpSpec, linear_weight
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
@@ -1479,6 +1479,9 @@ class ProgramView(_Entry):
     rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
     rank_check_params: list[str] = dataclasses.field(default_factory=list)
     module_check_args: list[str] = dataclasses.field(default_factory=list)
+    # the spec's custom gradients, as written, and how they name the upstream gradients
+    custom_gradients: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    custom_grad_names: str = ""
 
     @property
     def backward_fused(self) -> bool:
@@ -1528,12 +1531,6 @@ def program_module_view(
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op" and not plan.hidden)
     optional = bool(plan.hidden) or len(plan.visible) > 1
-    written = parsed.written or " ".join(spec.forward.split())
-    # the forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line
-    forward_doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
-    forward_doc += [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps]
-    if parsed.steps:
-        forward_doc.append(_docstring_text(f"return {parsed.output_text}"))
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
     return ProgramView(
@@ -1542,7 +1539,7 @@ def program_module_view(
         name=spec.name,
         camel=spec.camel,
         doc=_docstring_text(spec.doc.strip()),
-        forward_doc=forward_doc,
+        forward_doc=_program_forward_doc(spec, parsed, arguments),
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
         imports=sorted({*plan.imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
@@ -1594,6 +1591,31 @@ def program_module_view(
         rank_checks=_rank_checks(spec, requirements),
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
+        custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
+        custom_grad_names=_custom_grad_names(program),
+    )
+
+
+def _program_forward_doc(spec: OpSpec, parsed, arguments: list[str]) -> list[str]:
+    """The forward on one line ("xc / sqrt(var + eps), where mu = ...; ..."), then its steps one a line."""
+    written = parsed.written or " ".join(spec.forward.split())
+    doc = [_docstring_text(f"{spec.name}({', '.join(arguments)}) = {written}")]
+    doc += [_docstring_text(f"{s.name} = {s.text}") for s in parsed.steps]
+    if parsed.steps:
+        doc.append(_docstring_text(f"return {parsed.output_text}"))
+    return doc
+
+
+def _custom_grad_names(program: Program) -> str:
+    """The docstring's sentence on a structured op's custom gradients, naming the upstream gradients."""
+    names = []
+    for grad, output in zip(program.parsed.grads, program.outputs):
+        call = spread_reduction(program, output.value)
+        spread = f" with the reduced dimensions kept, {unsqueezed('grad_output', call)}" if call is not None else ""
+        names.append(f"{grad.name} is {repr(output.name) if output.name else 'the output'}'s gradient{spread}")
+    return (
+        "Custom gradients: backward returns these instead of the derived ones, and forward mode (jvp) keeps the "
+        f"forward's own derivative; {'; '.join(names)}:"
     )
 
 
@@ -1680,14 +1702,26 @@ def _program_test_view(
         inputs=inputs,
         scalars=[(s.name, s.default) for s in spec.scalars],
         special=False,
-        gradients=[],
-        upstream=[],
+        gradients=_program_custom_gradients(code, program),
+        upstream=[g.name for g in program.parsed.grads],
         outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
         structured=True,
         custom_op=(f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else "",
         sizes=list(spec.module_sizes),
         learnable=any(t.learnable for t in spec.tensors),
     )
+
+
+def _program_custom_gradients(code: _CodePrinter, program: Program) -> list[tuple[str, str]]:
+    """Each custom gradient's formula for the test, over the arguments and the upstream gradients (as the
+    op's backward reads them: a reduced output's with the reduced dimensions kept)."""
+    code.scope()
+    upstream = {}
+    for grad, output in zip(program.parsed.grads, program.outputs):
+        call = spread_reduction(program, output.value)
+        upstream[grad] = sympy.Symbol(unsqueezed(grad.name, call) if call is not None else grad.name, real=True)
+    code.tensors |= {s.name for s in upstream.values()}
+    return [(name, code(expr.xreplace(upstream))) for name, expr in program.parsed.gradients]
 
 
 def _program_reference_lines(code: _CodePrinter, parsed) -> list[str]:

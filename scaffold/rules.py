@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import sympy
 
 from .derivation import differentiate
-from .errors import DerivationError
 from .program import ELEMENTWISE, Program, Value
 from .stable import stabilize
 from .structural import (
@@ -73,6 +72,8 @@ class ProgramDerivation:
 
     program: Program
     elementwise: tuple[ElementwiseNode, ...]
+    # the custom gradients (Program.gradients) in stable primitives: tensor name -> what backward returns
+    custom: tuple[tuple[str, sympy.Expr], ...] = ()
 
     def node(self, name: str) -> ElementwiseNode:
         return next(n for n in self.elementwise if n.name == name)
@@ -80,12 +81,6 @@ class ProgramDerivation:
 
 def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     """The partial derivatives of every elementwise node of ``program`` in the tensor values it reads."""
-    if program.parsed.gradients:
-        raise DerivationError(
-            "custom gradients are not supported yet in a forward that reduces, normalizes or multiplies matrices",
-            where=where.replace(": forward", ": gradients"),
-            hint="remove the gradients table, or write the op without sum/mean/softmax/@ (elementwise ops take them)",
-        )
     scalars = {sympy.Symbol(n, real=True) for n in program.parsed.scalar_names} | {
         program.parsed.symbols[n] for n in program.parsed.scalar_names
     }
@@ -102,7 +97,11 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
             for s in sorted(reads, key=lambda s: s.name)
         )
         nodes.append(ElementwiseNode(value.name, forward, partials))
-    return ProgramDerivation(program, tuple(nodes))
+    custom = tuple(
+        (name, stabilize(expr, frozenset(s for s in expr.free_symbols if s not in scalars)))
+        for name, expr in program.gradients
+    )
+    return ProgramDerivation(program, tuple(nodes), custom)
 
 
 # -- the structural rules, as torch code -------------------------------------------------------------------

@@ -955,8 +955,10 @@ class ProgramTests(OpTests):
     def check_gradcheck(self, device: str) -> None:
         """Backward against finite differences, in float64, for the outputs and the hidden outputs (an
         intermediate forward returns for backward: its gradient arrives in a second derivative); not for
-        the bool masks forward returns, which have no gradient."""
-        assert gradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
+        the bool masks forward returns, which have no gradient, nor for the tensors with custom gradients
+        (check_matches_reference compares those with their formulas)."""
+        inputs = self._without_custom_gradients(self.make_inputs(device))
+        assert gradcheck(self._float_outputs, (*inputs, *self._scalars))
 
     @_quietly
     def check_second_shape(self, device: str) -> None:
@@ -964,13 +966,29 @@ class ProgramTests(OpTests):
         random direction (gradcheck's fast mode: a few evaluations, not one per element)."""
         shapes = [i.second_shape or i.shape for i in self.inputs]
         self._assert_matches_reference_at(device, shapes, SECOND_SHAPE_CLOSE)
-        inputs = self.make_inputs(device, shapes=shapes)
+        if all(i.name in self.gradients for i in self.inputs):
+            return  # every gradient is a formula, compared with it above
+        inputs = self._without_custom_gradients(self.make_inputs(device, shapes=shapes))
         assert gradcheck(self._float_outputs, (*inputs, *self._scalars), fast_mode=True)
 
     @_quietly
     def check_gradgradcheck(self, device: str) -> None:
-        """Double backward against finite differences of backward, at the inputs' own shapes."""
-        assert gradgradcheck(self._float_outputs, (*self.make_inputs(device), *self._scalars))
+        """Double backward against finite differences of backward, at the inputs' own shapes; a custom
+        gradient's own derivative against autograd's of its formula."""
+        inputs = self.make_inputs(device)
+        self._assert_custom_double_backward(inputs)
+        if any(i.name not in self.gradients for i in self.inputs):
+            assert gradgradcheck(self._float_outputs, (*self._without_custom_gradients(inputs), *self._scalars))
+
+    def _custom_gradient(
+        self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """The custom gradient of input ``index`` by its formula, broadcast to the input's shape and
+        summed back to it (a structured op's gradient need not have its output's shape)."""
+        value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
+        value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
+        shape = torch.broadcast_shapes(value.shape, inputs[index].shape)
+        return torch.broadcast_to(value, shape).sum_to_size(inputs[index].shape)
 
     def make_inputs(
         self,
@@ -1016,7 +1034,7 @@ class ProgramTests(OpTests):
         outs = self._outputs(self.op(*inputs, *self._scalars))
         expected = self._outputs(self.reference(*inputs, *self._scalars))
         grads = torch.autograd.grad(_total(outs), inputs)
-        expected_grads = _reference_grads(_total(expected), inputs)
+        expected_grads = self._expected_grads(expected, inputs)  # a custom gradient's by its formula
         pairs = zip([*self._value_names, *self._names], [*outs, *grads], [*expected, *expected_grads])
         for what, value, reference in pairs:
             value, reference = value.detach(), reference.detach()

@@ -16,6 +16,36 @@ from scaffold.cli import main
 
 CASES = [
     pytest.param(
+        [
+            "op",
+            "--forward",
+            "2*logsumexp(x, dim=-1)",
+            "--tensor",
+            "x=4,4",
+            "--tensor",
+            "p=4,4",
+            "--gradient",
+            "x=grad*p",
+        ],
+        "scaffold: error: command-line flags: gradients.x: grad (shape [4]) has fewer dimensions than the gradient of 'x' (shape [4, 4]), and broadcasting aligns its last dimensions with dimensions the forward reduced away\n  hint: make the reduction the forward's last step, or keep its dimensions with keepdim=True\n",
+        id="custom gradient of a reduced output along the wrong dimensions",
+    ),
+    pytest.param(
+        ["op", "--forward", "logsumexp(x, dim=-1)", "--tensor", "x=4,8", "--tensor", "p=4,6", "--gradient", "x=grad*p"],
+        "scaffold: error: command-line flags: gradients.x: the gradient of 'x' has shape [4, 6], which does not broadcast to the shape of 'x', [4, 8]\n  hint: a gradient has its tensor's shape, or one that broadcasts to it (it is summed back over the broadcast dimensions); keepdim=True keeps a reduced dimension as 1\n",
+        id="custom gradient of another shape in a structured op",
+    ),
+    pytest.param(
+        ["op", "--forward", "sum(x, dim=-1)", "--tensor", "x=4,8", "--tensor", "p=8,4", "--gradient", "x=grad*p"],
+        "scaffold: error: command-line flags: gradients.x: the gradient of 'x' combines tensors whose shapes do not broadcast together: grad [4, 1], p [8, 4]\n  hint: grad has the output's shape (a reduced output's with its reduced dimensions as 1); keepdim=True keeps a reduced dimension as 1\n",
+        id="custom gradient whose shapes do not broadcast in a structured op",
+    ),
+    pytest.param(
+        ["op", "--forward", "sum(x, dim=-1)", "--tensor", "x=4,8", "--gradient", "x=grad*sum(grad*x, dim=-1)"],
+        "scaffold: error: command-line flags: gradients.x: the gradient reads sum(grad*x, dim=-1), a reduction, softmax or product of the upstream gradient: backward computes a custom gradient elementwise from grad and the forward's values\n  hint: write the gradient as grad times (elementwise math of) the forward's values\n",
+        id="custom gradient reducing the upstream gradient",
+    ),
+    pytest.param(
         ["op", "--forward", "sum(x, dim=(0, -1))", "--tensor", "x=4,5"],
         "scaffold: error: command-line flags: forward: sum() got dim=(0, -1), which counts some dimensions from the front and some from the back: which dimensions those are depends on the input's rank\n  hint: count them all from the front (dim=(0, 1)) or all from the back (dim=(-2, -1))\n",
         id="reduction dims counted from both ends",

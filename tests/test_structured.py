@@ -35,17 +35,17 @@ _BY_NAME = {op.name: op for op in STRUCTURED}
 _counter = itertools.count()
 
 
-def _spec(name: str):
-    return spec_from_mapping(_BY_NAME[name].mapping(), source=f"{name}.toml")
+def _spec(name: str, policy: str = "memory"):
+    return spec_from_mapping({**_BY_NAME[name].mapping(), "policy": policy}, source=f"{name}.toml")
 
 
 @functools.cache
-def _files(name: str) -> dict[str, str]:
-    return generate_op(_spec(name))
+def _files(name: str, policy: str = "memory") -> dict[str, str]:
+    return generate_op(_spec(name, policy))
 
 
-def _module(name: str, folder: Path):
-    (folder / f"{name}.py").write_text(_files(name)[f"{name}.py"], encoding="utf-8")
+def _module(name: str, folder: Path, policy: str = "memory"):
+    (folder / f"{name}.py").write_text(_files(name, policy)[f"{name}.py"], encoding="utf-8")
     module_spec = importlib.util.spec_from_file_location(f"_structured_{name}_{next(_counter)}", folder / f"{name}.py")
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -156,18 +156,50 @@ _F64 = 8  # bytes per float64 element
         ("linear_relu", (8 * 16 + 32 * 16) * _F64 + 8 * 32),  # x, weight and a bool mask: not x @ w.T + b
         ("rms_norm", (8 * 16 + 16 + 8) * _F64),  # x, weight and 1/sqrt(mean square + eps) of each row
         ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # x, weight, the mean and 1/sqrt(var + eps) of each row
-        ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
+        ("attention", (8 * 16 + 6 * 16 + 6 * 16) * _F64),  # q, k, v: the probabilities recomputed from them
         ("soft_cross_entropy", (8 * 16 + 8 * 16) * _F64),  # target and log_softmax
         ("mse_mean", 8 * 16 * _F64),  # input - target, not both inputs
         ("softmax_entropy", 8 * 16 * _F64),  # log_softmax: the softmax beside it is its exp
-        ("mlp_two_layers", (8 * 16 + 16 * 32 + 32 * 4 + 8 * 32) * _F64),  # x @ w1, and no mask beside it
+        ("mlp_two_layers", (8 * 16 + 16 * 32 + 32 * 4) * _F64),  # the inputs: x @ w1 recomputed, no mask
+        ("bilinear_form", (8 * 16 + 16 * 12 + 8 * 12) * _F64),  # the inputs: x @ m recomputed
         ("log_softmax_and_logsumexp", 8 * 16 * _F64),  # log_probs: the softmax logsumexp's gradient needs
     ],
 )
 def test_saves_what_a_hand_written_function_saves(name: str, expected: int, tmp_path: Path):
+    """Under the default policy "memory": products and softmaxes recomputed from what backward keeps anyway."""
     module = _module(name, tmp_path)
     inputs, scalars = _inputs(name)
     assert saved_bytes(getattr(module, name), [*inputs, *scalars]) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("attention", (8 * 16 + 6 * 16 + 6 * 16 + 8 * 6) * _F64),  # q, k, v and the probabilities
+        ("mlp_two_layers", (8 * 16 + 16 * 32 + 32 * 4 + 8 * 32) * _F64),  # x @ w1, and no mask beside it
+        ("bilinear_form", (8 * 16 + 16 * 12 + 8 * 12 + 8 * 12) * _F64),  # the inputs and x @ m
+        ("layer_norm", (8 * 16 + 16 + 8 + 8) * _F64),  # as under "memory": per-row statistics are kept
+    ],
+)
+def test_the_policy_time_keeps_products_and_softmaxes(name: str, expected: int, tmp_path: Path):
+    module = _module(name, tmp_path, "time")
+    inputs, scalars = _inputs(name)
+    assert saved_bytes(getattr(module, name), [*inputs, *scalars]) == expected
+
+
+@pytest.mark.parametrize("policy", ["memory", "time"])
+@pytest.mark.parametrize("needed", [(True, False, False), (False, True, False), (False, False, True)])
+def test_a_recomputed_product_gives_the_same_gradients(policy: str, needed, tmp_path: Path):
+    """The bilinear form under either policy, each input alone needing its gradient: the same as PyTorch's."""
+    module = _module("bilinear_form", tmp_path, policy)
+    inputs, _ = _inputs("bilinear_form")
+    inputs = [x.detach().requires_grad_(n) for x, n in zip(inputs, needed)]
+    wanted = [x for x in inputs if x.requires_grad]
+    native = _BY_NAME["bilinear_form"].native
+    torch.testing.assert_close(
+        torch.autograd.grad(module.bilinear_form(*inputs).sum(), wanted),
+        torch.autograd.grad(native(*inputs).sum(), wanted),
+    )
 
 
 class _CountProducts(TorchDispatchMode):
@@ -318,12 +350,6 @@ def test_shapes_that_do_not_fit_are_refused_naming_the_line():
     assert "names a dimension of x (shape [4, 8]) twice" in message
     message = _error("sum(x, dim=(0, -2))", {"x": {"shape": [4, 8]}})  # the same at rank 2, not at rank 3
     assert "counts some dimensions from the front and some from the back" in message
-
-
-def test_custom_gradients_are_refused_with_a_message():
-    message = _error("sum(x, dim=-1)", {"x": {"shape": [4, 8]}}, gradients={"x": "grad"})
-    assert "custom gradients are not supported yet in a forward that reduces" in message
-    assert "op.toml: gradients" in message
 
 
 def test_example_shapes_need_not_broadcast_when_the_forward_multiplies_matrices():
