@@ -180,7 +180,7 @@ def test_the_printers_errors_are_reported_where_the_caller_says():
 def test_xlog1py_is_computed_with_vectorized_kernels():
     # torch.special.xlog1py has no vectorized CPU kernel: binary cross-entropy's forward was 2.4x plain autograd's
     expr = stable.xlog1py(1 - y, -x)
-    assert print_torch(expr, TENSORS, where="test").text == "torch.where(y == 1, 0, (1 - y) * torch.log1p(-x))"
+    assert print_torch(expr, TENSORS, where="test").text == "((1 - y) * torch.log1p(-x)).masked_fill(y == 1, 0)"
     xs = torch.tensor([0.0, 0.5, 1.0, 1.0, 0.25], dtype=torch.float64)
     ys = torch.tensor([0.5, 0.0, 1.0, 0.5, 1.0], dtype=torch.float64)
     torch.testing.assert_close(evaluate(expr, xs, ys), torch.special.xlog1py(1 - ys, -xs))
