@@ -87,6 +87,22 @@ def test_backward_code_reads_like_the_math(tmp_path):
     assert torch.isfinite(grad).all() and grad[1] == 0
 
 
+def test_mish_is_computed_from_one_sigmoid(tmp_path):
+    # PyTorch's mish costs two sigmoids' worth on a CPU, and silu(x) recomputes the sigmoid backward has
+    module = _load(tmp_path, make_spec("mish", "x*tanh(log(1 + exp(x)))"))
+    text = (tmp_path / "mish.py").read_text()
+    forward = text[text.index("def forward(") : text.index("def setup_context(")]
+    backward = text[text.index("def _backward(") : text.index("return (grad_x,)")]
+    assert "mish(" not in forward.replace("def forward", "") and forward.count("torch.sigmoid(x)") == 1
+    assert "silu" not in backward and backward.count("torch.sigmoid(x)") == 1
+    x = torch.tensor([-100.0, -20.0, -1.0, 0.0, 1e-3, 1.0, 20.0, 100.0], requires_grad=True)
+    out = module.mish(x)
+    torch.testing.assert_close(out, torch.nn.functional.mish(x))
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (expected,) = torch.autograd.grad(torch.nn.functional.mish(x).sum(), x)
+    torch.testing.assert_close(grad, expected)
+
+
 def test_tanh_reads_its_output_through_the_fused_kernel():
     plan = compile_op(make_spec("t", "tanh(x)")).plan
     assert plan.saved == (OUTPUT,)

@@ -185,3 +185,5 @@ def test_xlog1py_is_computed_with_vectorized_kernels():
     ys = torch.tensor([0.5, 0.0, 1.0, 0.5, 1.0], dtype=torch.float64)
     torch.testing.assert_close(evaluate(expr, xs, ys), torch.special.xlog1py(1 - ys, -xs))
     assert evaluate(expr, xs, ys)[2] == 0  # 0 * log1p(-1): 0, as xlog1py gives, not nan
+    # where log1p(y) is finite the product is 0 where x is: no guard
+    assert print_torch(stable.xlog1py(y, Abs(x)), TENSORS, where="test").text == "y * torch.log1p(torch.abs(x))"
