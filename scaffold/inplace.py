@@ -127,6 +127,9 @@ class _Rewriter:
                 return Kind(BOOL, frozenset().union(*(p.deps for p in parts)))
             return OPAQUE
         if isinstance(node, ast.Call):
+            if (mask := _converted_mask(node)) is not None:  # (x > 0).to(x.dtype): a new float tensor
+                inner = self.kind(mask)
+                return Kind(TENSOR, inner.deps) if inner.kind == BOOL else OPAQUE
             return self._call_kind(node)
         return OPAQUE
 
@@ -166,7 +169,7 @@ class _Rewriter:
             return False
         if isinstance(node, ast.BinOp | ast.UnaryOp):
             return True
-        return isinstance(node, ast.Call) and _operands(node) is not None
+        return isinstance(node, ast.Call) and (_operands(node) is not None or _converted_mask(node) is not None)
 
     # -- first pass: reads and escapes ------------------------------------------------------------------
     def record(self, statement: int, node: ast.AST, consumed: bool) -> None:
@@ -266,6 +269,13 @@ class _Rewriter:
         if self.kind(second).kind == NUMBER and self.writable(args[1], first):
             return _method(args[1], "masked_fill_", [ast.UnaryOp(ast.Invert(), args[0]), args[2]])
         return None
+
+
+def _converted_mask(node: ast.Call) -> ast.expr | None:
+    """The mask of ``mask.to(dtype)`` (a step printed as a comparison), else None."""
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "to" and len(node.args) == 1 and not node.keywords:
+        return node.func.value
+    return None
 
 
 def _operands(node: ast.AST) -> list[ast.expr] | None:

@@ -169,3 +169,13 @@ def test_a_selection_of_a_number_fills_a_fresh_tensor():
     # a mask that may be larger than the tensor (its deps are not a subset), or an argument: where() stays
     assert _rewrite("return torch.where(y > 0, 0, torch.exp(x))\n", "x, y", {"x": X, "y": Y}).count("where") == 1
     assert _rewrite("return torch.where(x > 0, 0, x)\n", "x", {"x": X}) == "return torch.where(x > 0, 0, x)\n"
+
+
+def test_a_converted_mask_is_a_fresh_float_tensor():
+    # a step printed as a comparison, (x > 0).to(x.dtype), joins the chain: CELU's backward allocated twice more
+    body = "return grad * (torch.exp(x) + (x > 0).to(x.dtype))\n"
+    out = _rewrite(body, "grad, x", {"grad": X, "x": X})
+    assert out == "return torch.exp(x).add_((x > 0).to(x.dtype)).mul_(grad)\n"
+    assert _rewrite("return (x > 0).to(x.dtype) * 2\n", "x", {"x": X}) == "return (x > 0).to(x.dtype).mul_(2)\n"
+    # a float tensor's .to() may be the tensor itself: never overwritten
+    assert _rewrite("return x.to(x.dtype) * 2\n", "x", {"x": X}) == "return x.to(x.dtype) * 2\n"
