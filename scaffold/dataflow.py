@@ -35,8 +35,8 @@ import sympy
 from . import structural
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
-from .plan import straight_line
-from .printing import IMPORTS, POWER, PRODUCT, print_torch
+from .plan import Step, straight_line
+from .printing import IMPORTS, POWER, PRODUCT, is_finite, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
 from .rules import (
@@ -219,16 +219,21 @@ class _Planner:
 
     # -- printing ----------------------------------------------------------------------------------------
 
-    def print(self, expr: sympy.Basic, extra: set[str] = frozenset(), bools: set[str] = frozenset()) -> str:
+    def print(
+        self, expr: sympy.Basic, extra: set[str] = frozenset(), bools: set[str] = frozenset(), finite: set[str] = ()
+    ) -> str:
+        """``expr`` as torch code; ``extra``: tensors besides the program's values (gradients, temporaries),
+        ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite)."""
         tensors = {n for n in self.values if self.is_tensor(n)} | set(extra) | set(self.masks.values())
         anchor = sorted(extra)[0] if extra else GRAD_OUTPUT
         bools = set(bools) | set(self.masks.values())
+        finite = set(finite) | set(self.tensor_args) | bools
         # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
         expr = expr.replace(
             lambda node: isinstance(node, xexpy),
             lambda node: node.args[0] * finite_at_zero(sympy.exp(node.args[1]), node.args[0]),
         )
-        printed = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor)
+        printed = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor, finite=finite)
         assert not printed.helpers, printed.helpers  # elementwise fused code's; program_op.py.j2 defines none
         self.imports |= printed.imports
         return printed.text
@@ -486,14 +491,7 @@ class _Planner:
         )
         steps, reduced = straight_line(exprs, self.taken, scalars)
         temporaries = {step.name: step.expr for step in steps}
-        tensors = {g} | set(self.masks.values())
-        for step in steps:
-            self.taken.add(step.name)
-            users = [r for r, e in zip(targets, reduced) if step.name in _closure(e.free_symbols, temporaries)]
-            guard = frozenset().union(*(self.upstream[r] for r in users))
-            if any(s.name in tensors or self.is_tensor(s.name) for s in step.expr.free_symbols):
-                tensors.add(step.name)
-            lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors)}", guard))
+        tensors, finite = self._temporaries(steps, dict(zip(targets, reduced)), g, lines)
 
         conditions = {mask: condition for condition, mask in self.masks.items()}
 
@@ -518,7 +516,7 @@ class _Planner:
                     and not self.outranks(node.name, n)
                     for n in names
                 )
-                code = self.print(expr, extra=tensors)
+                code = self.print(expr, extra=tensors, finite=finite)
                 if not full:
                     code, have = f"{_atom(code)}.expand({emitter.shape(node.name)})", node.shape
                 self._contribute(lines, read, code, have, grad_names, grad_shapes, node=node.name)
@@ -545,11 +543,11 @@ class _Planner:
                 if self._sums_to_zero(read, expr.xreplace(_resolved(temporaries)), have, summed, shape_of):
                     self.zero_summed.add(read)
                     continue
-            code = self.print(expr, extra=tensors)
+            code = self.print(expr, extra=tensors, finite=finite)
             if copies:
                 negated = code.startswith("-") and code[1:].isidentifier()
                 code = f"{'-' if negated else ''}{_atom(code[1:] if negated else code)} * {' * '.join(copies)}"
-            outer = self.print(outer, extra=tensors)
+            outer = self.print(outer, extra=tensors, finite=finite)
             self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=outer, node=node.name)
 
     def _custom_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
@@ -655,6 +653,26 @@ class _Planner:
                 "broadcast dimensions); keepdim=True keeps a reduced dimension as 1",
             ) from None
         return have
+
+    def _temporaries(
+        self, steps: tuple[Step, ...], reduced: dict[str, sympy.Expr], g: str, lines: list[Line]
+    ) -> tuple[set[str], set[str]]:
+        """Backward's lines for the temporaries ``steps`` that the gradients ``reduced`` (by read) share, each
+        where some gradient that reads it is needed; the tensors among them (with ``g`` and the masks), and
+        those known finite (printing.is_finite), which a step may multiply as a mask."""
+        temporaries = {step.name: step.expr for step in steps}
+        tensors = {g} | set(self.masks.values())
+        finite = {g, *self.tensor_args, *self.masks.values()}
+        for step in steps:
+            self.taken.add(step.name)
+            users = [r for r, e in reduced.items() if step.name in _closure(e.free_symbols, temporaries)]
+            guard = frozenset().union(*(self.upstream[r] for r in users))
+            if any(s.name in tensors or self.is_tensor(s.name) for s in step.expr.free_symbols):
+                tensors.add(step.name)
+            lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors, finite=finite)}", guard))
+            if is_finite(step.expr, finite, tensors | {n for n in self.values if self.is_tensor(n)}):
+                finite.add(step.name)
+        return tensors, finite
 
     def _sums_to_zero(
         self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of

@@ -20,7 +20,7 @@ operation in place only where that cannot change a result:
   their promotion: a subset broadcasts into it and promotes to it. Under ``torch.func.vmap`` a subset is
   batched only where the receiver is;
 * the operation has an in-place form (``mul_``, ``sigmoid_``, ``clamp_``, ...); ``a * b`` and ``a + b``
-  may write into ``b``.
+  may write into ``b``; ``torch.where(mask, 0, t)`` is ``t.masked_fill_(mask, 0)``.
 
 Forward and backward of a Function run unrecorded, except that torch.func transforms differentiate
 backward's code themselves: the generated backward then runs it through ``torch.func.functionalize``,
@@ -127,6 +127,9 @@ class _Rewriter:
                 return Kind(BOOL, frozenset().union(*(p.deps for p in parts)))
             return OPAQUE
         if isinstance(node, ast.Call):
+            if (mask := _converted_mask(node)) is not None:  # (x > 0).to(x.dtype): a new float tensor
+                inner = self.kind(mask)
+                return Kind(TENSOR, inner.deps) if inner.kind == BOOL else OPAQUE
             return self._call_kind(node)
         return OPAQUE
 
@@ -166,7 +169,7 @@ class _Rewriter:
             return False
         if isinstance(node, ast.BinOp | ast.UnaryOp):
             return True
-        return isinstance(node, ast.Call) and _operands(node) is not None
+        return isinstance(node, ast.Call) and (_operands(node) is not None or _converted_mask(node) is not None)
 
     # -- first pass: reads and escapes ------------------------------------------------------------------
     def record(self, statement: int, node: ast.AST, consumed: bool) -> None:
@@ -241,6 +244,8 @@ class _Rewriter:
             if self.writable(receiver, node.func.value) and all(self.fits(node.func.value, o) for o in others):
                 return _method(receiver, node.func.attr + "_", args, keywords)
             return _method(receiver, node.func.attr, args, keywords)
+        if name == "torch.where" and (filled := self._masked_fill(node, args)) is not None:
+            return filled
         if node.args and self.writable(args[0], node.args[0]):
             others = [*node.args[1:], *(k.value for k in node.keywords)]
             if all(self.fits(node.args[0], o) for o in others):
@@ -249,6 +254,28 @@ class _Rewriter:
                 if name in _INPLACE_KEYWORD and not node.keywords:
                     return ast.Call(node.func, args, [ast.keyword("inplace", ast.Constant(True))])
         return ast.Call(node.func, args, keywords)
+
+    def _masked_fill(self, node: ast.Call, args: list[ast.expr]) -> ast.expr | None:
+        """``torch.where(mask, number, t)`` as ``t.masked_fill_(mask, number)`` (``~mask`` for the number
+        second) where ``t`` may be overwritten and the mask fits it: where() allocates its result and on a
+        CPU takes 2.5x the time (log(p) with a guard, 4M float32 elements, one thread)."""
+        if len(node.args) != 3 or node.keywords:
+            return None
+        mask, first, second = node.args
+        if self.kind(mask).kind != BOOL or not self.fits(first if self.kind(second).kind == NUMBER else second, mask):
+            return None
+        if self.kind(first).kind == NUMBER and self.writable(args[2], second):
+            return _method(args[2], "masked_fill_", [args[0], args[1]])
+        if self.kind(second).kind == NUMBER and self.writable(args[1], first):
+            return _method(args[1], "masked_fill_", [ast.UnaryOp(ast.Invert(), args[0]), args[2]])
+        return None
+
+
+def _converted_mask(node: ast.Call) -> ast.expr | None:
+    """The mask of ``mask.to(dtype)`` (a step printed as a comparison), else None."""
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "to" and len(node.args) == 1 and not node.keywords:
+        return node.func.value
+    return None
 
 
 def _operands(node: ast.AST) -> list[ast.expr] | None:

@@ -42,7 +42,7 @@ from . import lowering
 from .derivation import Derivation, differentiate
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
-from .stable import DerivativeKernel, gelu_grad, ndtr, neg_abs, sigmoid, silu, softplus, stabilize
+from .stable import DerivativeKernel, gelu_grad, ndtr, neg_abs, sigmoid, silu, softplus, stabilize, tanh_softplus
 
 GRAD_OUTPUT = "grad_output"
 OUTPUT = "out"
@@ -262,7 +262,10 @@ def _bounded(factor: sympy.Expr) -> bool:
 def _unfused(exprs: list[sympy.Expr]) -> list[sympy.Expr]:
     """``exprs`` with each ``silu(u)`` as ``u * sigmoid(u)`` where ``sigmoid(u)`` is computed anyway: one
     multiply instead of a kernel, and a product CSE can share (swish's ``sigmoid(u) * sigmoid(-u) * u``)."""
-    sigmoids = {e.args[0] for x in exprs for e in sympy.preorder_traversal(x) if isinstance(e, sigmoid)}
+    # tanh_softplus(u) is computed from sigmoid(u) (lowering.tanh_softplus_in_sigmoids)
+    sigmoids = {
+        e.args[0] for x in exprs for e in sympy.preorder_traversal(x) if isinstance(e, (sigmoid, tanh_softplus))
+    }
 
     def unfuse(node: silu) -> sympy.Expr:
         return node.args[0] * sigmoid(node.args[0])
@@ -402,7 +405,7 @@ def _eliminate(
         exprs = [lowering.guard_branches(e, scalars) for e in exprs]
         exprs = lowering.pair_powers(exprs, names, definitions)
         exprs = lowering.scaled_sums(exprs, scalars, names, definitions)
-        exprs = lowering.tanh_softplus_in_sigmoids(exprs)
+        exprs = lowering.tanh_softplus_in_sigmoids(exprs, eager=not fused)
     exprs = lowering.products_with_exp(exprs, names, definitions)
     if fused:  # after lowering, whose guards would keep each branch's exp apart
         exprs = _one_logarithm(_one_exponential(exprs), names, definitions)
@@ -956,7 +959,7 @@ KERNEL_WEIGHTS: dict[str, float] = {
     "sin": 2, "cos": 2, "tan": 3.5, "asin": 3, "acos": 3, "atan": 4, "atan2": 3,
     "erf": 3, "erfc": 3, "erfcx": 40, "ndtr": 19, "log_ndtr": 43, "log_ndtr_grad": 43, "loggamma": 9,
     "softplus": 2.5, "tanh_softplus": 5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 3, "mish": 6, "gelu": 1.5,
-    "xlogy": 6, "xlog1py": 23, "xexpy": 2, "logit": 2.5,
+    "xlogy": 6, "xlog1py": 23, "xexpy": 2, "logit": 2.5, "silu": 1.5,
 }  # fmt: skip
 
 

@@ -6,15 +6,21 @@ translation is an error naming that node; nothing is printed half-right. It fixe
 ``TorchPrinter`` gets wrong:
 
 * ``Max``/``Min`` with numbers or scalar arguments use ``torch.clamp`` (``torch.maximum`` needs tensors);
-* ``Heaviside`` keeps its value at 0 and the input's dtype; a step that multiplies selects,
-  ``torch.where(x > 0, rest, 0)``, so that an overflowing factor it zeroes cannot make ``inf * 0``;
-* ``Piecewise`` becomes nested ``torch.where``; a branch whose input :mod:`.lowering` kept inside the
+* ``Heaviside`` is a comparison, ``(x > 0).to(x.dtype)``, with its value at 0 kept (``x >= 0`` for
+  ``Heaviside(x, 1)``, ``torch.where(x == 0, 0.5, ...)`` for sympy's default); a step that multiplies is a
+  bool mask, ``grad_output * (x > 0)``, where the factor it multiplies is finite (:func:`is_finite`), and
+  selects, ``torch.where(x > 0, rest, 0)``, where that factor may overflow, so that ``inf * 0`` cannot make
+  a NaN;
+* ``Piecewise`` becomes nested ``torch.where``, and a number where a condition holds, else a tensor,
+  ``t.masked_fill(condition, number)``; a branch whose input :mod:`.lowering` kept inside the
   branch's region (``within``) prints that as a ``where`` too, so the untaken branch cannot put a NaN
   into the gradient;
 * a case distinction between numbers takes its dtype from a float tensor beside it (never from a bool
   mask), and ``grad * tanh_grad(t)`` is one fused kernel, ``torch.ops.aten.tanh_backward``;
 * parentheses follow what a sub-expression prints as, by Python's own precedence (:func:`binding`), not
-  the sympy node it came from: ``Heaviside(x, 1)`` prints as a sum and is parenthesized as one;
+  the sympy node it came from: ``x - 1 > 0`` in a product is parenthesized, ``x * (x > 1)``;
+* ``xlog1py(x, y)`` is ``(x * torch.log1p(y)).masked_fill(x == 0, 0)``, vectorized on a CPU where
+  torch.special.xlog1py is not;
 * ``polygamma(0, x)`` is ``torch.digamma``; ``sign`` and ``Abs`` of non-tensors are plain Python;
 * functions of non-tensor arguments only (``exp(alpha)``) use :mod:`math`;
 * the stable primitives of :mod:`.stable` map to PyTorch's own (``softplus`` ->
@@ -55,7 +61,7 @@ PRINTED_FUNCTIONS = frozenset(
 )
 #: The generated module's function that fused code computes ``-|t|`` with (:class:`.stable.neg_abs`).
 NEG_ABS = "_neg_abs"
-PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
+PRINTED_METHODS = frozenset({"clamp", "nan_to_num", "masked_fill"})
 #: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
 #: ``within``. Functions are printable where the registry (:mod:`.functions`) gives them a torch form.
 _STRUCTURE = (
@@ -68,8 +74,8 @@ _NOT_REAL = (sympy.core.numbers.ImaginaryUnit, sympy.core.numbers.Infinity, symp
 
 
 #: How tightly Python binds a printed text's outermost operation, loosest first (the language reference's
-#: precedence table). Parentheses follow what was printed, not the sympy node it came from: Heaviside(x, 1)
-#: prints as ``1 - torch.sign(-x).clamp(min=0)``, a sum, wherever it stands.
+#: precedence table). Parentheses follow what was printed, not the sympy node it came from: a step that
+#: multiplies prints as a comparison, which binds more loosely than ``*``, wherever it stands.
 (LAMBDA, CONDITIONAL, OR, AND, NOT, COMPARISON, BIT_OR, BIT_XOR, BIT_AND, SHIFT, SUM, PRODUCT, UNARY, POWER, AWAIT,
  ATOM) = range(16)  # fmt: skip
 _BINARY = {
@@ -139,6 +145,28 @@ def check_printable(expr: sympy.Basic, *, where: str) -> None:
             raise _unsupported(node, where)
 
 
+#: Functions whose value is finite, whatever their argument (a NaN argument aside).
+_BOUNDED = (stable.sigmoid, sympy.tanh, sympy.erf, sympy.erfc, sympy.atan, sympy.sign, sympy.Heaviside)
+#: Functions whose value is finite where their arguments are.
+_FINITE_OF_FINITE = (sympy.Abs, sympy.Max, sympy.Min, sympy.sin, sympy.cos, stable.silu)
+
+
+def is_finite(expr: sympy.Basic, finite: frozenset[str] | set[str], tensors: frozenset[str] | set[str]) -> bool:
+    """Whether ``expr`` is finite wherever the tensors named in ``finite`` are (the op's inputs, the
+    upstream gradients, temporaries shown finite): numbers, Python scalars, sums and products of finite
+    values, bounded functions (sigmoid, tanh, erf, steps) and case distinctions between finite values.
+    Powers, exponentials, logarithms and quotients may overflow: not finite."""
+    if not any(s.name in tensors for s in expr.free_symbols):
+        return not expr.has(*_NOT_REAL)
+    if expr.is_Symbol:
+        return expr.name in finite
+    if isinstance(expr, (sympy.Add, sympy.Mul, *_FINITE_OF_FINITE)):
+        return all(is_finite(a, finite, tensors) for a in expr.args)
+    if isinstance(expr, sympy.Piecewise):
+        return all(is_finite(p.expr, finite, tensors) for p in expr.args)
+    return isinstance(expr, (*_BOUNDED, sympy.logic.boolalg.Boolean))
+
+
 def _boolean_symbols(expr: sympy.Basic) -> set[sympy.Symbol]:
     """The symbols ``expr`` uses as conditions (a temporary holding a comparison: a bool tensor)."""
     used = [pair.cond for p in expr.atoms(sympy.Piecewise) for pair in p.args]
@@ -159,12 +187,14 @@ class TorchPrinter(StrPrinter):
         bools: frozenset[str] | set[str] = frozenset(),
         anchor: str = "grad_output",
         anchor_text: str | None = None,
+        finite: frozenset[str] | set[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.anchor = anchor
         self.anchor_text = anchor_text or anchor
         self.tensors = frozenset(tensors)
         self.bools = frozenset(bools)  # those of the tensors that are bool (saved masks)
+        self.finite = frozenset(finite)  # those of the tensors known to be finite (is_finite)
         self.imports: set[str] = set()  # keys of IMPORTS
         self.helpers: set[str] = set()  # the generated module's own functions the code calls (NEG_ABS)
         self._dtype_anchored = False
@@ -262,14 +292,19 @@ class TorchPrinter(StrPrinter):
         return masks if any(self.is_tensor(f) for f in factors if f not in masks) else []
 
     def _mul_selection(self, expr: sympy.Mul, steps: list[sympy.Basic]) -> str:
-        """A step selects rather than multiplies: where() keeps an overflowing factor it zeroes (exp(x) *
-        (x < 0) at x = 100) from making inf * 0 = nan, and the factor's input is kept where the step is 1,
-        so that its gradient is not 0 * inf = nan either (double backward)."""
+        """A step multiplies as a bool mask, ``grad_output * (x > 0)``, where the rest of the product is
+        finite. Elsewhere it selects: where() keeps an overflowing factor it zeroes (exp(x) * (x < 0) at
+        x = 100) from making inf * 0 = nan, and the factor's input is kept where the step is 1, so that its
+        gradient is not 0 * inf = nan either (double backward)."""
         rest = sympy.Mul(*[f for f in expr.args if f not in steps])
         conditions = [step_relational(m) for m in steps]
+        kept_inside = guard_value(rest, sympy.And(*conditions), self.is_tensor) != rest
+        if is_finite(rest, self.finite | self.bools, self.tensors) and not kept_inside:
+            mask = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
+            return f"{self._operand(rest, PRODUCT)} * {operand(mask, PRODUCT + 1)}"
         if len(conditions) == 1:
             return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
-        condition = " & ".join(f"({self._print(c)})" for c in conditions)
+        condition = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
         return f"torch.where({condition}, {self._print(rest)}, 0)"
 
     def _mul_scaled_cases(self, expr: sympy.Mul, case: sympy.Piecewise) -> str | None:
@@ -399,6 +434,17 @@ class TorchPrinter(StrPrinter):
         text = self._operand(value, ATOM)
         return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
+    def _print_xlog1py(self, expr: stable.xlog1py) -> str:
+        """``x * log1p(y)``, 0 where x is: torch.special.xlog1py has no vectorized CPU kernel (4M float32
+        elements, one thread: 8x the time of torch.log1p, and more than where, log1p and a multiply)."""
+        x, y = expr.args
+        if not self.is_tensor(expr):
+            return self._print_Function(expr)
+        product = f"{self._operand(x, PRODUCT)} * {self._qualified('torch.log1p')}({self._argument(y)})"
+        if (1 + y).is_positive:  # log1p(y) is finite (symlog's sign(x) * log1p(|x|)): the product is 0 where x is
+            return product
+        return f"({product}).masked_fill({self._print_is_zero(x)}, 0)"
+
     def _print_neg_abs(self, expr: stable.neg_abs) -> str:
         self.helpers.add(NEG_ABS)
         return f"{NEG_ABS}({self._print(expr.args[0])})"
@@ -457,19 +503,28 @@ class TorchPrinter(StrPrinter):
         return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
 
     def _print_Heaviside(self, expr: sympy.Heaviside) -> str:
-        # torch.heaviside has no derivative, which breaks double backward and the reference test;
-        # torch.sign keeps the input's dtype and differentiates to zero.
+        """A comparison in the dtype of a float tensor of the argument, with the step's value at 0 kept:
+        ``(x > 0)`` (0 at 0), ``(x >= 0)`` (1 at 0), ``torch.where(x == 0, 0.5, (x > 0).to(...))``
+        otherwise. torch.heaviside has no derivative, which breaks double backward and the reference
+        test; a comparison's result needs none (the step is flat)."""
         arg, at_zero = expr.args
-        text = self._argument(arg) if self.is_tensor(arg) else self._print(arg)
         if not self.is_tensor(arg):
+            text = self._print(arg)
             return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
-        if at_zero == 0:
-            return f"torch.sign({text}).clamp(min=0)"
-        if at_zero == sympy.S.Half:
-            return f"(1 + torch.sign({text})) / 2"
-        if at_zero == 1:
-            return f"1 - torch.sign({self._print(-arg)}).clamp(min=0)"
-        return f"torch.where({text} == 0, {self._print(at_zero)}, torch.sign({text}).clamp(min=0))"
+        floats = sorted(s.name for s in arg.free_symbols if s.name in self.tensors - self.bools)
+        dtype = f"{floats[0]}.dtype" if floats else f"{self.anchor_text}.dtype"
+        if at_zero in (0, 1):
+            return f"({self._print(step_relational(expr))}).to({dtype})"
+        step = f"({self._print(step_relational(sympy.Heaviside(arg, 0)))}).to({dtype})"
+        return f"torch.where({self._print_is_zero(arg)}, {self._print(at_zero)}, {step})"
+
+    def _print_is_zero(self, arg: sympy.Expr) -> str:
+        """``arg == 0``, its constant moved to the right: ``1 - |x| == 0`` reads better as ``|x| == 1``."""
+        constant, terms = arg.as_coeff_add()
+        lhs, rhs = sympy.Add(*terms), -constant
+        if lhs.could_extract_minus_sign():
+            lhs, rhs = -lhs, -rhs
+        return self._print(sympy.Eq(lhs, rhs, evaluate=False))
 
     def _minmax(self, expr: sympy.Basic, torch_name: str, clamp_side: str, builtin: str) -> str:
         tensors = [a for a in expr.args if self.is_tensor(a)]
@@ -570,6 +625,11 @@ class TorchPrinter(StrPrinter):
                     hint="this is a bug in scaffold: please report the forward",
                 )
             text = f"{anchor}.new_tensor({text})"
+        if len(pairs) == 2 and self.is_tensor(pairs[0].cond) and self.is_tensor(pairs[1].expr):
+            if not self.is_tensor(pairs[0].expr) and not picked:
+                # a number where a condition holds (a guard: 0 where x = y = 0): the tensor, filled with it there,
+                # which costs less than a where() on a CPU and overwrites a fresh tensor in place (inplace)
+                return f"{operand(text, ATOM)}.masked_fill({self._print(pairs[0].cond)}, {branches[0][0]})"
         for value_text, cond in reversed(branches[:-1]):
             if self.is_tensor(cond):
                 text = f"torch.where({self._print(cond)}, {value_text}, {text})"
@@ -651,13 +711,15 @@ def print_torch(
     bools: frozenset[str] | set[str] = frozenset(),
     anchor: str = "grad_output",
     anchor_text: str | None = None,
+    finite: frozenset[str] | set[str] = frozenset(),
 ) -> Printed:
     """Print ``expr`` as torch code, with the module aliases (keys of IMPORTS) and helpers it uses.
     ``bools``: those of ``tensors`` that are bool masks; ``anchor``: a float tensor a case distinction
     between numbers takes its dtype from where its condition has none (backward's upstream gradient), used
-    where it is one of ``tensors``, as ``anchor_text`` if given (the first of several that is not None)."""
+    where it is one of ``tensors``, as ``anchor_text`` if given (the first of several that is not None);
+    ``finite``: those of ``tensors`` known to be finite, which a step may multiply as a mask."""
     check_printable(expr, where=where)
-    printer = TorchPrinter(tensors, bools, anchor, anchor_text)
+    printer = TorchPrinter(tensors, bools, anchor, anchor_text, finite)
     # The printer's own errors name the sub-expression; the caller knows which formula it is.
     with error_context(where):
         text = printer.doprint(expr)

@@ -39,7 +39,7 @@ from .plan import (
     one_derivative_kernel,
     straight_line,
 )
-from .printing import IMPORTS, NEG_ABS, print_torch
+from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
 from .rules import ProgramDerivation, unsqueezed
 from .spec import OpSpec, linear_weight
@@ -131,6 +131,11 @@ class _CodePrinter:
         self.anchor, self.anchor_text = grads[0], _first_given(grads)
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT} | outputs)
         self.tensors = set(self.base)
+        # the tensors known to be finite, which a step may multiply (printing.is_finite): the inputs, their
+        # tangents, the upstream gradients, and the temporaries computed from those by bounded operations
+        upstream = {o.grad for o in plan.outputs} if plan is not None else set()
+        self.base_finite = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT} | upstream)
+        self.finite = set(self.base_finite)
         self.bools: set[str] = set()  # the tensors that are bool masks
         self.where = f"{spec.source}: forward"
         self.imports: set[str] = set()
@@ -138,10 +143,18 @@ class _CodePrinter:
 
     def scope(self) -> None:
         self.tensors = set(self.base)
+        self.finite = set(self.base_finite)
 
     def __call__(self, expr: sympy.Basic) -> str:
+        finite = self.finite | {n for n in self.tensors if n.startswith(GRAD_GRAD_PREFIX)}
         printed = print_torch(
-            expr, self.tensors, where=self.where, bools=self.bools, anchor=self.anchor, anchor_text=self.anchor_text
+            expr,
+            self.tensors,
+            where=self.where,
+            bools=self.bools,
+            anchor=self.anchor,
+            anchor_text=self.anchor_text,
+            finite=finite,
         )
         self.imports |= printed.imports
         self.helpers |= printed.helpers
@@ -153,6 +166,10 @@ class _CodePrinter:
             lines.append(f"{step.name} = {self(step.expr)}")
             if any(s.name in self.tensors for s in step.expr.free_symbols):
                 self.tensors.add(step.name)
+            if is_finite(step.expr, self.finite | self.bools, self.tensors):
+                self.finite.add(step.name)
+            else:
+                self.finite.discard(step.name)
             # a condition's value is a bool tensor: no case distinction may take its dtype from it
             if isinstance(step.expr, sympy.logic.boolalg.Boolean):
                 self.bools.add(step.name)

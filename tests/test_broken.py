@@ -119,12 +119,13 @@ MUTATIONS = {
     # A custom gradient is checked against its formula, and so is its own derivative (double backward).
     "wrong_custom_gradient": (
         "scaled_sign",
-        _sub(r"\(1 - torch\.abs\(y\)\)\.sign_\(\)", "(2 - torch.abs(y)).sign_()"),
+        _sub(r"\(torch\.abs\(y\) < 1\)", "(torch.abs(y) < 2)"),
     ),
     "derived_instead_of_custom_gradient": (
         "scaled_sign",
         _sub(
-            r"grad_y = \(grad_output \* x\)\.mul_\(\(1 - torch\.abs\(y\)\)\.sign_\(\)\.add_\(1\)\.div_\(2\)\)",
+            r"grad_y = \(grad_output \* x \* torch\.where\(torch\.abs\(y\) == 1, 0\.5, "
+            r"\(torch\.abs\(y\) < 1\)\.to\(y\.dtype\)\)\)",
             "grad_y = (0 * grad_output)",
         ),
     ),
@@ -147,11 +148,11 @@ MUTATIONS = {
     # Several outputs: each has its own gradient and tangent, and the op returns them in order.
     "wrong_gradient_of_second_output": (
         "split_and_transform",
-        _sub(r"torch\.where\(mask1, -grad_neg, 0\)", "torch.where(mask1, grad_neg, 0)"),
+        _sub(r"\(-grad_neg\)\.mul_\(mask1\)", "grad_neg.mul(mask1)"),
     ),
     "backward_ignores_second_output": (
         "split_and_transform",
-        _sub(r"torch\.where\(mask1, -grad_neg, 0\)", "torch.where(mask1, 0 * grad_neg, 0)"),
+        _sub(r"\(-grad_neg\)\.mul_\(mask1\)", "(0 * grad_neg).mul_(mask1)"),
     ),
     "swapped_outputs": (
         "split_and_transform",
@@ -163,8 +164,8 @@ MUTATIONS = {
     "wrong_tangent_of_second_output": (
         "split_and_transform",
         _sub(
-            r"terms\[1\]\.append\(torch\.where\(x < 0, -x_tangent, 0\)\)",
-            "terms[1].append(torch.where(x < 0, x_tangent, 0))",
+            r"terms\[1\]\.append\(-x_tangent \* \(x < 0\)\)",
+            "terms[1].append(x_tangent * (x < 0))",
         ),
     ),
 }

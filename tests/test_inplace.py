@@ -156,3 +156,26 @@ def test_the_printers_own_calls_and_methods_are_reused_too():
     body = "return torch.sqrt(x * x + 1) + torch.sign(x).clamp(min=0) + x.clamp(min=0)\n"
     out = _rewrite(body, "x", {"x": X})
     assert out == "return (x * x).add_(1).sqrt_().add_(torch.sign(x).clamp_(min=0)).add_(x.clamp(min=0))\n"
+
+
+def test_a_selection_of_a_number_fills_a_fresh_tensor():
+    # where() allocates its result: a fresh tensor is filled in place instead (2.5x faster on a CPU)
+    body = "return torch.where(y == 0, 0, y * torch.log(x)), torch.where(x > 0, torch.exp(x), 1)\n"
+    out = _rewrite(body, "x, y", {"x": X, "y": XY})
+    assert out == "return (y * torch.log(x)).masked_fill_(y == 0, 0), torch.exp(x).masked_fill_(~(x > 0), 1)\n"
+    x, y = torch.tensor([0.0, 0.5, 2.0]), torch.tensor([0.0, 0.0, 3.0])
+    for got, expected in zip(_run(out, "x, y", x=x, y=y), _run(body, "x, y", x=x, y=y)):
+        torch.testing.assert_close(got, expected)
+    # a mask that may be larger than the tensor (its deps are not a subset), or an argument: where() stays
+    assert _rewrite("return torch.where(y > 0, 0, torch.exp(x))\n", "x, y", {"x": X, "y": Y}).count("where") == 1
+    assert _rewrite("return torch.where(x > 0, 0, x)\n", "x", {"x": X}) == "return torch.where(x > 0, 0, x)\n"
+
+
+def test_a_converted_mask_is_a_fresh_float_tensor():
+    # a step printed as a comparison, (x > 0).to(x.dtype), joins the chain: CELU's backward allocated twice more
+    body = "return grad * (torch.exp(x) + (x > 0).to(x.dtype))\n"
+    out = _rewrite(body, "grad, x", {"grad": X, "x": X})
+    assert out == "return torch.exp(x).add_((x > 0).to(x.dtype)).mul_(grad)\n"
+    assert _rewrite("return (x > 0).to(x.dtype) * 2\n", "x", {"x": X}) == "return (x > 0).to(x.dtype).mul_(2)\n"
+    # a float tensor's .to() may be the tensor itself: never overwritten
+    assert _rewrite("return x.to(x.dtype) * 2\n", "x", {"x": X}) == "return x.to(x.dtype) * 2\n"
