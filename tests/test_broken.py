@@ -124,9 +124,9 @@ MUTATIONS = {
     "derived_instead_of_custom_gradient": (
         "scaled_sign",
         _sub(
-            r"grad_y = \(grad_output \* x \* torch\.where\(torch\.abs\(y\) == 1, 0\.5, "
-            r"\(torch\.abs\(y\) < 1\)\.to\(y\.dtype\)\)\)",
-            "grad_y = (0 * grad_output)",
+            r"grad_y = \(\n\s*\(grad_output \* x\)\n\s*\.mul_\(\(torch\.abs\(y\) < 1\)\.to\(y\.dtype\)"
+            r"\.masked_fill_\(torch\.abs\(y\) == 1, 0\.5\)\)\n",
+            "grad_y = ((0 * grad_output)\n",
         ),
     ),
     "wrong_custom_second_derivative": (
