@@ -42,10 +42,15 @@ from .plan import (
 from .printing import IMPORTS, NEG_ABS, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements
 from .rules import ProgramDerivation
-from .spec import OpSpec, linear_weight
+from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
-TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2", "program": "program_op.py.j2"}
+TEMPLATES = {
+    "module": "op.py.j2",
+    "test": "test_op.py.j2",
+    "program": "program_op.py.j2",
+    "runtime": "_scaffold_runtime.py.j2",
+}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
 TESTING_MODULE = "scaffold.testing"
 #: A custom op's namespace outside a project (in one, the project's package).
@@ -75,6 +80,7 @@ def environment() -> jinja2.Environment:
     env.filters["unpack"] = _unpack
     env.filters["repr"] = repr  # a value as a Python literal
     env.filters["hanging"] = _hanging
+    env.filters["tuple"] = lambda names: repr(tuple(names))  # ("x", "beta"): a tuple of strings
     return env
 
 
@@ -580,11 +586,12 @@ class ModuleView(_Entry):
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
     forward_in_place: bool = False  # Function.forward overwrites temporaries: its twin for torch.compile does not
     custom_op: CustomOpView | None = None
+    in_package: bool = False  # a project's op: the runtime is imported from the package alone
 
     @property
     def backward_call(self) -> str:
         if self.backward_in_place:
-            return f"_out_of_place({self.backward_function})"
+            return f"_runtime.out_of_place({self.backward_function})"
         return self.backward_function
 
 
@@ -1365,12 +1372,15 @@ def render_op(
     testing_module: str = TESTING_MODULE,
     project_root: str | Path | None = None,
     paths: Mapping[str, str | PurePath] | None = None,
+    in_package: bool = False,
 ) -> dict[str, str]:
     """Render the op's module and its test file: ``{relative path: text}``.
 
     ``module_import`` is the module the test imports the op from; with ``shared_device_fixture`` the test
     file takes its ``device`` fixture from the project's conftest.py instead of defining its own;
-    ``testing_module`` is where it imports scaffold's test library from.
+    ``testing_module`` is where it imports scaffold's test library from. The module imports the runtime
+    (:func:`render_runtime`) from beside it: with ``in_package`` (a project's op) from its package alone,
+    else from its package or, as a module on sys.path, as a module of its own.
 
     The templates are filled in memory, then ruff formats the result (:mod:`scaffold.formatting`), the last
     step: with the ruff settings of the project at ``project_root``, where ``paths`` says where each file
@@ -1382,10 +1392,12 @@ def render_op(
     # A custom op's namespace: the project's package (the first part of the module the op lives in)
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
-        module = _program_in_place(env, program_module_view(spec, derivation.program, plan, domains, namespace))
+        view = program_module_view(spec, derivation.program, plan, domains, namespace)
+        module = _program_in_place(env, dataclasses.replace(view, in_package=in_package))
         tests = functools.partial(_program_test_view, spec, derivation.program, plan, domains)
     else:
-        module = _in_place(env, module_view(spec, derivation, plan, domains, namespace))
+        view = module_view(spec, derivation, plan, domains, namespace)
+        module = _in_place(env, dataclasses.replace(view, in_package=in_package))
         tests = functools.partial(test_view, spec, derivation, plan, domains)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
@@ -1420,6 +1432,14 @@ def _finished(
     where = {path: (paths or {}).get(path, path) for path in files}
     modules = {module_import or spec.name: where[f"{spec.name}.py"]}
     return {path: format_source(text, where[path], root=project_root, modules=modules) for path, text in files.items()}
+
+
+def render_runtime(*, project_root: str | Path | None = None, path: str | PurePath = RUNTIME_FILE) -> str:
+    """The runtime module that every generated op imports (``templates/_scaffold_runtime.py.j2``): the same
+    text for every op, formatted as the project at ``project_root`` would format ``path`` (default:
+    scaffold's own style)."""
+    text = environment().get_template(TEMPLATES["runtime"]).render(version=__version__)
+    return format_source(text, path, root=project_root)
 
 
 # -- structured programs (reductions, softmax, products): templates/program_op.py.j2 ---------------------
@@ -1476,6 +1496,7 @@ class ProgramView(_Entry):
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     forward_in_place: bool = False  # the forward is never rewritten in place (only _backward)
     custom_op: CustomOpView | None = None
+    in_package: bool = False  # a project's op: the runtime is imported from the package alone
     rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
     rank_check_params: list[str] = dataclasses.field(default_factory=list)
     module_check_args: list[str] = dataclasses.field(default_factory=list)

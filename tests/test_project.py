@@ -117,7 +117,7 @@ def test_generate_edit_change_update_loop(project, scaffold):
     # The user edits the generated module (a line inside backward, a helper at the end) and the test.
     module = project / "src/demo_ops/ops/swish.py"
     text = module.read_text()
-    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    anchor = "        x, beta = ctx.saved_tensors\n        # _backward, or _SwishBackward"
     assert anchor in text
     module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1), 1) + HELPER)
     test_file = project / "tests/test_swish.py"
@@ -178,7 +178,7 @@ def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(proj
     # tensors: the helper appended after the one and the line inserted after the other are merged, not marked.
     module = project / "src/demo_ops/ops/swish.py"
     text = module.read_text()
-    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    anchor = "        x, beta = ctx.saved_tensors\n        # _backward, or _SwishBackward"
     assert text.count(anchor) == 1 and text.endswith("        return _apply(x, self.beta)\n")
     module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1)) + HELPER)
     code, out, err = scaffold(
@@ -189,9 +189,16 @@ def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(proj
     merged = module.read_text()
     assert "<<<<<<<" not in merged and merged.endswith("        return _apply(x, self.beta, self.gamma)\n" + HELPER)
     unpacked = "        x, beta, gamma = ctx.saved_tensors\n"
-    assert unpacked + BACKWARD_EDIT + "        if _differentiating_backward():" in merged
-    namespace: dict = {}
-    exec(compile(merged, str(module), "exec"), namespace)
+    assert unpacked + BACKWARD_EDIT + "        # _backward, or _SwishBackward" in merged
+    # Run as a module of the project's ops package, which holds the runtime it imports.
+    namespace: dict = {"__name__": "demo_ops.ops._merged", "__package__": "demo_ops.ops"}
+    sys.path.insert(0, str(project / "src"))
+    try:
+        exec(compile(merged, str(module), "exec"), namespace)
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "demo_ops" or m.startswith("demo_ops.")]:
+            del sys.modules[name]
     import torch
 
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
