@@ -304,7 +304,7 @@ def test_outside_a_project_update_says_so(tmp_path, scaffold):
 def test_outside_a_project_new_op_writes_here(tmp_path, scaffold):
     code, out, err = scaffold(*SWISH, cwd=tmp_path)
     assert code == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["swish.py", "test_swish.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_scaffold_runtime.py", "swish.py", "test_swish.py"]
     assert "device = device_fixture()" in (tmp_path / "test_swish.py").read_text()
 
 
@@ -473,6 +473,7 @@ OP_FILES = (
     "src/demo_ops/ops/swish.py",
     "tests/test_swish.py",
     "tests/scaffold_testing.py",
+    "src/demo_ops/ops/_scaffold_runtime.py",
     ".scaffold/swish/",
 )
 
@@ -749,3 +750,20 @@ def test_a_structured_op_in_a_project_passes_its_tests(project, scaffold):
     assert (project / ".scaffold/row_softmax_linear/record.toml").is_file()
     result = project_tests(project)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_project_keeps_one_runtime_in_its_ops_package_and_merges_edits_into_it(project, scaffold):
+    runtime = project / "src/demo_ops/ops" / "_scaffold_runtime.py"
+    module = (project / "src/demo_ops/ops/swish.py").read_text()
+    assert runtime.is_file() and not (project / "tests" / "_scaffold_runtime.py").exists()
+    assert "from . import _scaffold_runtime as _runtime\n" in module and "except ImportError" not in module
+    assert (project / ".scaffold" / "_scaffold_runtime.py.base").read_text() == runtime.read_text()
+    # The user's edit to the runtime survives the next op and an update.
+    edited = runtime.read_text().replace("import torch\n", "import torch  # mine\n", 1)
+    runtime.write_text(edited)
+    code, out, err = scaffold("new", "op", "cube", "--forward", "x**3", "--tensor", "x", cwd=project)
+    assert code == 0, err
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, err
+    assert runtime.read_text() == edited
+    assert "_scaffold_runtime" not in (project / "src/demo_ops/__init__.py").read_text()
