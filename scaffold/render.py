@@ -280,14 +280,12 @@ class GradGradTarget:
 class DoubleBackwardView:
     """The ``_NAMEBackward`` Function: backward as an op whose own backward is derived."""
 
-    unpack: list[str]  # setup_context's view of backward's inputs, "_" for those it does not keep
-    saved: list[str]
+    saved: list[str]  # backward's inputs that its backward reads: tensors (saved), numbers (kept on ctx)
     scalars: list[str]
     grad_grads: list[str]
     blocks: list[Block]
     targets: list[GradGradTarget]
     returns: list[str]
-    passes_upstream: str  # "a gradient is an upstream gradient itself", as a condition on ``grad``
 
 
 @dataclass(frozen=True)
@@ -520,7 +518,6 @@ class ModuleView(_Entry):
     returns_type: str  # the functional's and the Module's return annotation
     # How the docstrings and comments name the upstream gradients: grad_output, or one per output.
     backward_comment: list[str]
-    upstream_phrase_short: str
     upstream_docs: str
     custom_grad_names: str
     jvp_note: str
@@ -865,7 +862,6 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
                 "Each gradient is grad_output times a partial derivative, summed over the dimensions",
                 "broadcasting added so that it has its input's shape.",
             ],
-            "upstream_phrase_short": "grad_output",
             "upstream_docs": "grad_output",
             "custom_grad_names": "grad is grad_output",
             "jvp_note": "",
@@ -878,7 +874,6 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
     )
     return {
         "backward_comment": textwrap.wrap(comment, COMMENT_WIDTH),
-        "upstream_phrase_short": "an upstream gradient",
         "upstream_docs": f"its output's gradient ({grads})",
         "custom_grad_names": f"{named} gradient",
         "jvp_note": ", summed per output",
@@ -936,14 +931,12 @@ def _double_backward_view(
     saved = [*upstream, *plan.saved]
     names = {t.name for t in targets}
     return DoubleBackwardView(
-        unpack=[p if p in saved or p in plan.backward_scalars else "_" for p in params],
         saved=saved,
         scalars=list(plan.backward_scalars),
         grad_grads=grad_grads,
         blocks=blocks,
         targets=targets,
         returns=[result[p] if p in result and result[p] in names else "None" for p in params],
-        passes_upstream=" or ".join(f"grad is {g}" for g in upstream),
     )
 
 

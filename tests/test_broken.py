@@ -195,15 +195,15 @@ def test_generated_tests_catch_broken_code(tmp_path):
     for case, mutate in RUNTIME_MUTATIONS.items():
         files = generate_op(dataclasses.replace(load_spec(SPECS / "swish.toml"), name=f"swish_{case}"))
         files[RUNTIME_FILE] = mutate(files[RUNTIME_FILE])
-        write_files(files, tmp_path / case)
-        runtime_runs[case] = BackgroundPytest(tmp_path / case, "-rf", "-k", CAUGHT_BY.get(case, ""))
+        write_files(files, tmp_path / "runtime" / case)
+        runtime_runs[case] = BackgroundPytest(tmp_path / "runtime" / case, "-rf", "-k", CAUGHT_BY.get(case, ""))
     for case, (spec_name, mutate) in MUTATIONS.items():
         spec = dataclasses.replace(load_spec(SPECS / f"{spec_name}.toml"), name=f"{spec_name}_{case}")
         files = generate_op(spec)
         module = f"{spec.name}.py"
         files[module] = mutate(files[module])
-        write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-rf")
+        write_files(files, tmp_path / "ops")
+    result = run_pytest(tmp_path / "ops", "-rf")
     failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
     for case, (spec_name, _) in MUTATIONS.items():
         name = f"{spec_name}_{case}"

@@ -140,6 +140,7 @@ class _SwishCustomBackward(_runtime.GradientsFunction):
 _gradients = _runtime.gradients(_SwishCustomBackward, in_place=True)
 
 
+# Where SwishCustomFunction.apply runs, it binds forward's signature on every call: computed once.
 _runtime.cache_signature(SwishCustomFunction)
 
 
