@@ -206,7 +206,7 @@ def test_a_gram_matrix_backward_is_one_product(tmp_path: Path):
 
 def _backward_source(name: str) -> str:
     source = _files(name)[f"{name}.py"]
-    return source.split("def _backward(", 1)[1].split("\ndef ", 1)[0]
+    return source.split("def _backward(", 1)[1].split("\n\n\n", 1)[0]
 
 
 def test_a_norms_statistic_is_hoisted_and_saved():
