@@ -106,6 +106,8 @@ def generate_op(
         files, notes = run_with_time_limit(_generate, args, seconds=time_limit, where=where, what="deriving the op")
     for note in notes:  # raised here, not in the worker process, so that callers see them
         warnings.warn(ScaffoldWarning(f"{where}: {note}"), stacklevel=2)
+    if not in_package:  # the same text for every op: rendered once in this process
+        files[RUNTIME_FILE] = render_runtime(project_root=project_root)
     return files
 
 
@@ -131,6 +133,4 @@ def _generate(
         paths=paths,
         in_package=in_package,
     )
-    if not in_package:
-        files[RUNTIME_FILE] = render_runtime(project_root=project_root)
     return files, () if op.program.structured else op.derivation.warnings

@@ -1430,9 +1430,17 @@ def _finished(
 def render_runtime(*, project_root: str | Path | None = None, path: str | PurePath = RUNTIME_FILE) -> str:
     """The runtime module that every generated op imports (``templates/_scaffold_runtime.py.j2``): the same
     text for every op, formatted as the project at ``project_root`` would format ``path`` (default:
-    scaffold's own style)."""
+    scaffold's own style, rendered once)."""
+    if project_root is None:
+        return _standalone_runtime()
     text = environment().get_template(TEMPLATES["runtime"]).render(version=__version__)
     return format_source(text, path, root=project_root)
+
+
+@cache
+def _standalone_runtime() -> str:
+    text = environment().get_template(TEMPLATES["runtime"]).render(version=__version__)
+    return format_source(text, RUNTIME_FILE)
 
 
 # -- structured programs (reductions, softmax, products): templates/program_op.py.j2 ---------------------
