@@ -1,7 +1,7 @@
 """The library entry points: one call per pipeline run, for the CLI and for other tools.
 
 spec = load_spec("swish.toml")           # or spec_from_flags(...)
-files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ...}, in memory, formatted
+files = generate_op(spec)                # {"swish.py": ..., "test_swish.py": ..., "_scaffold_runtime.py": ...}
 write_files(files, "ops/")               # atomic, refuses to clobber without force=True
 """
 
@@ -20,9 +20,9 @@ from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .plan import BackwardPlan, make_plan
 from .program import Program, build_program
-from .render import TESTING_MODULE, render_op
+from .render import TESTING_MODULE, render_op, render_runtime
 from .rules import ProgramDerivation, derive_program
-from .spec import OpSpec, other_sizes, spec_from_mapping, spec_to_mapping
+from .spec import RUNTIME_FILE, OpSpec, other_sizes, spec_from_mapping, spec_to_mapping
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,11 @@ def generate_op(
     time_limit: float | None = TIME_LIMIT,
     project_root: str | Path | None = None,
     paths: Mapping[str, str | PurePath] | None = None,
+    in_package: bool = False,
 ) -> dict[str, str]:
-    """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ...}``; nothing is written.
+    """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ..., "_scaffold_runtime.py": ...}``;
+    nothing is written. The runtime module (the machinery every op shares, the same text for every op) is
+    left out ``in_package``: a project keeps one copy in its ops package, which the module imports.
 
     ``module_import`` is the module the generated test imports the op from (default: the op's name,
     for a test file next to the module); with ``shared_device_fixture`` the test takes its ``device``
@@ -95,7 +98,7 @@ def generate_op(
     project at ``project_root``, where ``paths`` maps each file's name to its path relative to the root,
     or, without a project, in scaffold's own style.
     """
-    args = (spec, module_import, shared_device_fixture, testing_module, project_root, paths)
+    args = (spec, module_import, shared_device_fixture, testing_module, project_root, paths, in_package)
     where = f"{spec.source}: forward"
     if time_limit is None:
         files, notes = _generate(*args)
@@ -103,6 +106,8 @@ def generate_op(
         files, notes = run_with_time_limit(_generate, args, seconds=time_limit, where=where, what="deriving the op")
     for note in notes:  # raised here, not in the worker process, so that callers see them
         warnings.warn(ScaffoldWarning(f"{where}: {note}"), stacklevel=2)
+    if not in_package:  # the same text for every op: rendered once in this process
+        files[RUNTIME_FILE] = render_runtime(project_root=project_root)
     return files
 
 
@@ -113,6 +118,7 @@ def _generate(
     testing_module: str,
     project_root: str | Path | None,
     paths: Mapping[str, str | PurePath] | None,
+    in_package: bool,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
     files = render_op(
@@ -125,5 +131,6 @@ def _generate(
         testing_module=testing_module,
         project_root=project_root,
         paths=paths,
+        in_package=in_package,
     )
     return files, () if op.program.structured else op.derivation.warnings

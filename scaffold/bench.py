@@ -48,8 +48,8 @@ from .expression import parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .program import build_program
 from .project import find_project
-from .render import program_reference_module, reference_module
-from .spec import OpSpec, check_identifier
+from .render import program_reference_module, reference_module, render_runtime
+from .spec import RUNTIME_MODULE, OpSpec, check_identifier
 
 #: Elements of the largest input by default: 4 Mi float32 values are 16 MiB, beyond most CPU caches.
 DEFAULT_NUMEL = 4 * 1024 * 1024
@@ -322,12 +322,14 @@ def _sources(spec: OpSpec, fused: bool) -> _Sources:
 
 @contextmanager
 def _modules() -> Iterator[Callable[[str, str], ModuleType]]:
-    """``load(source, name)`` imports source as a fresh module; everything is removed on exit."""
+    """``load(source, name)`` imports source as a fresh module; everything is removed on exit.
+
+    A generated module imports the runtime (``_scaffold_runtime``): it gets this scaffold's, loaded once,
+    not one that the process may have imported from elsewhere."""
     loaded: list[str] = []
     with tempfile.TemporaryDirectory(prefix="scaffold-bench-") as folder:
 
-        def load(source: str, name: str) -> ModuleType:
-            module_name = f"_scaffold_bench_{name}_{uuid.uuid4().hex[:8]}"
+        def exec_file(source: str, module_name: str) -> ModuleType:
             path = Path(folder) / f"{module_name}.py"
             path.write_text(source, encoding="utf-8")
             spec = importlib.util.spec_from_file_location(module_name, path)
@@ -337,6 +339,19 @@ def _modules() -> Iterator[Callable[[str, str], ModuleType]]:
             loaded.append(module_name)
             spec.loader.exec_module(module)
             return module
+
+        runtime = exec_file(render_runtime(), f"_scaffold_bench_runtime_{uuid.uuid4().hex[:8]}")
+
+        def load(source: str, name: str) -> ModuleType:
+            other = sys.modules.get(RUNTIME_MODULE)
+            sys.modules[RUNTIME_MODULE] = runtime
+            try:
+                return exec_file(source, f"_scaffold_bench_{name}_{uuid.uuid4().hex[:8]}")
+            finally:
+                if other is None:
+                    del sys.modules[RUNTIME_MODULE]
+                else:
+                    sys.modules[RUNTIME_MODULE] = other
 
         try:
             yield load

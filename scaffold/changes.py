@@ -25,6 +25,7 @@ from .limits import TIME_LIMIT
 from .merge import changed_lines, merge3
 from .project import (
     ANSWERS_FILE,
+    RUNTIME_BASE,
     TEMPLATE_RECORD,
     TESTING_BASE,
     TESTING_MODULE,
@@ -44,6 +45,7 @@ from .project import (
     testing_library,
     with_exports,
 )
+from .render import render_runtime
 from .spec import OpSpec, camel_case, check_identifier, spec_to_toml, spec_with_flags
 from .write import FileChange
 
@@ -271,6 +273,7 @@ def _generate(project: Project, spec: OpSpec, time_limit: float | None) -> dict[
         time_limit=time_limit,
         project_root=project.root,
         paths=places,
+        in_package=True,  # the runtime is the package's: _bookkeeping writes it
     )
     return {places[name]: text for name, text in files.items()}
 
@@ -353,6 +356,13 @@ def _bookkeeping(project: Project, generated: dict[str, tuple[OpSpec, dict[PureP
     base = project.read(TESTING_BASE)
     changes.append(_merge(project, TESTING_PATH, [] if base is None else [base], library, f"scaffold {__version__}"))
     records[TESTING_BASE] = library
+    # The runtime every op imports, once in the ops package: merged the same way.
+    runtime = render_runtime(project_root=project.root, path=project.runtime_path)
+    base = project.read(RUNTIME_BASE)
+    changes.append(
+        _merge(project, project.runtime_path, [] if base is None else [base], runtime, f"scaffold {__version__}")
+    )
+    records[RUNTIME_BASE] = runtime
     changes += [_replace(project, path, text, record=True) for path, text in records.items()]
     if project.read(project.ops_init_path) is None:
         changes.append(FileChange(project.ops_init_path, None, OPS_INIT, "created"))

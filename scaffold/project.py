@@ -12,6 +12,8 @@ For an op NAME it holds:
     src/<package>/ops/NAME.py    the op, yours to edit
     tests/test_NAME.py           its tests, yours to edit
     src/<package>/__init__.py    re-exports every op, between two marker lines scaffold rewrites
+    src/<package>/ops/_scaffold_runtime.py
+                                 the machinery every op imports, once (merged like the op's files)
     .scaffold/NAME/              the record of the last generation: what it wrote, byte for byte, the
                                  spec it used, scaffold's version and the version of the ruff that
                                  formatted it; the base of the next three-way update
@@ -37,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from ._version import __version__
 from .errors import SpecError, WriteError
 from .formatting import ruff_version
-from .spec import STANDARD_MODULES, TEST_RUNTIME_PACKAGES, OpSpec, check_identifier, load_spec
+from .spec import RUNTIME_FILE, STANDARD_MODULES, TEST_RUNTIME_PACKAGES, OpSpec, check_identifier, load_spec
 from .tomlwriter import dumps
 from .write import write_files
 
@@ -57,6 +59,8 @@ BASE_SUFFIX = ".base"
 TESTING_PATH = PurePosixPath("tests") / "scaffold_testing.py"
 TESTING_MODULE = TESTING_PATH.stem
 TESTING_BASE = RECORDS / f"{TESTING_PATH.name}{BASE_SUFFIX}"
+#: The copy of the ops' runtime (in the ops package) that scaffold wrote last, the base of the next merge.
+RUNTIME_BASE = RECORDS / f"{RUNTIME_FILE}{BASE_SUFFIX}"
 
 EXPORTS_BEGIN = "# --- scaffold exports: begin ---"
 EXPORTS_END = "# --- scaffold exports: end ---"
@@ -105,6 +109,11 @@ class Project:
     @property
     def ops_init_path(self) -> PurePosixPath:
         return self.package_dir / "ops" / "__init__.py"
+
+    @property
+    def runtime_path(self) -> PurePosixPath:
+        """The runtime every op imports (scaffold's _scaffold_runtime.py), beside the ops."""
+        return self.package_dir / "ops" / RUNTIME_FILE
 
     def spec_path(self, name: str) -> PurePosixPath:
         return PurePosixPath("specs") / f"{name}.toml"

@@ -42,10 +42,15 @@ from .plan import (
 from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
 from .rules import ProgramDerivation, unsqueezed
-from .spec import OpSpec, linear_weight
+from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
 
-TEMPLATES = {"module": "op.py.j2", "test": "test_op.py.j2", "program": "program_op.py.j2"}
+TEMPLATES = {
+    "module": "op.py.j2",
+    "test": "test_op.py.j2",
+    "program": "program_op.py.j2",
+    "runtime": "_scaffold_runtime.py.j2",
+}
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
 TESTING_MODULE = "scaffold.testing"
 #: A custom op's namespace outside a project (in one, the project's package).
@@ -75,6 +80,7 @@ def environment() -> jinja2.Environment:
     env.filters["unpack"] = _unpack
     env.filters["repr"] = repr  # a value as a Python literal
     env.filters["hanging"] = _hanging
+    env.filters["tuple"] = lambda names: repr(tuple(names))  # ("x", "beta"): a tuple of strings
     return env
 
 
@@ -291,14 +297,12 @@ class GradGradTarget:
 class DoubleBackwardView:
     """The ``_NAMEBackward`` Function: backward as an op whose own backward is derived."""
 
-    unpack: list[str]  # setup_context's view of backward's inputs, "_" for those it does not keep
-    saved: list[str]
+    saved: list[str]  # backward's inputs that its backward reads: tensors (saved), numbers (kept on ctx)
     scalars: list[str]
     grad_grads: list[str]
     blocks: list[Block]
     targets: list[GradGradTarget]
     returns: list[str]
-    passes_upstream: str  # "a gradient is an upstream gradient itself", as a condition on ``grad``
 
 
 @dataclass(frozen=True)
@@ -531,7 +535,6 @@ class ModuleView(_Entry):
     returns_type: str  # the functional's and the Module's return annotation
     # How the docstrings and comments name the upstream gradients: grad_output, or one per output.
     backward_comment: list[str]
-    upstream_phrase_short: str
     upstream_docs: str
     custom_grad_names: str
     jvp_note: str
@@ -597,11 +600,12 @@ class ModuleView(_Entry):
     backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
     forward_in_place: bool = False  # Function.forward overwrites temporaries: its twin for torch.compile does not
     custom_op: CustomOpView | None = None
+    in_package: bool = False  # a project's op: the runtime is imported from the package alone
 
     @property
     def backward_call(self) -> str:
         if self.backward_in_place:
-            return f"_out_of_place({self.backward_function})"
+            return f"_runtime.out_of_place({self.backward_function})"
         return self.backward_function
 
 
@@ -875,7 +879,6 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
                 "Each gradient is grad_output times a partial derivative, summed over the dimensions",
                 "broadcasting added so that it has its input's shape.",
             ],
-            "upstream_phrase_short": "grad_output",
             "upstream_docs": "grad_output",
             "custom_grad_names": "grad is grad_output",
             "jvp_note": "",
@@ -888,7 +891,6 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
     )
     return {
         "backward_comment": textwrap.wrap(comment, COMMENT_WIDTH),
-        "upstream_phrase_short": "an upstream gradient",
         "upstream_docs": f"its output's gradient ({grads})",
         "custom_grad_names": f"{named} gradient",
         "jvp_note": ", summed per output",
@@ -946,14 +948,12 @@ def _double_backward_view(
     saved = [*upstream, *plan.saved]
     names = {t.name for t in targets}
     return DoubleBackwardView(
-        unpack=[p if p in saved or p in plan.backward_scalars else "_" for p in params],
         saved=saved,
         scalars=list(plan.backward_scalars),
         grad_grads=grad_grads,
         blocks=blocks,
         targets=targets,
         returns=[result[p] if p in result and result[p] in names else "None" for p in params],
-        passes_upstream=" or ".join(f"grad is {g}" for g in upstream),
     )
 
 
@@ -1382,12 +1382,15 @@ def render_op(
     testing_module: str = TESTING_MODULE,
     project_root: str | Path | None = None,
     paths: Mapping[str, str | PurePath] | None = None,
+    in_package: bool = False,
 ) -> dict[str, str]:
     """Render the op's module and its test file: ``{relative path: text}``.
 
     ``module_import`` is the module the test imports the op from; with ``shared_device_fixture`` the test
     file takes its ``device`` fixture from the project's conftest.py instead of defining its own;
-    ``testing_module`` is where it imports scaffold's test library from.
+    ``testing_module`` is where it imports scaffold's test library from. The module imports the runtime
+    (:func:`render_runtime`) from beside it: with ``in_package`` (a project's op) from its package alone,
+    else from its package or, as a module on sys.path, as a module of its own.
 
     The templates are filled in memory, then ruff formats the result (:mod:`scaffold.formatting`), the last
     step: with the ruff settings of the project at ``project_root``, where ``paths`` says where each file
@@ -1399,10 +1402,12 @@ def render_op(
     # A custom op's namespace: the project's package (the first part of the module the op lives in)
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
-        module = _program_in_place(env, program_module_view(spec, derivation.program, plan, domains, namespace))
+        view = program_module_view(spec, derivation.program, plan, domains, namespace)
+        module = _program_in_place(env, dataclasses.replace(view, in_package=in_package))
         tests = functools.partial(_program_test_view, spec, derivation.program, plan, domains)
     else:
-        module = _in_place(env, module_view(spec, derivation, plan, domains, namespace))
+        view = module_view(spec, derivation, plan, domains, namespace)
+        module = _in_place(env, dataclasses.replace(view, in_package=in_package))
         tests = functools.partial(test_view, spec, derivation, plan, domains)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
@@ -1437,6 +1442,22 @@ def _finished(
     where = {path: (paths or {}).get(path, path) for path in files}
     modules = {module_import or spec.name: where[f"{spec.name}.py"]}
     return {path: format_source(text, where[path], root=project_root, modules=modules) for path, text in files.items()}
+
+
+def render_runtime(*, project_root: str | Path | None = None, path: str | PurePath = RUNTIME_FILE) -> str:
+    """The runtime module that every generated op imports (``templates/_scaffold_runtime.py.j2``): the same
+    text for every op, formatted as the project at ``project_root`` would format ``path`` (default:
+    scaffold's own style, rendered once)."""
+    if project_root is None:
+        return _standalone_runtime()
+    text = environment().get_template(TEMPLATES["runtime"]).render(version=__version__)
+    return format_source(text, path, root=project_root)
+
+
+@cache
+def _standalone_runtime() -> str:
+    text = environment().get_template(TEMPLATES["runtime"]).render(version=__version__)
+    return format_source(text, RUNTIME_FILE)
 
 
 # -- structured programs (reductions, softmax, products): templates/program_op.py.j2 ---------------------
@@ -1493,6 +1514,7 @@ class ProgramView(_Entry):
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
     forward_in_place: bool = False  # the forward is never rewritten in place (only _backward)
     custom_op: CustomOpView | None = None
+    in_package: bool = False  # a project's op: the runtime is imported from the package alone
     rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
     rank_check_params: list[str] = dataclasses.field(default_factory=list)
     module_check_args: list[str] = dataclasses.field(default_factory=list)

@@ -49,6 +49,7 @@ RESERVED_ARGUMENT_NAMES = frozenset(
         "gradcheck", "gradgradcheck", "super", "float", "int", "bool", "abs", "max", "min",
         "len", "range", "tuple", "zip", "isinstance", "device", "dtype", "generator",
         "sum", "all", "any", "vars", "enumerate", "str", "repr", "staticmethod", "terms", "out", "getattr",
+        "ImportError",
     }
     # Attributes of the autograd ctx: scalar arguments are stored on it by name.
     | {
@@ -62,12 +63,15 @@ RESERVED_ARGUMENT_NAMES = frozenset(
 #: Argument name prefixes and suffixes the generated code builds names with (grad_x, ctx.x_shape, ...).
 RESERVED_PREFIXES = ("tmp", "grad_")
 RESERVED_SUFFIXES = ("_tangent", "_shape")
+#: The runtime module every generated op imports, written beside the ops (templates/_scaffold_runtime.py.j2).
+RUNTIME_MODULE = "_scaffold_runtime"
+RUNTIME_FILE = f"{RUNTIME_MODULE}.py"
 # Op names the generated module or test file cannot take: the module would shadow a library the
 # generated code imports, or the op's function would replace one of the test file's own names.
 RESERVED_OP_NAMES = frozenset(
     {
         "torch", "math", "pytest", "sympy", "scaffold", "scaffold_testing", "typing", "conftest", "nn",
-        "reference", "device", "OP", "Input", "OpTests", "device_fixture",
+        "reference", "device", "OP", "Input", "OpTests", "device_fixture", RUNTIME_MODULE,
     }
 )  # fmt: skip
 # The op's module is NAME.py, imported by that name from a folder on sys.path where its tests run (the output

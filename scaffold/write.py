@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import WriteError
+from .spec import RUNTIME_FILE
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,29 @@ def write_files(files: dict[str, str], output_dir: str | Path, *, force: bool = 
         else:
             plan.append((path, text, "created"))
     if conflicts:
-        listed = ", ".join(str(p) for p in conflicts)
-        raise WriteError(
-            f"refusing to overwrite {listed}: {'they exist' if len(conflicts) > 1 else 'it exists'} "
-            "and may hold your edits; nothing was written",
-            hint="pass --force (force=True from Python) to overwrite, or choose another --output-dir",
-        )
+        raise _refusal(conflicts)
     _replace_all(root, [(path, text) for path, text, status in plan if status != "unchanged"])
     return [Written(path, status) for path, _, status in plan]
+
+
+def _refusal(conflicts: list[Path]) -> WriteError:
+    """Why nothing was written: files that exist with other content. The runtime module is shared by every op
+    in the folder, so another version of it (an older scaffold's, or edited) is not replaced silently either:
+    the ops beside it import it."""
+    runtime = [p for p in conflicts if p.name == RUNTIME_FILE]
+    if runtime and len(conflicts) == 1:
+        return WriteError(
+            f"refusing to overwrite {runtime[0]}: it differs from the runtime this scaffold writes (another "
+            "scaffold version wrote it, or it was edited), and the ops beside it import it; nothing was written",
+            hint="pass --force (force=True from Python) to replace it and regenerate the other ops in that folder "
+            "with this scaffold, or choose another --output-dir",
+        )
+    listed = ", ".join(str(p) for p in conflicts)
+    return WriteError(
+        f"refusing to overwrite {listed}: {'they exist' if len(conflicts) > 1 else 'it exists'} "
+        "and may hold your edits; nothing was written",
+        hint="pass --force (force=True from Python) to overwrite, or choose another --output-dir",
+    )
 
 
 def apply_changes(root: str | Path, changes: Sequence[FileChange]) -> None:

@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from scaffold import generate_op, spec_from_mapping, write_files
+from scaffold.render import render_runtime
+from scaffold.spec import RUNTIME_FILE
 
 SPECS = Path(__file__).parent / "specs"
+
+# A generated module imports the runtime written beside it (_scaffold_runtime.py, the same text for every op).
+# Tests that load a module from its path alone, or write the module without it, find this one (appended:
+# a folder the test put first wins, and every copy of this scaffold's runtime is the same anyway).
+_RUNTIME_DIR = tempfile.mkdtemp(prefix="scaffold-runtime-")
+(Path(_RUNTIME_DIR) / RUNTIME_FILE).write_text(render_runtime(), encoding="utf-8")
+sys.path.append(_RUNTIME_DIR)
 
 #: SCAFFOLD_THOROUGH=1 runs the property tests on their full example sets (minutes more); the default keeps
 #: the suite within its time on CI's two cores, with the same derandomized examples, fewer of them.

@@ -10,8 +10,9 @@ import dataclasses
 import re
 
 from scaffold import generate_op, load_spec, write_files
+from scaffold.spec import RUNTIME_FILE
 
-from .conftest import SPECS, run_pytest
+from .conftest import SPECS, BackgroundPytest, run_pytest
 
 
 def _sub(pattern: str, replacement: str, count: int = 1):
@@ -88,23 +89,12 @@ MUTATIONS = {
     ),
     # Forward mode has its own derived code: a wrong jvp is caught by torch.func.jvp and the hessian.
     "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
-    # The twin that torch.compile traces must not define jvp: Dynamo refuses one.
-    "jvp_under_compile": ("swish", _sub(r"^    jvp = torch\.autograd\.Function\.jvp\n", "")),
     # The Module calls the Function itself, not the twin without jvp: fine in eager and in the compiled
     # functional, refused by Dynamo in a compiled model.
     "module_applies_function_with_jvp": (
         "swish",
         _sub(r"return _apply\(x, self\.beta\)", "return SwishFunction.apply(x, self.beta)"),
     ),
-    # The twin that the op's own calls run (its forward takes ctx) must set up ctx as setup_context does...
-    "twin_without_setup_context": ("swish", _sub(r"^        \w+Function\.setup_context\(ctx, args, output\)$", "")),
-    # ...and must not run inside torch.func transforms, which need a Function with setup_context.
-    "twin_inside_transforms": (
-        "swish",
-        _sub(r"return \w+Function if _transforms_active\(\) else (_\w+FunctionDirect)", r"return \1"),
-    ),
-    # Under autocast the op runs on what it is given, in bfloat16: its output is not the float32 it documents.
-    "ignores_autocast": ("swish", _sub(r"if not \(_any_autocast_enabled\(\) and .*:$", "if True:")),
     # A forward that is not a function of its inputs alone (a statistic updated on every call, as a running
     # mean is): checkpoint's recomputation in backward is another forward than the one it replaces.
     "stateful_forward": (
@@ -169,6 +159,20 @@ MUTATIONS = {
         ),
     ),
 }
+# The runtime (_scaffold_runtime.py) broken: the machinery every op shares, caught by the tests of an op that
+# imports it. Each case is a folder of its own, run in a pytest process of its own (one runtime a process).
+RUNTIME_MUTATIONS = {
+    # The twin that torch.compile traces must not define jvp: Dynamo refuses one.
+    "jvp_under_compile": _sub(r', "jvp": torch\.autograd\.Function\.jvp\}', "}"),
+    # The twin that the op's own calls run (its forward takes ctx) must set up ctx as setup_context does...
+    "twin_without_setup_context": _sub(r"^        function\.setup_context\(ctx, args, output\)$", "        pass"),
+    # ...and must not run inside torch.func transforms, which need a Function with setup_context.
+    "twin_inside_transforms": _sub(r"return function if transforms_active\(\) else direct", "return direct"),
+    # Under autocast the op runs on what it is given, in bfloat16: its output is not the float32 it documents.
+    "ignores_autocast": _sub(r"if not \(_any_autocast_enabled\(\) and .*:$", "if True:"),
+    # A second derivative through backward's own code: autograd of it, not the derived double backward.
+    "double_backward_not_derived": _sub(r"^    return torch\.is_grad_enabled\(\) and not .*$", "    return False"),
+}
 # Cases that only one generated test can catch, or that the test was written for.
 CAUGHT_BY = {
     "scaled_backward": "test_jacrev",
@@ -187,13 +191,20 @@ CAUGHT_BY = {
 
 
 def test_generated_tests_catch_broken_code(tmp_path):
+    # The runtime's cases run beside the module's, each in a process of its own.
+    runtime_runs = {}
+    for case, mutate in RUNTIME_MUTATIONS.items():
+        files = generate_op(dataclasses.replace(load_spec(SPECS / "swish.toml"), name=f"swish_{case}"))
+        files[RUNTIME_FILE] = mutate(files[RUNTIME_FILE])
+        write_files(files, tmp_path / "runtime" / case)
+        runtime_runs[case] = BackgroundPytest(tmp_path / "runtime" / case, "-rf", "-k", CAUGHT_BY.get(case, ""))
     for case, (spec_name, mutate) in MUTATIONS.items():
         spec = dataclasses.replace(load_spec(SPECS / f"{spec_name}.toml"), name=f"{spec_name}_{case}")
         files = generate_op(spec)
         module = f"{spec.name}.py"
         files[module] = mutate(files[module])
-        write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-rf")
+        write_files(files, tmp_path / "ops")
+    result = run_pytest(tmp_path / "ops", "-rf")
     failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
     for case, (spec_name, _) in MUTATIONS.items():
         name = f"{spec_name}_{case}"
@@ -204,3 +215,7 @@ def test_generated_tests_catch_broken_code(tmp_path):
         if case in CAUGHT_BY:
             test = f"FAILED test_{name}.py::{CAUGHT_BY[case]}["
             assert test in result.stdout, f"{CAUGHT_BY[case]} did not catch {case!r}\n{result.stdout[-3000:]}"
+    for case, run in runtime_runs.items():
+        result = run.wait()
+        test = f"FAILED test_swish_{case}.py::{CAUGHT_BY.get(case, '')}"
+        assert test in result.stdout, f"the generated tests did not catch {case!r}\n{result.stdout[-3000:]}"

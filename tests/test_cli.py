@@ -15,7 +15,7 @@ SWISH = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tenso
 def test_new_op_writes_and_reports(tmp_path, capsys):
     assert main([*SWISH, "--output-dir", str(tmp_path / "ops")]) == 0
     out = capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "ops").iterdir()) == ["swish.py", "test_swish.py"]
+    assert sorted(p.name for p in (tmp_path / "ops").iterdir()) == ["_scaffold_runtime.py", "swish.py", "test_swish.py"]
     assert f"created  {tmp_path / 'ops' / 'swish.py'}" in out
     module = (tmp_path / "ops" / "swish.py").read_text()
     for name in ("class SwishFunction(torch.autograd.Function)", "def swish(", "class Swish(nn.Module)"):

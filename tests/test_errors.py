@@ -499,7 +499,7 @@ PROJECT_CASES = [
     pytest.param(
         [("src/demo/ops/cube.py", "    @staticmethod\n    def backward", "<<<<<<< yours\n    @staticmethod\n    def backward")],
         ["update"],
-        "scaffold: error: src/demo/ops/cube.py: conflict markers from the last update are still there (line 85); nothing was written\n  hint: resolve them (keep the lines you want, delete the <<<<<<<, ======= and >>>>>>> lines), then update again\n",
+        "scaffold: error: src/demo/ops/cube.py: conflict markers from the last update are still there (line 58); nothing was written\n  hint: resolve them (keep the lines you want, delete the <<<<<<<, ======= and >>>>>>> lines), then update again\n",
         id="unresolved conflict",
     ),
     pytest.param(
@@ -709,3 +709,19 @@ def test_ruff_failing_on_a_projects_settings_says_where_to_look(cube_project, tm
         "run in the project; if it does, this is a bug in scaffold: please report this\n"
     )
     assert _files(root) == before, "a refused command must write nothing"
+
+
+def test_a_runtime_that_differs_is_refused_with_its_own_message(tmp_path, monkeypatch, capsys):
+    # The folder holds another runtime (an older scaffold's, or edited): the ops beside it import it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "_scaffold_runtime.py").write_text("# an older runtime\n")
+    before = sorted(tmp_path.iterdir())
+    assert main(["new", "op", "cube", "--forward", "x**3", "--tensor", "x", "-o", "."]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "scaffold: error: refusing to overwrite _scaffold_runtime.py: it differs from the runtime this scaffold "
+        "writes (another scaffold version wrote it, or it was edited), and the ops beside it import it; nothing "
+        "was written\n  hint: pass --force (force=True from Python) to replace it and regenerate the other ops in "
+        "that folder with this scaffold, or choose another --output-dir\n"
+    )
+    assert sorted(tmp_path.iterdir()) == before and captured.out == ""

@@ -33,10 +33,12 @@ def _load(folder, name):
 def test_fused_module_is_the_eager_math_behind_torch_compile():
     eager = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH), time_limit=None)["swish.py"]
     fused = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH, fuse=True), time_limit=None)["swish.py"]
-    assert "torch.compile(" not in eager and "_Fused" not in eager
+    assert "torch.compile(" not in eager and "Fused(" not in eager
     assert "def _forward(x, beta):" in fused and "def _backward(needs_input_grad, grad_output, x, beta" in fused
     assert "return _fused_forward(x, beta)" in fused
-    assert "_fused_backward(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)" in fused
+    # backward computes its gradients by _fused_backward (through the double backward's Function where one is to come)
+    assert "gradients = staticmethod(_fused_backward)" in fused
+    assert "_gradients(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)" in fused
     # The same math either way: the forward's line and the gradients' lines, in place in eager (stage 6b),
     # as printed in fused mode (the compiler plans its memory; the sigmoid pair from one exp, test below)
     assert "return (beta * x).sigmoid_().mul_(x)" in eager and "return x * torch.sigmoid(beta * x)" in fused
@@ -123,7 +125,7 @@ def test_fused_code_takes_a_sigmoid_pair_from_one_exp_and_softplus_from_exp_and_
     # log on a CPU); eager code keeps PyTorch's one-kernel primitives.
     swish = make_spec("swish_pair", "x / (1 + exp(-beta*x))", SWISH)
     fused = generate_op(dataclasses.replace(swish, fuse=True))["swish_pair.py"]
-    backward = _source_of(fused, "_backward", "class _Fused")
+    backward = _source_of(fused, "_backward", "_fused_forward = ")
     assert "sigmoid" not in backward and backward.count("torch.exp(") == 1
     assert "torch.sigmoid(" in _source_of(generate_op(swish)["swish_pair.py"], "_backward", "class ")
     write_files(generate_op(make_spec("logsig", "-log(1 + exp(-x))", fuse=True)), tmp_path)
@@ -167,7 +169,7 @@ def test_fused_code_squares_erfs_argument_for_its_exponential(tmp_path):
     a = torch.tensor(0.7, dtype=torch.float64)
     for name, spec in specs.items():
         write_files(generate_op(dataclasses.replace(spec, fuse=True)), tmp_path)
-        backward = _source_of((tmp_path / f"{name}.py").read_text(), "_backward", "class _Fused")
+        backward = _source_of((tmp_path / f"{name}.py").read_text(), "_backward", "_fused_forward = ")
         assert "gelu_backward" not in backward
         temporary = backward.split("torch.erf(")[1].split(")")[0]
         assert f"torch.exp(-({temporary}**2))" in backward, backward
@@ -267,12 +269,12 @@ def test_cli_fuse_and_policy_flags(tmp_path, capsys):
     from scaffold.cli import main
 
     assert main(["new", "op", "e", "--forward", "exp(x)", "--tensor", "x", "--fuse", "-o", str(tmp_path)]) == 0
-    assert "_fused_forward = _Fused(_forward)" in (tmp_path / "e.py").read_text()
+    assert '_fused_forward = _runtime.Fused(_forward, "e")' in (tmp_path / "e.py").read_text()
     spec = tmp_path / "r.toml"
     spec.write_text('name = "r"\nforward = "Max(x, 0)"\n\n[tensors.x]\n')
     assert main(["new", "op", "--spec", str(spec), "--policy", "time", "-o", str(tmp_path)]) == 0
     text = (tmp_path / "r.py").read_text()
-    assert "policy 'time'" in text and "ctx.save_for_backward(x)" in text and "_Fused" not in text
+    assert "policy 'time'" in text and "ctx.save_for_backward(x)" in text and "Fused(" not in text
 
 
 @pytest.mark.parametrize(

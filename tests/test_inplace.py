@@ -148,7 +148,9 @@ def test_generated_ops_leave_their_inputs_and_gradients_alone(tmp_path, name, fo
     grads = torch.autograd.grad(out, inputs, grad)
     assert all(torch.equal(x, b) for x, b in zip(inputs, before[0])) and torch.equal(grad, before[1])
     assert [g.shape for g in grads] == [x.shape for x in inputs]
-    assert "_out_of_place(_backward)" in (tmp_path / f"{name}.py").read_text()
+    text = (tmp_path / f"{name}.py").read_text()
+    # run out of place under torch.func: by backward itself, or by the double backward's Function
+    assert "_runtime.out_of_place(_backward)" in text or "in_place=True)" in text
 
 
 def test_the_printers_own_calls_and_methods_are_reused_too():

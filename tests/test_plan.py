@@ -152,7 +152,7 @@ def test_a_temporary_is_read_wherever_its_expression_stands():
         "erfact", "x*erf(alpha*exp(beta*x))", scalars={"alpha": {"default": 0.75}, "beta": {"default": 0.75}}
     )
     source = generate_op(spec, time_limit=None)["erfact.py"]
-    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    backward = source[source.index("def _backward(") :].split("\n\n\n")[0]
     assert "tmp0 = beta * x" in backward and backward.count("beta * x") == 1, backward
 
 
@@ -163,7 +163,7 @@ def test_the_upstream_gradient_joins_a_shared_factor(tmp_path):
         "swish", "x / (1 + exp(-beta*x))", {"x": {}, "beta": {"shape": [], "learnable": True, "init": 1.0}}
     )
     source = generate_op(spec, time_limit=None)["swish.py"]
-    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    backward = source[source.index("def _backward(") :].split("\n\n\n")[0]
     # (printed in place: stage 6b writes the products into the sigmoids' results)
     assert "tmp1 = torch.sigmoid(tmp0).mul_(grad_output)" in backward, backward
     assert "tmp2 = (-tmp0).sigmoid_().mul_(tmp1)" in backward and "silu" not in backward, backward
@@ -183,7 +183,7 @@ def test_a_product_is_distributed_only_over_bounded_factors():
 
     spec = make_spec("lerp", "x + weight*(y - x)", {"x": {}, "y": {}, "weight": {}})
     source = generate_op(spec, time_limit=None)["lerp.py"]
-    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    backward = source[source.index("def _backward(") :].split("\n\n\n")[0]
     assert "tmp0 = grad_output * weight" in backward and "(grad_output - tmp0)" in backward, backward
     g, t, s = sympy.symbols("grad_output t s", real=True)
     assert _distributed(g * (1 - s) * sympy.Symbol("u")) == g * sympy.Symbol("u") - g * s * sympy.Symbol("u")
@@ -198,7 +198,7 @@ def test_mish_backward_is_one_sigmoid_and_a_fused_tanh_backward():
     cases)."""
     spec = make_spec("mish", "x*tanh(log(1 + exp(x)))", {"x": {}})
     source = generate_op(spec, time_limit=None)["mish.py"]
-    backward = source[source.index("def _backward(") :].split("\ndef ")[0]
+    backward = source[source.index("def _backward(") :].split("\n\n\n")[0]
     assert "torch.ops.aten.tanh_backward(" in backward and backward.count("torch.sigmoid(") == 1, backward
     assert "torch.tanh(" not in backward and "softplus" not in backward, backward
     assert "d out / d x = (1 - tanh(softplus(x))**2)*silu(x) + tanh(softplus(x))" in source

@@ -117,7 +117,7 @@ def test_generate_edit_change_update_loop(project, scaffold):
     # The user edits the generated module (a line inside backward, a helper at the end) and the test.
     module = project / "src/demo_ops/ops/swish.py"
     text = module.read_text()
-    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    anchor = "        x, beta = ctx.saved_tensors\n        # _backward, or _SwishBackward"
     assert anchor in text
     module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1), 1) + HELPER)
     test_file = project / "tests/test_swish.py"
@@ -178,7 +178,7 @@ def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(proj
     # tensors: the helper appended after the one and the line inserted after the other are merged, not marked.
     module = project / "src/demo_ops/ops/swish.py"
     text = module.read_text()
-    anchor = "        x, beta = ctx.saved_tensors\n        if _differentiating_backward():"
+    anchor = "        x, beta = ctx.saved_tensors\n        # _backward, or _SwishBackward"
     assert text.count(anchor) == 1 and text.endswith("        return _apply(x, self.beta)\n")
     module.write_text(text.replace(anchor, anchor.replace("\n", "\n" + BACKWARD_EDIT, 1)) + HELPER)
     code, out, err = scaffold(
@@ -189,9 +189,16 @@ def test_an_update_that_adds_a_learnable_tensor_keeps_the_helper_at_the_end(proj
     merged = module.read_text()
     assert "<<<<<<<" not in merged and merged.endswith("        return _apply(x, self.beta, self.gamma)\n" + HELPER)
     unpacked = "        x, beta, gamma = ctx.saved_tensors\n"
-    assert unpacked + BACKWARD_EDIT + "        if _differentiating_backward():" in merged
-    namespace: dict = {}
-    exec(compile(merged, str(module), "exec"), namespace)
+    assert unpacked + BACKWARD_EDIT + "        # _backward, or _SwishBackward" in merged
+    # Run as a module of the project's ops package, which holds the runtime it imports.
+    namespace: dict = {"__name__": "demo_ops.ops._merged", "__package__": "demo_ops.ops"}
+    sys.path.insert(0, str(project / "src"))
+    try:
+        exec(compile(merged, str(module), "exec"), namespace)
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "demo_ops" or m.startswith("demo_ops.")]:
+            del sys.modules[name]
     import torch
 
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
@@ -297,7 +304,7 @@ def test_outside_a_project_update_says_so(tmp_path, scaffold):
 def test_outside_a_project_new_op_writes_here(tmp_path, scaffold):
     code, out, err = scaffold(*SWISH, cwd=tmp_path)
     assert code == 0, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["swish.py", "test_swish.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_scaffold_runtime.py", "swish.py", "test_swish.py"]
     assert "device = device_fixture()" in (tmp_path / "test_swish.py").read_text()
 
 
@@ -466,6 +473,7 @@ OP_FILES = (
     "src/demo_ops/ops/swish.py",
     "tests/test_swish.py",
     "tests/scaffold_testing.py",
+    "src/demo_ops/ops/_scaffold_runtime.py",
     ".scaffold/swish/",
 )
 
@@ -742,3 +750,20 @@ def test_a_structured_op_in_a_project_passes_its_tests(project, scaffold):
     assert (project / ".scaffold/row_softmax_linear/record.toml").is_file()
     result = project_tests(project)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_project_keeps_one_runtime_in_its_ops_package_and_merges_edits_into_it(project, scaffold):
+    runtime = project / "src/demo_ops/ops" / "_scaffold_runtime.py"
+    module = (project / "src/demo_ops/ops/swish.py").read_text()
+    assert runtime.is_file() and not (project / "tests" / "_scaffold_runtime.py").exists()
+    assert "from . import _scaffold_runtime as _runtime\n" in module and "except ImportError" not in module
+    assert (project / ".scaffold" / "_scaffold_runtime.py.base").read_text() == runtime.read_text()
+    # The user's edit to the runtime survives the next op and an update.
+    edited = runtime.read_text().replace("import torch\n", "import torch  # mine\n", 1)
+    runtime.write_text(edited)
+    code, out, err = scaffold("new", "op", "cube", "--forward", "x**3", "--tensor", "x", cwd=project)
+    assert code == 0, err
+    code, out, err = scaffold("update", cwd=project)
+    assert code == 0, err
+    assert runtime.read_text() == edited
+    assert "_scaffold_runtime" not in (project / "src/demo_ops/__init__.py").read_text()

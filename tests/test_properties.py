@@ -308,7 +308,7 @@ def test_cli_exits_0_or_1_and_writes_nothing_on_error(tmp_path, capsys):
         captured = capsys.readouterr()
         assert code in (0, 1), code
         if code == 0:
-            assert sorted(p.name for p in out.iterdir()) == ["m.py", "test_m.py"]
+            assert sorted(p.name for p in out.iterdir()) == ["_scaffold_runtime.py", "m.py", "test_m.py"]
         else:
             assert not out.exists(), f"{forward!r} was refused but wrote {list(out.iterdir())}"
             assert captured.err.startswith("scaffold: error:"), captured.err
@@ -327,4 +327,8 @@ def test_every_template_generates():
     for template in UNARY + BINARY:
         forward = template.format(*["x", "y"][: template.count("{}")])
         mapping = _mapping("op", forward, _tensors_in(forward), {})
-        assert sorted(generate_op(spec_from_mapping(mapping, source="t"))) == ["op.py", "test_op.py"], forward
+        assert sorted(generate_op(spec_from_mapping(mapping, source="t"))) == [
+            "_scaffold_runtime.py",
+            "op.py",
+            "test_op.py",
+        ], forward

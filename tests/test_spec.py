@@ -16,6 +16,7 @@ from scaffold.errors import ScaffoldWarning, SpecError
 from scaffold.spec import (
     RESERVED_ARGUMENT_NAMES,
     RESERVED_OP_NAMES,
+    RUNTIME_FILE,
     STANDARD_MODULES,
     TEST_RUNTIME_PACKAGES,
     ScalarArg,
@@ -269,7 +270,10 @@ def test_every_builtin_the_generated_code_calls_is_a_reserved_name():
         "op", "Piecewise((x * alpha, x > 0), (log(1 + exp(x)) * y, True))", ["x", "y"], ["alpha=2.0"]
     )
     used = set()
-    for text in generate_op(spec).values():
+    # The runtime aside: no argument of the op reaches its scopes.
+    for path, text in generate_op(spec).items():
+        if path == RUNTIME_FILE:
+            continue
         tree = ast.parse(text)
         # Annotations are strings (from __future__ import annotations): an argument named `type` shadows none.
         annotations = [a for n in ast.walk(tree) for a in (getattr(n, "annotation", None), getattr(n, "returns", None))]

@@ -409,6 +409,7 @@ def test_the_bipolar_sigmoid_is_tanh_of_half_and_finite_in_its_tails(tmp_path):
     assert "tanh" in files["bipolar_sigmoid.py"] and "expm1" not in files["bipolar_sigmoid.py"]
     (tmp_path / "bipolar_sigmoid.py").write_text(files["bipolar_sigmoid.py"])
     (tmp_path / "test_bipolar_sigmoid.py").write_text(files["test_bipolar_sigmoid.py"])
+    (tmp_path / "_scaffold_runtime.py").write_text(files["_scaffold_runtime.py"])
     result = run_pytest(tmp_path, "-k", "extreme_inputs or matches_reference or gradgradcheck")
     assert result.returncode == 0, result.stdout[-3000:]
 

@@ -238,7 +238,7 @@ def test_a_gram_matrix_backward_is_one_product(tmp_path: Path):
 
 def _backward_source(name: str) -> str:
     source = _files(name)[f"{name}.py"]
-    return source.split("def _backward(", 1)[1].split("\ndef ", 1)[0]
+    return source.split("def _backward(", 1)[1].split("\n\n\n", 1)[0]
 
 
 def test_a_norms_statistic_is_hoisted_and_saved():
@@ -391,13 +391,13 @@ def test_an_argument_may_be_called_mean():
 
 
 def test_fused_mode_runs_forward_and_backward_through_torch_compile(tmp_path: Path, monkeypatch):
-    """fuse = true: _forward and _backward go through _Fused (here torch.compile is the identity, so the
+    """fuse = true: _forward and _backward go through _runtime.Fused (here torch.compile is the identity, so the
     wiring is checked without compiling; the generated tests compile it for real)."""
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda function, **options: compiled.append(function) or function)
     mapping = {**_BY_NAME["layer_norm"].mapping(), "fuse": True}
     files = generate_op(spec_from_mapping(mapping, source="layer_norm.toml"), time_limit=None)
-    assert "_fused_forward = _Fused(_forward)" in files["layer_norm.py"]
+    assert '_fused_forward = _runtime.Fused(_forward, "layer_norm")' in files["layer_norm.py"]
     (tmp_path / "layer_norm.py").write_text(files["layer_norm.py"], encoding="utf-8")
     module_spec = importlib.util.spec_from_file_location("_fused_layer_norm", tmp_path / "layer_norm.py")
     module = importlib.util.module_from_spec(module_spec)

@@ -9,10 +9,13 @@ output is float32 and each input's gradient comes back in that input's dtype.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
+
+try:  # in a package, the runtime module beside this one
+    from . import _scaffold_runtime as _runtime
+except ImportError:  # on sys.path, as `scaffold new op` writes it: the same runtime beside it
+    import _scaffold_runtime as _runtime
 
 __all__ = ["Quadratic", "QuadraticFunction", "quadratic"]
 
@@ -31,26 +34,6 @@ def _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape,
     if needs_input_grad[3]:
         grad_c = grad_output.sum_to_size(c_shape)
     return grad_x, grad_a, grad_b, grad_c
-
-
-def _torch_private(name, fallback):
-    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
-    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
-    return getattr(torch._C, name, fallback)
-
-
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
-# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
-_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
-# Whether autocast is on for any device, before asking for the input's (reading its device takes longer).
-# Without the check, it is taken to be: torch.is_autocast_enabled(device) answers.
-_any_autocast_enabled = _torch_private("_is_any_autocast_enabled", lambda: True)
-
-
-def _differentiating_backward() -> bool:
-    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
-    transforms and torch.compile, which differentiate backward's code themselves."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
 
 
 class QuadraticFunction(torch.autograd.Function):
@@ -87,15 +70,10 @@ class QuadraticFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, a, b = ctx.saved_tensors
-        if _differentiating_backward():
-            # The gradients are differentiated again: through _QuadraticBackward, whose backward is derived.
-            grad_x, grad_a, grad_b, grad_c = _QuadraticBackward.apply(
-                ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape
-            )
-        else:
-            grad_x, grad_a, grad_b, grad_c = _backward(
-                ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape
-            )
+        # _backward, or _QuadraticBackward (its backward derived) where a second derivative is to come.
+        grad_x, grad_a, grad_b, grad_c = _gradients(
+            ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape
+        )
         return grad_x, grad_a, grad_b, grad_c
 
     @staticmethod
@@ -114,27 +92,12 @@ class QuadraticFunction(torch.autograd.Function):
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
-class _QuadraticBackward(torch.autograd.Function):
-    """QuadraticFunction's gradients as an op of their own, for a second derivative (double backward).
+class _QuadraticBackward(_runtime.GradientsFunction):
+    """QuadraticFunction's gradients as an op of their own, for a second derivative: its backward is
+    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
 
-    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
-    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
-    the formula makes of it, and 0 * inf is nan.
-    """
-
-    @staticmethod
-    def forward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape):
-        grads = _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape)
-        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
-        # may not return as-is an input it saves.
-        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, grad_output, x, a, b, _, _, _, _ = inputs
-        ctx.save_for_backward(grad_output, x, a, b)
-        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
-        ctx.set_materialize_grads(False)
+    gradients = staticmethod(_backward)
+    saved = ("grad_output", "x", "a", "b")
 
     @staticmethod
     def backward(ctx, grad_grad_x, grad_grad_a, grad_grad_b, grad_grad_c):
@@ -177,56 +140,11 @@ class _QuadraticBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_a, grad_b, None, None, None, None
 
 
-# Where the Function itself runs (inside torch.func transforms, or called as QuadraticFunction.apply),
-# Function.apply binds its arguments to forward's signature on every call; inspect.signature takes about 10 us
-# of that, so the signature is computed once:
-QuadraticFunction.forward.__signature__ = inspect.signature(QuadraticFunction.forward)
-_QuadraticBackward.forward.__signature__ = inspect.signature(_QuadraticBackward.forward)
+_gradients = _runtime.gradients(_QuadraticBackward)
 
 
-class _QuadraticFunctionNoJvp(QuadraticFunction):
-    """QuadraticFunction without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
-    one ("Unsupported custom jvp"), and compiled code has no use for it."""
-
-    jvp = torch.autograd.Function.jvp
-
-
-class _QuadraticFunctionDirect(QuadraticFunction):
-    """QuadraticFunction for a call outside torch.func transforms (which need setup_context) and
-    torch.compile: its forward takes ctx, so Function.apply does not bind the arguments to forward's signature.
-    That binding runs inspect's Python on every call: 5 us on a warm cache, 40 us and more after a large
-    kernel has flushed it."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        output = QuadraticFunction.forward(*args)
-        QuadraticFunction.setup_context(ctx, args, output)
-        return output
-
-    setup_context = torch.autograd.Function.setup_context  # not overridden: forward sets up ctx
-
-
-def _function() -> type[QuadraticFunction]:
-    """QuadraticFunction for torch.func transforms, its twin without jvp while torch.compile traces the
-    caller, else its twin whose forward takes ctx."""
-    if torch.compiler.is_compiling():
-        return _QuadraticFunctionNoJvp
-    return QuadraticFunction if _transforms_active() else _QuadraticFunctionDirect
-
-
-def _apply(*args):
-    """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
-    ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
-    setup_context (pytorch#132388)."""
-    if not (_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
-        return _function().apply(*args)
-    device_type = args[0].device.type
-    # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.
-    args = [
-        a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) else a for a in args
-    ]
-    with torch.autocast(device_type, enabled=False):
-        return _function().apply(*args)
+# The Function, or its twin for torch.compile or a direct call, as the call needs; in float32 under autocast.
+_apply = _runtime.dispatcher(QuadraticFunction)
 
 
 def quadratic(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,13 @@ output is float32 and each input's gradient comes back in that input's dtype.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
+
+try:  # in a package, the runtime module beside this one
+    from . import _scaffold_runtime as _runtime
+except ImportError:  # on sys.path, as `scaffold new op` writes it: the same runtime beside it
+    import _scaffold_runtime as _runtime
 
 __all__ = ["SmoothL1", "SmoothL1Function", "smooth_l1"]
 
@@ -24,7 +27,7 @@ def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_sh
     """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward).
 
     Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
-    except torch.func transforms, which run it through _out_of_place."""
+    except torch.func transforms, which run it through _runtime.out_of_place."""
     # Each gradient is grad_output times a partial derivative, summed over the dimensions
     # broadcasting added so that it has its input's shape.
     grad_input = grad_target = None
@@ -36,33 +39,6 @@ def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_sh
     if needs_input_grad[1]:
         grad_target = torch.where(tmp1, tmp0.neg_(), tmp2.neg_()).mul_(grad_output).sum_to_size(target_shape)
     return grad_input, grad_target
-
-
-def _torch_private(name, fallback):
-    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
-    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
-    return getattr(torch._C, name, fallback)
-
-
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
-# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
-_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
-# Whether autocast is on for any device, before asking for the input's (reading its device takes longer).
-# Without the check, it is taken to be: torch.is_autocast_enabled(device) answers.
-_any_autocast_enabled = _torch_private("_is_any_autocast_enabled", lambda: True)
-
-
-def _out_of_place(function):
-    """``function`` as torch.func transforms may run it: they differentiate and batch backward's code
-    themselves, which its in-place operations (on its own temporaries) would break;
-    torch.func.functionalize makes them out-of-place again."""
-    return torch.func.functionalize(function) if _transforms_active() else function
-
-
-def _differentiating_backward() -> bool:
-    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
-    transforms and torch.compile, which differentiate backward's code themselves."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
 
 
 class SmoothL1Function(torch.autograd.Function):
@@ -113,15 +89,10 @@ class SmoothL1Function(torch.autograd.Function):
         beta = ctx.beta
         grad_input = grad_target = None
         if grad_output is not None:
-            if _differentiating_backward():
-                # The gradients are differentiated again: through _SmoothL1Backward, whose backward is derived.
-                grad_input, grad_target = _SmoothL1Backward.apply(
-                    ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
-                )
-            else:
-                grad_input, grad_target = _out_of_place(_backward)(
-                    ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
-                )
+            # _backward, or _SmoothL1Backward (its backward derived) where a second derivative is to come.
+            grad_input, grad_target = _gradients(
+                ctx.needs_input_grad, grad_output, saved, beta, ctx.input_shape, ctx.target_shape
+            )
         if grad_saved is not None and ctx.needs_input_grad[0]:
             # Only in a second derivative: the gradient reaching the saved intermediate adds to input's.
             _part = grad_saved.sum_to_size(ctx.input_shape)
@@ -151,28 +122,13 @@ class SmoothL1Function(torch.autograd.Function):
         return torch.broadcast_to(sum(terms[0]), ctx.out_shape), torch.broadcast_to(sum(terms[1]), ctx.saved_shape)
 
 
-class _SmoothL1Backward(torch.autograd.Function):
-    """SmoothL1Function's gradients as an op of their own, for a second derivative (double backward).
+class _SmoothL1Backward(_runtime.GradientsFunction):
+    """SmoothL1Function's gradients as an op of their own, for a second derivative: its backward is
+    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
 
-    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
-    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
-    the formula makes of it, and 0 * inf is nan.
-    """
-
-    @staticmethod
-    def forward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape):
-        grads = _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape)
-        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
-        # may not return as-is an input it saves.
-        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, grad_output, saved, beta, _, _ = inputs
-        ctx.save_for_backward(grad_output, saved)
-        ctx.beta = beta
-        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
-        ctx.set_materialize_grads(False)
+    gradients = staticmethod(_backward)
+    saved = ("grad_output", "saved")
+    kept = ("beta",)
 
     @staticmethod
     def backward(ctx, grad_grad_input, grad_grad_target):
@@ -202,64 +158,19 @@ class _SmoothL1Backward(torch.autograd.Function):
         return None, grad_grad_output, grad_saved, None, None, None
 
 
-# Where the Function itself runs (inside torch.func transforms, or called as SmoothL1Function.apply),
-# Function.apply binds its arguments to forward's signature on every call; inspect.signature takes about 10 us
-# of that, so the signature is computed once:
-SmoothL1Function.forward.__signature__ = inspect.signature(SmoothL1Function.forward)
-_SmoothL1Backward.forward.__signature__ = inspect.signature(_SmoothL1Backward.forward)
+_gradients = _runtime.gradients(_SmoothL1Backward, in_place=True)
 
 
-class _SmoothL1FunctionNoJvp(SmoothL1Function):
-    """SmoothL1Function without its jvp, for torch.compile: Dynamo refuses to trace a Function that defines
-    one ("Unsupported custom jvp"), and compiled code has no use for it. Its forward computes out of place, as
-    written: torch.compile in torch 2.11 loses the gradient of an output that an in-place operation wrote
-    (pytorch#180642), and the compiler plans the memory itself."""
-
-    jvp = torch.autograd.Function.jvp
-
-    @staticmethod
-    def forward(input, target, beta):
-        tmp0 = input - target
-        tmp1 = torch.abs(tmp0)
-        return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0
+def _forward(input, target, beta):
+    """The forward as written, out of place, for torch.compile: its in-place form above loses gradients
+    there in torch 2.11 (pytorch#180642), and the compiler plans the memory itself."""
+    tmp0 = input - target
+    tmp1 = torch.abs(tmp0)
+    return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0
 
 
-class _SmoothL1FunctionDirect(SmoothL1Function):
-    """SmoothL1Function for a call outside torch.func transforms (which need setup_context) and
-    torch.compile: its forward takes ctx, so Function.apply does not bind the arguments to forward's signature.
-    That binding runs inspect's Python on every call: 5 us on a warm cache, 40 us and more after a large
-    kernel has flushed it."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        output = SmoothL1Function.forward(*args)
-        SmoothL1Function.setup_context(ctx, args, output)
-        return output
-
-    setup_context = torch.autograd.Function.setup_context  # not overridden: forward sets up ctx
-
-
-def _function() -> type[SmoothL1Function]:
-    """SmoothL1Function for torch.func transforms, its twin without jvp while torch.compile traces the
-    caller, else its twin whose forward takes ctx."""
-    if torch.compiler.is_compiling():
-        return _SmoothL1FunctionNoJvp
-    return SmoothL1Function if _transforms_active() else _SmoothL1FunctionDirect
-
-
-def _apply(*args):
-    """``_function().apply(*args)``; under torch.autocast, in float32 with autocast off: what
-    ``torch.amp.custom_fwd(cast_inputs=torch.float32)`` does, which cannot decorate a Function with
-    setup_context (pytorch#132388)."""
-    if not (_any_autocast_enabled() and torch.is_autocast_enabled(args[0].device.type)):
-        return _function().apply(*args)
-    device_type = args[0].device.type
-    # float16 and bfloat16 become float32; float64 stays, as autocast leaves it.
-    args = [
-        a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) else a for a in args
-    ]
-    with torch.autocast(device_type, enabled=False):
-        return _function().apply(*args)
+# The Function, or its twin for torch.compile or a direct call, as the call needs; in float32 under autocast.
+_apply = _runtime.dispatcher(SmoothL1Function, compile_forward=_forward)
 
 
 def smooth_l1(input: torch.Tensor, target: torch.Tensor, beta: float = 1.0) -> torch.Tensor:

@@ -11,10 +11,13 @@ output is float32 and each input's gradient comes back in that input's dtype.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import nn
+
+try:  # in a package, the runtime module beside this one
+    from . import _scaffold_runtime as _runtime
+except ImportError:  # on sys.path, as `scaffold new op` writes it: the same runtime beside it
+    import _scaffold_runtime as _runtime
 
 __all__ = ["SwishCustom", "SwishCustomFunction", "swish_custom"]
 
@@ -23,7 +26,7 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
     """The gradients' math: SwishCustomFunction's backward (and _SwishCustomBackward's forward).
 
     Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
-    except torch.func transforms, which run it through _out_of_place."""
+    except torch.func transforms, which run it through _runtime.out_of_place."""
     # Each gradient is grad_output times a partial derivative, summed over the dimensions
     # broadcasting added so that it has its input's shape.
     grad_x = grad_beta = None
@@ -35,30 +38,6 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
     if needs_input_grad[1]:
         grad_beta = tmp2.mul_(x**2).sum_to_size(beta_shape)
     return grad_x, grad_beta
-
-
-def _torch_private(name, fallback):
-    """``torch._C.<name>``, a fast check that PyTorch keeps private and may rename or drop in any release;
-    where this torch has none, ``fallback``: a slower answer that keeps every result right."""
-    return getattr(torch._C, name, fallback)
-
-
-# Whether a torch.func transform (grad, vmap, jacrev, ...) is at work; Function.apply asks the same. Without
-# the check, one is taken to be, except where torch.compile traces the op: it then runs as torch.func needs.
-_transforms_active = _torch_private("_are_functorch_transforms_active", lambda: not torch.compiler.is_compiling())
-
-
-def _out_of_place(function):
-    """``function`` as torch.func transforms may run it: they differentiate and batch backward's code
-    themselves, which its in-place operations (on its own temporaries) would break;
-    torch.func.functionalize makes them out-of-place again."""
-    return torch.func.functionalize(function) if _transforms_active() else function
-
-
-def _differentiating_backward() -> bool:
-    """Whether backward runs with create_graph=True (a second derivative to come), outside torch.func
-    transforms and torch.compile, which differentiate backward's code themselves."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling() and not _transforms_active()
 
 
 class SwishCustomFunction(torch.autograd.Function):
@@ -94,15 +73,8 @@ class SwishCustomFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         x, beta = ctx.saved_tensors
-        if _differentiating_backward():
-            # The gradients are differentiated again: through _SwishCustomBackward, whose backward is derived.
-            grad_x, grad_beta = _SwishCustomBackward.apply(
-                ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape
-            )
-        else:
-            grad_x, grad_beta = _out_of_place(_backward)(
-                ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape
-            )
+        # _backward, or _SwishCustomBackward (its backward derived) where a second derivative is to come.
+        grad_x, grad_beta = _gradients(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
         return grad_x, grad_beta
 
     @staticmethod
@@ -120,27 +92,12 @@ class SwishCustomFunction(torch.autograd.Function):
         return torch.broadcast_to(sum(terms), ctx.output_shape)
 
 
-class _SwishCustomBackward(torch.autograd.Function):
-    """SwishCustomFunction's gradients as an op of their own, for a second derivative (double backward).
+class _SwishCustomBackward(_runtime.GradientsFunction):
+    """SwishCustomFunction's gradients as an op of their own, for a second derivative: its backward is
+    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
 
-    Its backward is derived like the gradients are, in the same stable forms: autograd of the gradients'
-    code would multiply a factor that overflows (exp(x) at x = 100 in float32) by the 0 that the rest of
-    the formula makes of it, and 0 * inf is nan.
-    """
-
-    @staticmethod
-    def forward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
-        grads = _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape)
-        # A gradient that is grad_output itself (where a partial is 1) leaves as a view of it: a Function
-        # may not return as-is an input it saves.
-        return tuple(grad.view_as(grad) if grad is grad_output else grad for grad in grads)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, grad_output, x, beta, _, _ = inputs
-        ctx.save_for_backward(grad_output, x, beta)
-        # A gradient that nothing differentiates arrives as None (its terms are skipped), not as zeros.
-        ctx.set_materialize_grads(False)
+    gradients = staticmethod(_backward)
+    saved = ("grad_output", "x", "beta")
 
     @staticmethod
     def backward(ctx, grad_grad_x, grad_grad_beta):
@@ -180,11 +137,11 @@ class _SwishCustomBackward(torch.autograd.Function):
         return None, grad_grad_output, grad_x, grad_beta, None, None
 
 
-# Where the Function itself runs (inside torch.func transforms, or called as SwishCustomFunction.apply),
-# Function.apply binds its arguments to forward's signature on every call; inspect.signature takes about 10 us
-# of that, so the signature is computed once:
-SwishCustomFunction.forward.__signature__ = inspect.signature(SwishCustomFunction.forward)
-_SwishCustomBackward.forward.__signature__ = inspect.signature(_SwishCustomBackward.forward)
+_gradients = _runtime.gradients(_SwishCustomBackward, in_place=True)
+
+
+# Where SwishCustomFunction.apply runs, it binds forward's signature on every call: computed once.
+_runtime.cache_signature(SwishCustomFunction)
 
 
 @torch.library.custom_op("scaffold::swish_custom", mutates_args=())
