@@ -247,7 +247,7 @@ def test_random_expressions_generate_and_pass_their_own_tests(tmp_path):
             assert ALLOWED_REFUSALS.search(exc.message), f"{forward!r} refused: {exc}"
             refused[forward] = exc.message
             return
-        assert sorted(files) == [f"{name}.py", f"test_{name}.py"]
+        assert sorted(files) == ["_scaffold_runtime.py", f"{name}.py", f"test_{name}.py"]
         write_files(files, tmp_path)
         ops[name] = forward
 
