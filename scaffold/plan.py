@@ -468,38 +468,12 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     # Backward: each gradient is the sum over the outputs of their upstream gradient times the partial (or the
     # custom gradient, which need not be linear in them); choose what it reads (see the module docstring),
     # then share its subexpressions.
-    custom = {name: expr.xreplace(dict(zip(parsed.grads, grads))) for name, expr in derivation.custom}
-    plain = []
-    for i, name in enumerate(names):
-        if name in custom:
-            parts = _parts_by_upstream(custom[name], grads)
-        else:
-            parts = [g * o.partials[i].expr for g, o in zip(grads, derivation.outputs)]
-        if len(outputs) > 1:  # outputs may differ in shape: each part is reduced to the input's on its own
-            shape = sympy.Symbol(f"{name}_shape")
-            parts = [lowering.sum_to(p, shape) for p in parts if p != 0]
-        plain.append(sympy.Add(*parts))
-    variants = [plain]
-    for chosen in _output_subsets(derivation, values):
-        with_outputs = [e.xreplace(chosen) for e in plain]
-        if with_outputs not in variants:
-            variants.append(with_outputs)
-    sizes = _Sizes(program, outputs)
+    plain = _gradient_exprs(derivation, names, grads, len(outputs))
     # A custom op's setup_context sees its inputs and outputs alone: an intermediate kept for backward would
     # be an output of the op that its users see.
     keeps = len(outputs) == 1 and (spec is None or spec.target != "custom_op")
     kept = _Intermediates(derivation, names, scalars, taken, where) if keeps else None
-    candidates = []
-    for variant in variants:
-        for chosen in kept.subsets(variant) if kept is not None else [()]:
-            replaced = [e.xreplace(kept.replacements(chosen)) for e in variant] if chosen else variant
-            for subset in _mask_subsets(replaced, parsed, set(grads)):
-                exprs, masks, cost = _with_masks(replaced, subset, taken, sizes)
-                if chosen:
-                    if not kept.readable(chosen, exprs):
-                        continue
-                    cost = kept.cost(chosen, exprs, cost, sizes)
-                candidates.append((exprs, masks, cost, chosen))
+    candidates = _candidates(derivation, plain, values, set(grads), kept, taken, _Sizes(program, outputs))
     exprs, masks, cost, chosen = min(candidates, key=lambda c: _rank(c[2], policy, fused))
     if chosen:  # the kept intermediates named saved, saved1, ... in order
         renamed = kept.rename(chosen)
@@ -512,28 +486,10 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         forward_steps, forward_exprs = straight_line(
             [o.forward for o in derivation.outputs] + list(chosen), taken, scalars, fused
         )
-    # With several outputs each gradient is a sum of parts, one per output (lowering.sum_to), each reduced to
-    # the input's shape on its own and skipped where nobody used the output (its gradient is None): a term
-    # per (input, output), -1 for a custom gradient's term that mixes several outputs' gradients.
-    parts = [[lowering.without_sum_to(p) for p in sympy.Add.make_args(e)] if len(outputs) > 1 else [e] for e in exprs]
-    if len(outputs) > 1:
-        flat, keys = [], []
-        for i, terms in enumerate(parts):
-            for part in terms:
-                read = [k for k, g in enumerate(grads) if g in part.free_symbols]
-                flat.append(part)
-                keys.append((i, read[0] if len(read) == 1 else -1))
-        backward = _share(flat, [names[i] for i, _ in keys], taken | {m.name for m in masks}, scalars, keys)
-    else:
-        backward = _share(exprs, names, taken | {m.name for m in masks}, scalars, fused=fused)
-    # jvp: each output's tangent is the sum of partial * tangent over the arguments, from the inputs alone
-    # (the outputs have no tangent there); a hidden output's too (torch.func's forward-over-reverse reads it).
-    tangents = [sympy.Symbol(n + TANGENT_SUFFIX, real=True) for n in names]
+    backward_taken = taken | {m.name for m in masks}
+    parts, backward = _shared_backward(exprs, names, grads, len(outputs), backward_taken, scalars, fused)
     partials = [[p.expr for p in o.partials] for o in derivation.outputs]
-    partials += [kept.partials(t) for t in chosen] if chosen else []
-    keys = [(i, k) for k in range(len(outputs)) for i in range(len(names))]
-    jvp_terms = [partials[k][i] * tangents[i] for i, k in keys]
-    jvp = _share(jvp_terms, [names[i] for i, _ in keys], taken, scalars, keys)
+    jvp = _jvp(partials + ([kept.partials(t) for t in chosen] if chosen else []), names, taken, scalars)
     hidden_backward = kept.backward(chosen, taken) if chosen else ()
 
     backward_names, jvp_names = backward.free_names(), jvp.free_names()
@@ -571,6 +527,77 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         hidden_backward=hidden_backward,
         fused=fused,
     )
+
+
+def _gradient_exprs(
+    derivation: Derivation, names: list[str], grads: list[sympy.Symbol], n_outputs: int
+) -> list[sympy.Expr]:
+    """Each input's gradient: the sum over the outputs of their upstream gradient times the partial, or the
+    custom gradient (which need not be linear in them); with several outputs, each part summed to the
+    input's shape on its own (outputs may differ in shape)."""
+    parsed = derivation.parsed
+    custom = {name: expr.xreplace(dict(zip(parsed.grads, grads))) for name, expr in derivation.custom}
+    plain = []
+    for i, name in enumerate(names):
+        if name in custom:
+            parts = _parts_by_upstream(custom[name], grads)
+        else:
+            parts = [g * o.partials[i].expr for g, o in zip(grads, derivation.outputs)]
+        if n_outputs > 1:
+            shape = sympy.Symbol(f"{name}_shape")
+            parts = [lowering.sum_to(p, shape) for p in parts if p != 0]
+        plain.append(sympy.Add(*parts))
+    return plain
+
+
+def _candidates(derivation, plain, values, grads, kept, taken, sizes) -> list[tuple]:
+    """Every way backward may compute the gradients ``plain``: reading the outputs ``values`` or not,
+    each subset of the intermediates ``kept`` may save, each subset of steps as masks; (exprs, masks, cost,
+    chosen intermediates) each, the plain one first; ``grads`` are the upstream gradients."""
+    variants = [plain]
+    for chosen in _output_subsets(derivation, values):
+        with_outputs = [e.xreplace(chosen) for e in plain]
+        if with_outputs not in variants:
+            variants.append(with_outputs)
+    candidates = []
+    for variant in variants:
+        for chosen in kept.subsets(variant) if kept is not None else [()]:
+            replaced = [e.xreplace(kept.replacements(chosen)) for e in variant] if chosen else variant
+            for subset in _mask_subsets(replaced, derivation.parsed, grads):
+                exprs, masks, cost = _with_masks(replaced, subset, taken, sizes)
+                if chosen:
+                    if not kept.readable(chosen, exprs):
+                        continue
+                    cost = kept.cost(chosen, exprs, cost, sizes)
+                candidates.append((exprs, masks, cost, chosen))
+    return candidates
+
+
+def _shared_backward(exprs, names, grads, n_outputs, taken, scalars, fused):
+    """The gradients' parts and their straight-line code. With several outputs each gradient is a sum of
+    parts, one per output (lowering.sum_to), each reduced to the input's shape on its own and skipped where
+    nobody used the output (its gradient is None): a term per (input, output), -1 for a custom gradient's term
+    that mixes several outputs' gradients."""
+    if n_outputs == 1:
+        return [[e] for e in exprs], _share(exprs, names, taken, scalars, fused=fused)
+    parts = [[lowering.without_sum_to(p) for p in sympy.Add.make_args(e)] for e in exprs]
+    flat, keys = [], []
+    for i, terms in enumerate(parts):
+        for part in terms:
+            read = [k for k, g in enumerate(grads) if g in part.free_symbols]
+            flat.append(part)
+            keys.append((i, read[0] if len(read) == 1 else -1))
+    return parts, _share(flat, [names[i] for i, _ in keys], taken, scalars, keys)
+
+
+def _jvp(partials: list[list[sympy.Expr]], names: list[str], taken: set[str], scalars) -> DerivativeCode:
+    """jvp's code: each output's tangent is the sum of partial * tangent over the arguments, from the inputs
+    alone (the outputs have no tangent there); a hidden output's too (torch.func's forward-over-reverse reads
+    it). ``partials[k][i]`` is output k's partial derivative in argument ``names[i]``."""
+    tangents = [sympy.Symbol(n + TANGENT_SUFFIX, real=True) for n in names]
+    keys = [(i, k) for k in range(len(partials)) for i in range(len(names))]
+    terms = [partials[k][i] * tangents[i] for i, k in keys]
+    return _share(terms, [names[i] for i, _ in keys], taken, scalars, keys)
 
 
 def one_derivative_kernel(plan: BackwardPlan) -> bool:
