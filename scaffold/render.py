@@ -623,49 +623,26 @@ def module_view(
     scalar_names = [s.name for s in spec.scalars]
     all_names = tensor_names + scalar_names
 
-    # An output that is an input itself leaves as a view of it: a Function may not return as-is an input
-    # that it also saves (one of the other gradients, or a custom one, may read it). A custom op may not
-    # return one at all, nor a view of one: a copy, also where a case on scalars may be an input (x if flag).
-    forward_lines = code.steps(plan.forward_steps)  # first: it records which temporaries are tensors
-    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
-    returned = []
-    for e in plan.forward_exprs:
-        if spec.target == "custom_op" and _may_be_input(e, tensor_symbols):
-            returned.append(f"{e}.clone()" if e.is_Symbol else f"({code(e)}).clone()")
-        else:
-            returned.append(f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e))
-    forward_lines.append(f"return {', '.join(returned)}")
-    needed_scalars = set(plan.ctx_scalars)
+    forward_lines = _forward_lines(code, spec, derivation, plan, tensor_names)
     mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
 
     # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
     # forward of the double backward's Function too), not of ctx.
-    backward, gradients = _gradient_code(code, plan, tensor_names)
-    backward_fused = spec.fuse and not one_derivative_kernel(plan)
-    jvp, tangents, jvp_terms, jvp_return = _jvp_code(code, plan, tensor_names)
-    if several:
-        output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs]
-    else:
-        output_shapes = [("output_shape", "output")]
-
-    forwards = [o.forward for o in derivation.outputs]
-    has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
+    backward = _backward_fields(code, spec, plan, tensor_names, scalar_names)
+    jvp = _jvp_fields(code, plan, tensor_names, scalar_names)
+    output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs] if several else [("output_shape", "output")]
 
     hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
-    backward_params = ["needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
-    backward_params += [f"{n}_shape" for n in tensor_names]
-    backward_args = ["ctx.needs_input_grad", *upstream, *plan.saved, *plan.backward_scalars]
-    backward_args += [f"ctx.{n}_shape" for n in tensor_names]
-    double = _double_backward_view(code, plan, tensor_names, backward_params) if plan.double_backward else None
+    params = backward["backward_params"]
+    double = _double_backward_view(code, plan, tensor_names, params) if plan.double_backward else None
     return ModuleView(
         version=__version__,
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
-        # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
-        forward_text=_docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
+        **_docstrings(spec, derivation),
         returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]"
         if len(plan.visible) > 1
         else "torch.Tensor",
@@ -683,7 +660,6 @@ def module_view(
         **_upstream_phrases(plan),
         output_unpack=list(plan.output_values) if several else [],
         output_shapes=output_shapes,
-        doc=_docstring_text(spec.doc.strip()),
         fuse=spec.fuse,
         imports=_import_lines(code.imports | ({"math"} if module.reset_imports_math else set())),
         neg_abs=NEG_ABS in code.helpers,
@@ -692,39 +668,15 @@ def module_view(
         scalar_names=scalar_names,
         functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
         forward_lines=forward_lines,
-        unpack=[n if n in tensor_names or n in needed_scalars else "_" for n in all_names],
+        unpack=[n if n in tensor_names or n in plan.ctx_scalars else "_" for n in all_names],
         mask_lines=mask_lines,
         saved_args=[("output" if n == OUTPUT and not several else n) for n in plan.saved],
         saved_comment=textwrap.wrap(_saved_comment(plan), COMMENT_WIDTH + 8),
         jvp_saved=list(plan.saved_for_forward),
         ctx_scalars=list(plan.ctx_scalars),
-        backward_fused=backward_fused,
-        backward_function="_fused_backward" if backward_fused else "_backward",
-        backward_params=backward_params,
-        backward_args=backward_args,
-        grads=[f"grad_{n}" for n in tensor_names],
-        saved_unpack=list(plan.saved),
-        backward_scalars=list(plan.backward_scalars),
-        shared_blocks=backward,
-        gradients=gradients,
-        returns=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
-        jvp_params=["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else []),
-        jvp_unpack=list(plan.saved_for_forward),
-        jvp_scalars=list(plan.jvp_scalars),
-        jvp_blocks=jvp,
-        tangents=tangents,
-        jvp_terms=jvp_terms,
-        jvp_return=jvp_return,
+        **backward,
+        **jvp,
         double=double,
-        forward_math=[(o.name or "out", _docstring_text(_math(o.forward))) for o in derivation.outputs],
-        stable_note=_stable_note(derivation),
-        partials=[
-            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(_math(p.expr)))
-            for o in derivation.outputs
-            for p in o.partials
-        ],
-        custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
-        kink_note=KINK_CONVENTION if has_kinks else "",
         module=module,
         sizes_check=size_checks(spec, batched_rule=spec.target == "custom_op"),
         parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
@@ -737,6 +689,79 @@ def module_view(
             elementwise=True,
         ),
     )
+
+
+def _backward_fields(code, spec: OpSpec, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
+    """The ModuleView fields of backward. Its math is a module-level function of plain arguments
+    (torch.compile'd when fused; the forward of the double backward's Function too), not of ctx."""
+    upstream = [o.grad for o in plan.visible]
+    backward, gradients = _gradient_code(code, plan, tensor_names)
+    fused = spec.fuse and not one_derivative_kernel(plan)
+    shared = [*upstream, *plan.saved, *plan.backward_scalars]
+    return {
+        "backward_fused": fused,
+        "backward_function": "_fused_backward" if fused else "_backward",
+        "backward_params": ["needs_input_grad", *shared, *(f"{n}_shape" for n in tensor_names)],
+        "backward_args": ["ctx.needs_input_grad", *shared, *(f"ctx.{n}_shape" for n in tensor_names)],
+        "grads": [f"grad_{n}" for n in tensor_names],
+        "saved_unpack": list(plan.saved),
+        "backward_scalars": list(plan.backward_scalars),
+        "shared_blocks": backward,
+        "gradients": gradients,
+        "returns": [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
+    }
+
+
+def _jvp_fields(code, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
+    """The ModuleView fields of jvp."""
+    jvp, tangents, terms, returned = _jvp_code(code, plan, tensor_names)
+    return {
+        "jvp_params": ["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else []),
+        "jvp_unpack": list(plan.saved_for_forward),
+        "jvp_scalars": list(plan.jvp_scalars),
+        "jvp_blocks": jvp,
+        "tangents": tangents,
+        "jvp_terms": terms,
+        "jvp_return": returned,
+    }
+
+
+def _forward_lines(code, spec: OpSpec, derivation: Derivation, plan: BackwardPlan, tensor_names) -> list[str]:
+    """forward's lines. An output that is an input itself leaves as a view of it: a Function may not return
+    as-is an input that it also saves (one of the other gradients, or a custom one, may read it). A custom op
+    may not return one at all, nor a view of one: a copy, also where a case on scalars may be an input
+    (x if flag)."""
+    lines = code.steps(plan.forward_steps)  # first: it records which temporaries are tensors
+    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
+    returned = []
+    for e in plan.forward_exprs:
+        if spec.target == "custom_op" and _may_be_input(e, tensor_symbols):
+            returned.append(f"{e}.clone()" if e.is_Symbol else f"({code(e)}).clone()")
+        else:
+            returned.append(f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e))
+    lines.append(f"return {', '.join(returned)}")
+    return lines
+
+
+def _docstrings(spec: OpSpec, derivation: Derivation) -> dict:
+    """The ModuleView fields the docstrings show: the forward as written, each output's math and partial
+    derivatives, the custom gradients, and the notes on stable forms and kinks."""
+    forwards = [o.forward for o in derivation.outputs]
+    has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
+    return {
+        # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
+        "forward_text": _docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
+        "doc": _docstring_text(spec.doc.strip()),
+        "forward_math": [(o.name or "out", _docstring_text(_math(o.forward))) for o in derivation.outputs],
+        "stable_note": _stable_note(derivation),
+        "partials": [
+            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(_math(p.expr)))
+            for o in derivation.outputs
+            for p in o.partials
+        ],
+        "custom_gradients": [(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
+        "kink_note": KINK_CONVENTION if has_kinks else "",
+    }
 
 
 def _parameter_kinds(plan: BackwardPlan, tensor_names: list[str], scalar_names: list[str]) -> dict[str, Kind]:
