@@ -37,3 +37,38 @@ def test_extreme_columns_take_each_value_of_each_input():
     op = _op_tests(Input("x", (3,), extremes=(-1.0, 2.0)), Input("y", (), typical=0.5, extremes=(3.0,)))
     rows = {tuple(row) for row in torch.stack(op.extreme_columns()).T.tolist()}
     assert {(-1.0, 0.5), (2.0, 0.5), (1.0, 3.0)} <= rows
+
+
+class _HalfIntermediate(torch.autograd.Function):
+    """x**-6 / 1000 in float32, its backward through x**-7 in float16: inf wherever x**-7 is past 65504 (x <
+    0.206), though the gradient itself fits float16 down to x = 0.097."""
+
+    @staticmethod
+    def forward(x):
+        return x.float() ** -6 / 1000
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return (grad.half() * x.half() ** -7 * -0.006).to(x.dtype)
+
+
+def _steep(x):
+    with torch.autocast(x.device.type, enabled=False):
+        return x.float() ** -6 / 1000
+
+
+def test_autocast_allows_a_gradient_past_the_dtypes_range_and_only_that(monkeypatch):
+    # Lennard-Jones' gradient in r is past float16's 65504 for small r: inf there, as autograd's own would be.
+    # An op whose gradient is inf where the true one fits (a float16 intermediate) still fails.
+    monkeypatch.setattr(testing, "AUTOCAST_DTYPES", {"cpu": torch.float16})
+    x = Input("x", (40,), low=0.05, high=1.0)
+    reference = lambda x: x**-6 / 1000  # noqa: E731 - the reference's form
+    OpTests(torch.autograd.Function, _steep, torch.nn.Identity, reference, inputs=[x]).check_autocast("cpu")
+    broken = OpTests(torch.autograd.Function, _HalfIntermediate.apply, torch.nn.Identity, reference, inputs=[x])
+    with pytest.raises(AssertionError, match="gradient of x under autocast is not finite where it fits"):
+        broken.check_autocast("cpu")
