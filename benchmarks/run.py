@@ -44,6 +44,7 @@ COLUMNS = (
     ("fused vs plain", "fused fwd+bwd"),
     ("fused vs native", "fused vs native"),
     ("fused vs torch.compile", "fused vs compiled"),
+    ("in place vs out of place", "in place"),
 )
 
 
@@ -57,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--dtype", default="float32", help="float32 (default), float64, bfloat16 or float16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument(
+        "--out-of-place",
+        action="store_true",
+        help="also time the eager op with no in-place temporaries: the column 'in place vs out of place'",
+    )
     return parser
 
 
@@ -95,6 +101,7 @@ def _ratios(report) -> dict[str, float | None]:
         "fused fwd+bwd": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.PLAIN)),
         "fused vs native": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(native)),
         "fused vs compiled": bench.time_ratio(fwd_bwd(bench.FUSED), fwd_bwd(bench.COMPILED)),
+        "in place": bench.time_ratio(fwd_bwd(bench.EAGER), fwd_bwd(bench.OUT_OF_PLACE)),
     }
 
 
@@ -106,8 +113,12 @@ def _cell(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
-def _table(results: list[tuple[str, dict[str, float | None], str]], *, compiled: bool) -> list[str]:
-    columns = [(title, key) for title, key in COLUMNS if compiled or not key.startswith("fused")]
+def _table(results: list[tuple[str, dict[str, float | None], str]], *, compiled: bool, out_of_place: bool) -> list[str]:
+    columns = [
+        (title, key)
+        for title, key in COLUMNS
+        if (compiled or not key.startswith("fused")) and (out_of_place or key != "in place")
+    ]
     lines = [
         "| op | plain autograd fwd+bwd (ms) | " + " | ".join(title for title, _ in columns) + " | note |",
         "|---|---:|" + "---:|" * len(columns) + "---|",
@@ -176,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 native_name="torch",
                 compile=not args.no_compile,
                 progress=progress,
+                out_of_place=args.out_of_place,
                 **options,
             )
         except ScaffoldError as exc:  # one op that cannot be benchmarked does not stop the others
@@ -203,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lower is better. plain = the forward as written in plain torch under autograd; native = PyTorch's own op."
     )
     print()
-    print("\n".join(_table(results, compiled=not args.no_compile)))
+    print("\n".join(_table(results, compiled=not args.no_compile, out_of_place=args.out_of_place)))
     return 1 if failed else 0
 
 

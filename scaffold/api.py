@@ -83,6 +83,7 @@ def generate_op(
     project_root: str | Path | None = None,
     paths: Mapping[str, str | PurePath] | None = None,
     in_package: bool = False,
+    in_place: bool = True,
 ) -> dict[str, str]:
     """The op's generated files, ``{"NAME.py": ..., "test_NAME.py": ..., "_scaffold_runtime.py": ...}``;
     nothing is written. The runtime module (the machinery every op shares, the same text for every op) is
@@ -93,12 +94,14 @@ def generate_op(
     fixture from a conftest.py (as in a project) instead of defining its own; ``testing_module`` is the
     test library it imports (scaffold.testing, or a project's copy of it). The symbolic work runs in
     a worker process that is stopped after ``time_limit`` seconds (None: in this process, no limit).
+    ``in_place=False`` leaves every temporary out of place (stage 6b skipped): the benchmark's baseline for
+    what computing in place gains.
 
     The files are formatted by the pinned ruff (:mod:`scaffold.formatting`): with the settings of the
     project at ``project_root``, where ``paths`` maps each file's name to its path relative to the root,
     or, without a project, in scaffold's own style.
     """
-    args = (spec, module_import, shared_device_fixture, testing_module, project_root, paths, in_package)
+    args = (spec, module_import, shared_device_fixture, testing_module, project_root, paths, in_package, in_place)
     where = f"{spec.source}: forward"
     if time_limit is None:
         files, notes = _generate(*args)
@@ -119,6 +122,7 @@ def _generate(
     project_root: str | Path | None,
     paths: Mapping[str, str | PurePath] | None,
     in_package: bool,
+    in_place: bool,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     op = compile_op(spec)
     files = render_op(
@@ -132,5 +136,6 @@ def _generate(
         project_root=project_root,
         paths=paths,
         in_package=in_package,
+        in_place=in_place,
     )
     return files, () if op.program.structured else op.derivation.warnings

@@ -4,6 +4,8 @@ One spec, several candidates, each called with the same inputs (tensors, then th
 
     scaffold eager         the generated op (fuse = false)
     scaffold fused         the generated op with fuse = true (its math through torch.compile)
+    scaffold out of place  the generated op without stage 6b's in-place temporaries (on request: what
+                           computing in place gains)
     plain autograd         the forward as written, in plain torch, differentiated by autograd
     plain torch.compile    that, under torch.compile
     native <name>          a PyTorch op the user names, e.g. torch.nn.functional.gelu
@@ -58,6 +60,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 EAGER = "scaffold eager"
 FUSED = "scaffold fused"
+OUT_OF_PLACE = "scaffold out of place"
 PLAIN = "plain autograd"
 COMPILED = "plain torch.compile"
 NATIVE_PREFIX = "native "
@@ -300,13 +303,15 @@ class _Sources:
     fused_error: str
     reference: str
     domains: tuple[InputDomain, ...]
+    out_of_place: str | None = None
 
 
-def _sources(spec: OpSpec, fused: bool) -> _Sources:
+def _sources(spec: OpSpec, fused: bool, out_of_place: bool = False) -> _Sources:
     """The generated modules and the reference; the symbolic work, run in a worker under a time limit."""
     op = compile_op(spec)
     eager_spec = dataclasses.replace(spec, fuse=False)
     eager = generate_op(eager_spec, time_limit=None)[f"{spec.name}.py"]
+    unrewritten = generate_op(eager_spec, time_limit=None, in_place=False)[f"{spec.name}.py"] if out_of_place else None
     fused_source, fused_error = None, ""
     if fused:
         try:
@@ -317,7 +322,7 @@ def _sources(spec: OpSpec, fused: bool) -> _Sources:
         reference = program_reference_module(eager_spec, op.parsed)
     else:
         reference = reference_module(eager_spec, op.plan)
-    return _Sources(eager, fused_source, fused_error, reference, op.domains)
+    return _Sources(eager, fused_source, fused_error, reference, op.domains, unrewritten)
 
 
 @contextmanager
@@ -514,6 +519,7 @@ def bench_op(
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
     time_limit: float | None = TIME_LIMIT,
+    out_of_place: bool = False,
 ) -> BenchReport:
     """Time the op of ``spec`` against plain PyTorch (and ``native``, a dotted name or a callable).
 
@@ -521,7 +527,8 @@ def bench_op(
     Each candidate's forward, and its forward + backward, are timed for at least ``min_time`` seconds
     in all, in ``rounds`` where the candidates take turns, on ``threads`` CPU threads (default: torch's
     setting). ``progress`` receives one line per step. The symbolic work runs in a worker stopped after
-    ``time_limit`` seconds (None: here, no limit).
+    ``time_limit`` seconds (None: here, no limit). ``out_of_place`` adds the generated op without its
+    in-place temporaries, the measure of what they gain.
     """
     torch_device, torch_dtype = resolve_device(device), resolve_dtype(dtype)
     if not min_time > 0:
@@ -531,7 +538,7 @@ def bench_op(
     native_candidate = _native_candidate(native, native_name) if native is not None else None
     say = progress or (lambda message: None)
     say(f"deriving {spec.name}...")
-    sources = _derive(spec, compile, time_limit)
+    sources = _derive(spec, compile, time_limit, out_of_place)
     inputs = make_inputs(spec, sources.domains, numel=numel, device=torch_device, dtype=torch_dtype)
     args = (*inputs, *(s.default for s in spec.scalars))
     threads = threads or torch.get_num_threads()
@@ -555,11 +562,12 @@ def bench_op(
     )
 
 
-def _derive(spec: OpSpec, fused: bool, time_limit: float | None) -> _Sources:
+def _derive(spec: OpSpec, fused: bool, time_limit: float | None, out_of_place: bool) -> _Sources:
     if time_limit is None:
-        return _sources(spec, fused)
+        return _sources(spec, fused, out_of_place)
     where = f"{spec.source}: forward"
-    return run_with_time_limit(_sources, (spec, fused), seconds=time_limit, where=where, what="deriving the op")
+    args = (spec, fused, out_of_place)
+    return run_with_time_limit(_sources, args, seconds=time_limit, where=where, what="deriving the op")
 
 
 @contextmanager
@@ -581,6 +589,9 @@ def _candidates(
     native: _Candidate | None,
 ) -> list[_Candidate]:
     candidates = [_Candidate(EAGER, getattr(load(sources.eager, spec.name), spec.name))]
+    if sources.out_of_place is not None:
+        unrewritten = load(sources.out_of_place, f"{spec.name}_out_of_place")
+        candidates.append(_Candidate(OUT_OF_PLACE, getattr(unrewritten, spec.name)))
     if compile:
         fused = getattr(load(sources.fused, f"{spec.name}_fused"), spec.name) if sources.fused else None
         candidates.append(_Candidate(FUSED, fused, compiles=True, note=f"not available: {sources.fused_error}"))

@@ -1408,6 +1408,7 @@ def render_op(
     project_root: str | Path | None = None,
     paths: Mapping[str, str | PurePath] | None = None,
     in_package: bool = False,
+    in_place: bool = True,
 ) -> dict[str, str]:
     """Render the op's module and its test file: ``{relative path: text}``.
 
@@ -1422,17 +1423,20 @@ def render_op(
     goes relative to it (default: the file's name), or without one in scaffold's own style.
 
     A structured program (a ProgramDerivation and ProgramPlan) fills ``templates/program_op.py.j2``.
+    ``in_place=False`` skips stage 6b: every temporary stays out of place.
     """
     env = environment()
     # A custom op's namespace: the project's package (the first part of the module the op lives in)
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
         view = program_module_view(spec, derivation.program, plan, domains, namespace)
-        module = _program_in_place(env, dataclasses.replace(view, in_package=in_package))
+        view = dataclasses.replace(view, in_package=in_package)
+        module = _program_in_place(env, view) if in_place else env.get_template(TEMPLATES["program"]).render(view=view)
         tests = functools.partial(_program_test_view, spec, derivation.program, plan, domains)
     else:
         view = module_view(spec, derivation, plan, domains, namespace)
-        module = _in_place(env, dataclasses.replace(view, in_package=in_package))
+        view = dataclasses.replace(view, in_package=in_package)
+        module = _in_place(env, view) if in_place else env.get_template(TEMPLATES["module"]).render(view=view)
         tests = functools.partial(test_view, spec, derivation, plan, domains)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 

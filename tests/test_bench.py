@@ -6,6 +6,7 @@ These check what a benchmark measures and reports, never how fast anything is: t
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaffold import bench
+from scaffold import bench, generate_op
 from scaffold.cli import main
 from scaffold.domain import InputDomain
 from scaffold.spec import load_spec
@@ -341,3 +342,17 @@ def test_a_structured_op_grows_its_batch_dimension_and_is_timed_against_its_nati
     assert rows[bench.EAGER].fwd_bwd is not None and rows[bench.PLAIN].fwd_bwd is not None
     assert not rows["native torch"].note, rows["native torch"].note
     assert rows[bench.EAGER].saved_bytes <= rows[bench.PLAIN].saved_bytes
+
+
+def test_out_of_place_times_the_op_without_its_in_place_temporaries():
+    # What computing in place gains is measured against the same op with every temporary out of place.
+    spec = make_spec("mish", "x*tanh(log(1 + exp(x)))")
+    rewritten = generate_op(spec, time_limit=None)["mish.py"]
+    unrewritten = generate_op(spec, time_limit=None, in_place=False)["mish.py"]
+    in_place = re.compile(r"\.(?!sum_to_size)[a-z]\w*[a-z]_\(")  # mul_(, div_(, ...; not __init__(
+    assert in_place.search(rewritten)
+    assert not in_place.search(unrewritten)
+    report = bench.bench_op(spec, out_of_place=True, **FAST)
+    assert [r.name for r in report.rows] == [bench.EAGER, bench.OUT_OF_PLACE, bench.PLAIN]
+    assert all(r.fwd_bwd is not None and not r.note for r in report.rows)
+    assert bench.OUT_OF_PLACE not in [r.name for r in bench.bench_op(spec, **FAST).rows]
