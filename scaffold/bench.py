@@ -50,7 +50,7 @@ from .expression import parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .program import build_program
 from .project import find_project
-from .render import program_reference_module, reference_module, render_runtime
+from .render import reference_module, render_runtime
 from .spec import RUNTIME_MODULE, OpSpec, check_identifier
 
 #: Elements of the largest input by default: 4 Mi float32 values are 16 MiB, beyond most CPU caches.
@@ -318,10 +318,7 @@ def _sources(spec: OpSpec, fused: bool, out_of_place: bool = False) -> _Sources:
             fused_source = generate_op(dataclasses.replace(spec, fuse=True), time_limit=None)[f"{spec.name}.py"]
         except Exception as exc:  # the eager op exists: report the fused one as unavailable
             fused_error = f"generating it failed: {_first_line(exc)}"
-    if op.program.structured:
-        reference = program_reference_module(eager_spec, op.parsed)
-    else:
-        reference = reference_module(eager_spec, op.plan)
+    reference = reference_module(eager_spec, op.parsed)
     return _Sources(eager, fused_source, fused_error, reference, op.domains, unrewritten)
 
 

@@ -145,10 +145,6 @@ class BackwardPlan:
     outputs: tuple[OutputNames, ...]
     forward_steps: tuple[Step, ...]
     forward_exprs: tuple[sympy.Expr, ...]  # one per output
-    # The forward as written (not its stable rewrite), straight-lined: the generated test's reference and
-    # what ``scaffold bench`` runs under plain autograd.
-    reference_steps: tuple[Step, ...]
-    reference_exprs: tuple[sympy.Expr, ...]
     # Custom gradients as written (over the arguments and ParsedExpression.grads): the test's formulas.
     custom_gradients: tuple[tuple[str, sympy.Expr], ...]
     backward: DerivativeCode
@@ -463,7 +459,6 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     # Forward: share repeated subexpressions, e.g. exp(x) in x * exp(x) + exp(x), across the outputs.
     scalars = frozenset(parsed.symbols[n] for n in parsed.scalar_names)
     forward_steps, forward_exprs = straight_line([o.forward for o in derivation.outputs], taken, scalars, fused)
-    reference_steps, reference_exprs = straight_line(list(parsed.exprs), set(parsed.symbols) | {OUTPUT} | taken)
 
     # Backward: each gradient is the sum over the outputs of their upstream gradient times the partial (or the
     # custom gradient, which need not be linear in them); choose what it reads (see the module docstring),
@@ -509,8 +504,6 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
         outputs=outputs,
         forward_steps=forward_steps,
         forward_exprs=forward_exprs,
-        reference_steps=reference_steps,
-        reference_exprs=reference_exprs,
         custom_gradients=parsed.gradients,
         backward=backward,
         saved=saved + tuple(m.name for m in used_masks) + saved_outputs,

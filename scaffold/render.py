@@ -25,6 +25,7 @@ from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError, ScaffoldError
+from .expression import ParsedExpression
 from .formatting import format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
@@ -1102,24 +1103,29 @@ class TestView:
 
 def test_view(
     spec: OpSpec,
-    derivation: Derivation,
-    plan: BackwardPlan,
+    program: Program,
     domains: tuple[InputDomain, ...],
     *,
+    custom_op: str,
     module_import: str,
     testing_module: str,
     own_device_fixture: bool,
 ) -> TestView:
+    """The test file's view of any op. A structured op's tests take distinct small sizes (a transposed or
+    wrongly reduced dimension shows) where an elementwise op's keep its broadcasting pattern
+    (:func:`small_shapes`); ``custom_op``: the name the custom op is bound to in the op's module, if any."""
     code = _CodePrinter(spec)
-    reference_lines = _reference_lines(code, plan)
-    code.scope()
-    upstream = [g.name for g in derivation.parsed.grads]
-    code.tensors |= set(upstream)
-    gradients = [(name, code(expr)) for name, expr in plan.custom_gradients]
-    shapes = small_shapes(spec)
-    seconds = second_shapes(spec, shapes, _broadcasts)
-    inputs = _input_views(spec, domains, shapes, _module_shapes(spec, shapes), seconds)
-    by_name = {d.name: d for d in domains}
+    reference_lines = _reference_lines(code, program.parsed)
+    gradients = _custom_gradients(code, program)
+    if program.structured:
+        shapes = program_small_shapes(spec)
+        # the Module's parameters have their example shapes, and the example's shapes fit them together
+        module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
+        seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program))
+    else:
+        shapes = small_shapes(spec)
+        module_shapes = _module_shapes(spec, shapes)
+        seconds = second_shapes(spec, shapes, _broadcasts)
     return TestView(
         version=__version__,
         source=spec.source,
@@ -1129,19 +1135,34 @@ def test_view(
         testing_module=testing_module,
         own_device_fixture=own_device_fixture,
         imports=_import_lines(code.imports),
-        imports_torch=any("torch." in line for line in [*reference_lines, *(g for _, g in gradients)]),
+        imports_torch=program.structured
+        or any("torch." in line for line in [*reference_lines, *(g for _, g in gradients)]),
         reference_params=[a.name for a in spec.arguments],
         reference_lines=reference_lines,
-        inputs=inputs,
+        inputs=_input_views(spec, domains, shapes, module_shapes, seconds),
         scalars=[(s.name, s.default) for s in spec.scalars],
-        special=any(by_name[t.name].special for t in spec.tensors),
+        # check_special_points evaluates elementwise columns: an op that reduces has none
+        special=not program.structured and any(d.special for d in domains),
         gradients=gradients,
-        upstream=upstream,
-        outputs=list(spec.outputs) if len(plan.outputs) > 1 else [],
-        custom_op=spec.name if spec.target == "custom_op" else "",
+        upstream=[g.name for g in program.parsed.grads],
+        outputs=list(spec.outputs) if len(program.outputs) > 1 else [],
+        structured=program.structured,
+        custom_op=custom_op,
         sizes=list(spec.module_sizes),
         learnable=any(t.learnable for t in spec.tensors),
     )
+
+
+def _custom_gradients(code: _CodePrinter, program: Program) -> list[tuple[str, str]]:
+    """Each custom gradient's formula for the test, over the arguments and the upstream gradients (as the
+    op's backward reads them: a reduced output's with the reduced dimensions kept)."""
+    code.scope()
+    upstream = {}
+    for grad, output in zip(program.parsed.grads, program.outputs):
+        call = spread_reduction(program, output.value) if program.structured else None
+        upstream[grad] = sympy.Symbol(unsqueezed(grad.name, call) if call is not None else grad.name, real=True)
+    code.tensors |= {s.name for s in upstream.values()}
+    return [(name, code(expr.xreplace(upstream))) for name, expr in program.parsed.gradients]
 
 
 def _input_views(
@@ -1284,19 +1305,23 @@ def _module_shapes(spec: OpSpec, shapes: list[tuple[int, ...]]) -> list[tuple[in
     return result
 
 
-def _reference_lines(code: _CodePrinter, plan: BackwardPlan) -> list[str]:
-    """The body of ``reference``: the forward as written, not its stable rewrite, in plain torch.
+def _reference_lines(code: _CodePrinter, parsed: ParsedExpression) -> list[str]:
+    """The body of ``reference``: the forward as written (not its stable rewrite), in plain torch, its
+    repeated subexpressions assigned once.
 
     The generated test compares the op with it (which checks the rewrite as well as the backward) and
     ``scaffold bench`` times autograd through it.
     """
-    return code.steps(plan.reference_steps) + [f"return {', '.join(code(e) for e in plan.reference_exprs)}"]
+    names = {*parsed.symbols, *(s.name for s in parsed.steps), *(g.name for g in parsed.grads), OUTPUT, GRAD_OUTPUT}
+    names |= {n + TANGENT_SUFFIX for n in parsed.tensor_names}
+    steps, exprs = straight_line(list(parsed.exprs), names)
+    return code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
 
 
-def reference_module(spec: OpSpec, plan: BackwardPlan) -> str:
+def reference_module(spec: OpSpec, parsed: ParsedExpression) -> str:
     """Source of a module defining ``reference(<the op's arguments>)``, the forward in plain torch."""
     code = _CodePrinter(spec)
-    lines = _reference_lines(code, plan)
+    lines = _reference_lines(code, parsed)
     imports = _import_lines(code.imports) + ["import torch"]
     params = ", ".join(a.name for a in spec.arguments)
     body = "".join(f"    {line}\n" for line in lines)
@@ -1432,12 +1457,13 @@ def render_op(
         view = program_module_view(spec, derivation.program, plan, domains, namespace)
         view = dataclasses.replace(view, in_package=in_package)
         module = _program_in_place(env, view) if in_place else env.get_template(TEMPLATES["program"]).render(view=view)
-        tests = functools.partial(_program_test_view, spec, derivation.program, plan, domains)
+        custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
     else:
         view = module_view(spec, derivation, plan, domains, namespace)
         view = dataclasses.replace(view, in_package=in_package)
         module = _in_place(env, view) if in_place else env.get_template(TEMPLATES["module"]).render(view=view)
-        tests = functools.partial(test_view, spec, derivation, plan, domains)
+        custom_op = spec.name if spec.target == "custom_op" else ""
+    tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 
@@ -1736,77 +1762,6 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
             blocks.append(Block(guard, [text]))
             last = guard
     return blocks
-
-
-def _program_test_view(
-    spec: OpSpec,
-    program: Program,
-    plan: ProgramPlan,
-    domains: tuple[InputDomain, ...],
-    *,
-    module_import: str,
-    testing_module: str,
-    own_device_fixture: bool,
-) -> TestView:
-    code = _CodePrinter(spec)
-    reference_lines = _program_reference_lines(code, program.parsed)
-    shapes = program_small_shapes(spec)
-    # the Module's parameters have their example shapes, and the example's shapes fit them together
-    module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
-    seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program))
-    inputs = _input_views(spec, domains, shapes, module_shapes, seconds)
-    return TestView(
-        version=__version__,
-        source=spec.source,
-        name=spec.name,
-        camel=spec.camel,
-        module_import=module_import,
-        testing_module=testing_module,
-        own_device_fixture=own_device_fixture,
-        imports=_import_lines(code.imports),
-        imports_torch=True,
-        reference_params=[a.name for a in spec.arguments],
-        reference_lines=reference_lines,
-        inputs=inputs,
-        scalars=[(s.name, s.default) for s in spec.scalars],
-        special=False,
-        gradients=_program_custom_gradients(code, program),
-        upstream=[g.name for g in program.parsed.grads],
-        outputs=list(spec.outputs) if len(plan.visible) > 1 else [],
-        structured=True,
-        custom_op=(f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else "",
-        sizes=list(spec.module_sizes),
-        learnable=any(t.learnable for t in spec.tensors),
-    )
-
-
-def _program_custom_gradients(code: _CodePrinter, program: Program) -> list[tuple[str, str]]:
-    """Each custom gradient's formula for the test, over the arguments and the upstream gradients (as the
-    op's backward reads them: a reduced output's with the reduced dimensions kept)."""
-    code.scope()
-    upstream = {}
-    for grad, output in zip(program.parsed.grads, program.outputs):
-        call = spread_reduction(program, output.value)
-        upstream[grad] = sympy.Symbol(unsqueezed(grad.name, call) if call is not None else grad.name, real=True)
-    code.tensors |= {s.name for s in upstream.values()}
-    return [(name, code(expr.xreplace(upstream))) for name, expr in program.parsed.gradients]
-
-
-def _program_reference_lines(code: _CodePrinter, parsed) -> list[str]:
-    """The body of a structured op's ``reference``: its forward as written (no stable forms), in plain torch."""
-    names = {*parsed.symbols, *(s.name for s in parsed.steps), OUTPUT}
-    steps, exprs = straight_line(list(parsed.exprs), names)
-    return code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
-
-
-def program_reference_module(spec: OpSpec, parsed) -> str:
-    """:func:`reference_module` for a structured op."""
-    code = _CodePrinter(spec)
-    lines = _program_reference_lines(code, parsed)
-    imports = _import_lines(code.imports) + ["import torch"]
-    params = ", ".join(a.name for a in spec.arguments)
-    body = "".join(f"    {line}\n" for line in lines)
-    return "\n".join(imports) + f"\n\n\ndef reference({params}):\n{body}"
 
 
 #: Sizes the tests of a structured op give the example's distinct sizes above 1, in order of size: distinct
