@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sympy
@@ -121,24 +122,14 @@ def plan_program(
         return plan
 
 
-class _Planner:
-    def __init__(
-        self,
-        derivation: ProgramDerivation,
-        where: str,
-        unmasked: frozenset[str] = frozenset(),
-        *,
-        fused: bool = False,
-        policy: str = "memory",
-    ) -> None:
-        self.policy = policy  # "memory": products and softmaxes recomputed where that keeps fewer bytes
-        self.for_memory: set[str] = set()  # those recomputed so
-        self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
-        self.fused = fused  # the code runs through torch.compile: see _restatable
-        self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row
+class _Graph:
+    """What every part of planning reads of a structured program: its values by name, the tensor arguments,
+    the forward's nodes and outputs, the custom gradients, which tensor arguments each value depends on
+    and whose leading dimensions it has at call time, and the shapes of what its rules pass on."""
+
+    def __init__(self, derivation: ProgramDerivation) -> None:
         self.derivation = derivation
         self.program: Program = derivation.program
-        self.where = where
         self.values = {v.name: v for v in self.program.values}
         self.tensor_args = [v.name for v in self.program.values if v.kind == TENSOR]
         self.scalars = {v.name for v in self.program.values if v.kind == SCALAR}
@@ -152,17 +143,13 @@ class _Planner:
         # sums over (see _summed_to)
         self.positional = any(_positional(v.expr) for v in self.nodes if v.kind != ELEMENTWISE)
         self.sources = self._sources()
-        self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
-        self.imports: set[str] = set()
         # the custom gradients (the spec's gradients table): their tensors take no derived gradient
         self.custom = dict(derivation.custom)
         for name in self.tensor_args:
             if name not in self.custom and not any(name in v.reads for v in self.nodes):
                 self.custom[name] = sympy.Integer(0)  # only a custom gradient reads it: the forward is flat in it
-        self.custom_reads: set[str] = set()  # values they read that depend on a tensor they are given for
-        self.depends = self._upstream(frozenset())
-        self.upstream = self._upstream(frozenset(self.custom))
-        self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+        self.depends = self.dependencies(frozenset())
+        self.upstream = self.dependencies(frozenset(self.custom))
         # softmax nodes with a log_softmax of the same value along the same dimension: softmax -> log_softmax
         self.exp_of = {
             v.name: w.name
@@ -171,13 +158,10 @@ class _Planner:
             for w in self.nodes
             if isinstance(w.expr, LogSoftmax) and w.expr.args == v.expr.args
         }
-        # names code may not take for a temporary: the values, their gradients and what backward takes
-        self.taken = {*self.values, *(f"grad_{n}" for n in self.values), GRAD_OUTPUT, "ctx", "torch", "math"}
-        self.taken |= {f"{n}_shape" for n in self.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
 
     # -- which arguments each value depends on ----------------------------------------------------------
 
-    def _upstream(self, custom: frozenset[str]) -> dict[str, frozenset[int]]:
+    def dependencies(self, custom: frozenset[str]) -> dict[str, frozenset[int]]:
         """For each value, the indices of the tensor arguments it depends on (those in ``custom``, whose
         gradient is not derived, aside)."""
         upstream: dict[str, frozenset[int]] = {}
@@ -217,6 +201,94 @@ class _Planner:
     def is_tensor(self, name: str) -> bool:
         return name in self.values and self.values[name].kind != SCALAR
 
+    def trailing_aligned(self, name: str) -> bool:
+        """Whether the value ``name``'s dimensions, counted from the back, are those of the tensors it is
+        computed from: no reduction without keepdim removed other than leading dimensions on the way, and
+        no product with a vector removed one."""
+        v = self.values[name]
+        if v.kind == REDUCE and not v.expr.keepdim and v.expr.dims:
+            if sorted(v.expr.dims) != list(range(len(v.expr.dims))):
+                return False
+        if v.kind == MATMUL and len(v.shape) < max(len(self.shape(str(o))) for o in v.expr.operand_exprs):
+            return False
+        return all(self.trailing_aligned(r) for r in v.reads)
+
+    def row_shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a softmax's statistics: its own, 1 along the dimension it normalizes."""
+        shape = self.shape(name)
+        dim = self.values[name].expr.dim % len(shape)
+        return tuple(1 if d == dim else n for d, n in enumerate(shape))
+
+    def gram(self, node: Value) -> tuple[str, bool] | None:
+        """(a, whether a is the left operand) where ``node`` is ``a @ transpose(a, -1, -2)`` or
+        ``transpose(a, -1, -2) @ a``, and nothing else reads the transpose; else None."""
+        if node.kind != MATMUL:
+            return None
+        left, right = (str(o) for o in node.expr.operand_exprs)
+        for a, t, first in ((left, right, True), (right, left, False)):
+            value = self.values[t]
+            if value.kind != TRANSPOSE or str(value.expr.args[0]) != a or t in self.visible:
+                continue
+            if sorted(value.expr.dims) != [-2, -1]:  # as written: the last two at every rank
+                continue
+            if [c.name for c in self.program.consumers(t)] == [node.name]:
+                return a, first
+        return None
+
+    def rule_shape(self, node: Value, operand: int, g_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The example shape of the gradient a structural node passes to an operand."""
+        call = node.expr
+        x = str(call.operand_exprs[0])
+        if node.kind == REDUCE:
+            x_shape = self.shape(x)
+            dims = reduced_dims(call, x_shape)
+            if isinstance(call, (ReduceSum, ReduceMean)):
+                if call.keepdim or not call.dims:
+                    return g_shape  # as it is: it broadcasts over the reduced dimensions
+                # g broadcasts to the result: as many dimensions as it, then a 1 at each reduced one
+                ones = iter((1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape))
+                return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
+            return x_shape
+        if node.kind == SOFTMAX:
+            return broadcast([self.shape(x), g_shape])
+        if node.kind == TRANSPOSE:
+            d0, d1 = call.dims
+            padded = (1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape)
+            swapped = list(padded)
+            swapped[d0], swapped[d1] = padded[d1], padded[d0]
+            return tuple(swapped)
+        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
+        return self.shape(str(call.operand_exprs[operand]))
+
+
+class _Planner:
+    """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
+    forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
+
+    def __init__(
+        self,
+        derivation: ProgramDerivation,
+        where: str,
+        unmasked: frozenset[str] = frozenset(),
+        *,
+        fused: bool = False,
+        policy: str = "memory",
+    ) -> None:
+        self.graph = graph = _Graph(derivation)
+        self.policy = policy
+        self.fused = fused  # the code runs through torch.compile
+        self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
+        self.for_memory: set[str] = set()  # values recomputed under the policy "memory" (from _Keeping)
+        self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row (likewise)
+        self.where = where
+        self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
+        self.imports: set[str] = set()
+        self.custom_reads: set[str] = set()  # values custom gradients read that depend on a tensor they are given for
+        self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+        # names code may not take for a temporary: the values, their gradients and what backward takes
+        self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
+        self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
+
     # -- printing ----------------------------------------------------------------------------------------
 
     def print(
@@ -224,10 +296,10 @@ class _Planner:
     ) -> str:
         """``expr`` as torch code; ``extra``: tensors besides the program's values (gradients, temporaries),
         ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite)."""
-        tensors = {n for n in self.values if self.is_tensor(n)} | set(extra) | set(self.masks.values())
+        tensors = {n for n in self.graph.values if self.graph.is_tensor(n)} | set(extra) | set(self.masks.values())
         anchor = sorted(extra)[0] if extra else GRAD_OUTPUT
         bools = set(bools) | set(self.masks.values())
-        finite = set(finite) | set(self.tensor_args) | bools
+        finite = set(finite) | set(self.graph.tensor_args) | bools
         # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
         expr = expr.replace(
             lambda node: isinstance(node, xexpy),
@@ -240,7 +312,7 @@ class _Planner:
 
     def forward_expr(self, v: Value) -> str:
         if v.kind == ELEMENTWISE:
-            code = self.print(self.derivation.node(v.name).forward)
+            code = self.print(self.graph.derivation.node(v.name).forward)
             # A value that may be another one itself (an input, or a case between values on a bool scalar)
             # is a view of it: forward may not return one tensor twice, nor an input as it is.
             return f"{_atom(code)}[...]" if _may_alias(code) else code
@@ -252,7 +324,7 @@ class _Planner:
         share their work, as torch computes each: the maximum, and the log of the sum of exponentials of the
         value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that)."""
         lines, shared = [], {}
-        for v in self.nodes:
+        for v in self.graph.nodes:
             if v.name in self.restated:  # the statistics backward keeps, then the softmax from them
                 largest, log_sum = self.restated[v.name]
                 operand, dim = str(v.expr.args[0]), v.expr.dim
@@ -262,7 +334,7 @@ class _Planner:
                 lines.append(f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}")
                 continue
             key = _log_normalizer(v)
-            partners = [w for w in self.nodes if w is not v and _log_normalizer(w) == key]
+            partners = [w for w in self.graph.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
                 lines.append(f"{v.name} = {self.forward_expr(v)}")
                 continue
@@ -287,22 +359,22 @@ class _Planner:
     # -- backward ------------------------------------------------------------------------------------------
 
     def plan(self) -> ProgramPlan:
-        grad_names = {name: f"grad_{name}" for name in self.values}
-        if len(self.visible) == 1:
-            grad_names[self.visible[0]] = GRAD_OUTPUT
+        grad_names = {name: f"grad_{name}" for name in self.graph.values}
+        if len(self.graph.visible) == 1:
+            grad_names[self.graph.visible[0]] = GRAD_OUTPUT
         emitter = self.emitter = _Requests(self)
         lines: list[Line] = []
         grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
-        for name in self.visible:
-            grad_shapes[name] = self.shape(name)
+        for name in self.graph.visible:
+            grad_shapes[name] = self.graph.shape(name)
         partials_docs: list[tuple[str, str]] = []
         rule_docs: list[str] = []
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
-        for node in reversed(self.nodes):
-            guard = self.upstream[node.name]
-            targets = [r for r in node.reads if self.upstream[r]]
+        for node in reversed(self.graph.nodes):
+            guard = self.graph.upstream[node.name]
+            targets = [r for r in node.reads if self.graph.upstream[r]]
             if guard and node.name in self.zero_summed and node.name not in grad_shapes:
                 # every share of its gradient summed to zero (see _sums_to_zero): what remains is the one
                 # a second derivative passes to it as a hidden output
@@ -323,38 +395,44 @@ class _Planner:
         self._custom_backward(lines, grad_names, grad_shapes)
         lines = _comments_with_their_code(lines)
         # what backward reads: saved, or recomputed from what is saved
-        saved, recomputed, hidden, notes = self._resolve(emitter)
+        keeping = _Keeping(
+            self.graph, self.policy, self.fused, self.masks, self.custom_reads, self._temporary, self.where
+        )
+        saved, recomputed, hidden, notes = keeping.resolve(emitter)
+        self.for_memory, self.restated = keeping.for_memory, keeping.restated
         constants = [stat for stats in self.restated.values() for stat in stats]
         hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
-        upstream = [grad_names[v] for v in self.visible] + [returned_grad(h) for h in hidden_values]
+        upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
         recompute_lines = self._recompute_lines(recomputed, lines)
         forward = self._forward_lines()
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
-        parameters = [(n, n) for n in saved if n in self.values]
+        parameters = [(n, n) for n in saved if n in self.graph.values]
         parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
-        parameters += [(grad_names[v], v) for v in self.visible] + [(returned_grad(h), h) for h in hidden_values]
+        parameters += [(grad_names[v], v) for v in self.graph.visible] + [(returned_grad(h), h) for h in hidden_values]
         return ProgramPlan(
             forward=tuple(forward),
-            returns=tuple(self.visible) + tuple(hidden),
-            visible=tuple(self.visible),
+            returns=tuple(self.graph.visible) + tuple(hidden),
+            visible=tuple(self.graph.visible),
             hidden=tuple(hidden),
             masks=tuple(self.masks.values()),
             saved=tuple(saved),
             saved_notes=tuple(notes),
             upstream=tuple(upstream),
             backward=tuple(recompute_lines + lines),
-            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.tensor_args),
-            shapes=tuple(n for n in self.tensor_args if n in shapes_read),
+            grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.graph.tensor_args),
+            shapes=tuple(n for n in self.graph.tensor_args if n in shapes_read),
             backward_scalars=tuple(sorted(emitter.scalars)),
             jvp=tuple(jvp),
             jvp_returns=tuple(jvp_returns),
             jvp_scalars=tuple(jvp_scalars),
             imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
-            parameter_shapes=tuple((p, self._row_shape(v) if p in constants else self.shape(v)) for p, v in parameters),
-            parameter_sources=tuple((p, self.sources[v]) for p, v in parameters),
+            parameter_shapes=tuple(
+                (p, self.graph.row_shape(v) if p in constants else self.graph.shape(v)) for p, v in parameters
+            ),
+            parameter_sources=tuple((p, self.graph.sources[v]) for p, v in parameters),
             elementwise_docs=tuple(partials_docs),
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
@@ -364,8 +442,8 @@ class _Planner:
     def _structural_backward(self, node: Value, targets: list[str], grad_names, grad_shapes, lines) -> None:
         """What a reduction, softmax, product or transpose passes on to each operand that needs it, by its
         rule (:mod:`.rules`)."""
-        emitter, guard, g = self.emitter, self.upstream[node.name], grad_names[node.name]
-        gram = self._gram(node)
+        emitter, guard, g = self.emitter, self.graph.upstream[node.name], grad_names[node.name]
+        gram = self.graph.gram(node)
         if gram is None:
             lines.append(Line(f"# {describe(node)}", guard))
         exact = g
@@ -381,15 +459,15 @@ class _Planner:
             shares = f"g @ {a} + g^T @ {a}" if first else f"{a} @ g^T + {a} @ g"
             product = f"{node.name} = {structural.spelled(node.expr)}"
             lines.append(Line(f"# {product}: {a}'s gradient through both operands is {shares}", guard))
-            self._contribute(lines, a, code, self.shape(a), grad_names, grad_shapes, node=node.name)
+            self._contribute(lines, a, code, self.graph.shape(a), grad_names, grad_shapes, node=node.name)
             return
         for i, operand in enumerate(str(o) for o in node.expr.operand_exprs):
             if operand not in targets:
                 continue
             code = backward_code(node, i, exact, emitter)
-            lines += [Line(text, self.upstream[operand]) for text in emitter.pending]
+            lines += [Line(text, self.graph.upstream[operand]) for text in emitter.pending]
             emitter.pending.clear()
-            static = self._rule_shape(node, i, node.shape if exact != g else have)
+            static = self.graph.rule_shape(node, i, node.shape if exact != g else have)
             self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
 
     def _join_returned(
@@ -402,7 +480,7 @@ class _Planner:
         for name, at in sorted(only_returned.items(), key=lambda item: -item[1]):
             assert name in hidden_values, name  # the centred value's formula reads it
             end = min((k for k in starts if k > at), default=len(lines))
-            guard = self.upstream[name]
+            guard = self.graph.upstream[name]
             lines[at:end] = [
                 Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
                 Line(f"{grad_names[name]} = {returned_grad(name)}", guard, 1),
@@ -412,7 +490,7 @@ class _Planner:
         for name in sorted(hidden_values, key=lambda n: -hidden_grad_lines.get(n, -1)):
             if name in hidden_grad_lines and name in grad_shapes and name not in only_returned:
                 at = hidden_grad_lines[name]
-                guard = self.upstream[name]
+                guard = self.graph.upstream[name]
                 lines[at:at] = [
                     Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
                     Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
@@ -423,17 +501,19 @@ class _Planner:
         """Each argument's gradient brought to its shape at call time (lines added to ``lines``); the
         arguments whose shapes that reads."""
         shapes_read = set()
-        for name in self.tensor_args:
+        for name in self.graph.tensor_args:
             if name not in grad_shapes:
                 continue
-            have, want = grad_shapes[name], self.shape(name)
-            index = frozenset({self.tensor_args.index(name)})
+            have, want = grad_shapes[name], self.graph.shape(name)
+            index = frozenset({self.graph.tensor_args.index(name)})
             g = grad_names[name]
             if have == want:
                 # the same shape in the example; at call time an argument of as many dimensions beside it
                 # may have more (a batch of inputs beside an unbatched target)
                 # (a product's rule sums its operands' gradients to their shapes itself)
-                if any(c.kind != MATMUL and self.outranks(c.name, name) for c in self.program.consumers(name)):
+                if any(
+                    c.kind != MATMUL and self.graph.outranks(c.name, name) for c in self.graph.program.consumers(name)
+                ):
                     shapes_read.add(name)
                     lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
                 continue
@@ -454,8 +534,8 @@ class _Planner:
         """backward's first lines: the values it computes again, each where some gradient reads it."""
         guards = self._recompute_guards(recomputed, lines)
         for name in recomputed:
-            for s in self.values[name].expr.free_symbols:
-                if s.name in self.scalars:
+            for s in self.graph.values[name].expr.free_symbols:
+                if s.name in self.graph.scalars:
                     self.emitter.scalars.add(s.name)
         lines = []
         again = [v for v in recomputed if v in self.for_memory]
@@ -464,19 +544,19 @@ class _Planner:
             guard = frozenset().union(*where) if all(where) else frozenset()
             lines.append(Line(f'# policy "memory": {", ".join(again)} computed again, not kept from forward', guard))
         for v in recomputed:
-            if v in self.exp_of:
-                lines.append(Line(f"{v} = torch.exp({self.exp_of[v]})", guards[v]))
+            if v in self.graph.exp_of:
+                lines.append(Line(f"{v} = torch.exp({self.graph.exp_of[v]})", guards[v]))
             elif v in self.restated:
                 lines.append(Line(f"{v} = {self._restated(v)}", guards[v]))
             else:
-                lines.append(Line(f"{v} = {self.forward_expr(self.values[v])}", guards[v]))
+                lines.append(Line(f"{v} = {self.forward_expr(self.graph.values[v])}", guards[v]))
         return lines
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
         reciprocal square root) computed once, where some gradient that reads them is needed."""
-        partials = dict(self.derivation.node(node.name).partials)
-        if node.name in self.hoisted:  # in terms of its own value, which backward has
+        partials = dict(self.graph.derivation.node(node.name).partials)
+        if node.name in self.graph.hoisted:  # in terms of its own value, which backward has
             partials = {read: p.subs(node.expr, sympy.Symbol(node.name, real=True)) for read, p in partials.items()}
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
@@ -486,8 +566,8 @@ class _Planner:
             partial = self._masked(partials[read])
             emitter.request_symbols(partial)
             exprs.append(grad_symbol * partial)
-        scalars = frozenset(sympy.Symbol(n, real=True) for n in self.scalars) | frozenset(
-            self.program.parsed.symbols[n] for n in self.scalars
+        scalars = frozenset(sympy.Symbol(n, real=True) for n in self.graph.scalars) | frozenset(
+            self.graph.program.parsed.symbols[n] for n in self.graph.scalars
         )
         steps, reduced = straight_line(exprs, self.taken, scalars)
         temporaries = {step.name: step.expr for step in steps}
@@ -498,22 +578,22 @@ class _Planner:
         def shape_of(expr: sympy.Basic) -> tuple[int, ...]:
             names = _closure(expr.free_symbols, temporaries)
             names |= {s.name for n in names if n in conditions for s in conditions[n].free_symbols}  # a mask's
-            shapes = [self.shape(s) for s in names if s in self.values and self.is_tensor(s)]
+            shapes = [self.graph.shape(s) for s in names if s in self.graph.values and self.graph.is_tensor(s)]
             return broadcast(shapes + ([grad_shapes[node.name]] if g in names else []))
 
         for read, expr in zip(targets, reduced):
-            have, want = shape_of(expr), self.shape(read)
-            if self.positional:
+            have, want = shape_of(expr), self.graph.shape(read)
+            if self.graph.positional:
                 # dims counted from the front: which dimensions of node the gradient runs along at call time
                 # is not the example's, so it is spread over node's whole shape there (a view), unless node's
                 # gradient or a value of node's shape and leading dimensions is among its factors, and then
                 # summed to read's shape (_contribute)
                 names = _closure(expr.free_symbols, temporaries)
                 full = (g in names and grad_shapes[node.name] == node.shape) or any(
-                    n in self.values
-                    and self.is_tensor(n)
-                    and self.shape(n) == node.shape
-                    and not self.outranks(node.name, n)
+                    n in self.graph.values
+                    and self.graph.is_tensor(n)
+                    and self.graph.shape(n) == node.shape
+                    and not self.graph.outranks(node.name, n)
                     for n in names
                 )
                 code = self.print(expr, extra=tensors, finite=finite)
@@ -530,7 +610,7 @@ class _Planner:
                 if node.shape[d] > 1 and _size_at(have, d) == 1 and _size_at(want, d) == 1
             ]
             outer = sympy.S.One
-            if self.values[read].kind != TENSOR and have != want:
+            if self.graph.values[read].kind != TENSOR and have != want:
                 # factors constant along the dimensions summed over multiply the sum, not each term
                 summed = _summed_dims(have, want)
                 factors = sympy.Mul.make_args(expr)
@@ -554,20 +634,24 @@ class _Planner:
         """Each custom gradient as the spec gives it, over the values backward has and the upstream
         gradients; summed to its tensor's shape at call time, as a derived gradient is."""
         upstream, shapes, sources, aligned = self._custom_upstream(grad_names)
-        for name, expr in self.custom.items():
+        for name, expr in self.graph.custom.items():
             where = self.where.replace(": forward", f": gradients.{name}")
             expr = expr.xreplace(upstream)
             self.emitter.request_symbols(expr)
-            read = sorted(s.name for s in expr.free_symbols if s.name in self.values and self.is_tensor(s.name))
-            computed = [r for r in read if r not in self.tensor_args]
+            read = sorted(
+                s.name for s in expr.free_symbols if s.name in self.graph.values and self.graph.is_tensor(s.name)
+            )
+            computed = [r for r in read if r not in self.graph.tensor_args]
             self.custom_reads |= {
-                r for r in computed if self.depends[r] != self.upstream[r] or r in self.program.backward_only
+                r
+                for r in computed
+                if self.graph.depends[r] != self.graph.upstream[r] or r in self.graph.program.backward_only
             }
             grads = [s.name for s in expr.free_symbols if s.name in shapes]
-            named = {r: self.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
+            named = {r: self.graph.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
             have = self._custom_shape(name, named, where)
             for grad in grads:
-                if len(shapes[grad]) < len(have) and not self._trailing_aligned(aligned[grad]):
+                if len(shapes[grad]) < len(have) and not self.graph.trailing_aligned(aligned[grad]):
                     raise ExpressionError(
                         f"grad (shape {list(shapes[grad])}) has fewer dimensions than the gradient of {name!r} "
                         f"(shape {list(have)}), and broadcasting aligns its last dimensions with dimensions the "
@@ -575,21 +659,21 @@ class _Planner:
                         where=where,
                         hint="make the reduction the forward's last step, or keep its dimensions with keepdim=True",
                     )
-            index = frozenset({self.tensor_args.index(name)})
+            index = frozenset({self.graph.tensor_args.index(name)})
             code = self.print(expr, extra=set(shapes))
-            want = self.shape(name)
+            want = self.graph.shape(name)
             if not read and not grads:  # a number: a tensor of it, of the tensor's shape
                 self.emitter.shapes.add(name)
-                anchor = grad_names[self.visible[0]]
+                anchor = grad_names[self.graph.visible[0]]
                 code = f"{anchor}.new_zeros({name}_shape)" if expr == 0 else f"{anchor}.new_full({name}_shape, {code})"
                 have = want
-            calls = frozenset().union(*(self.sources[r] for r in read), *(sources[g] for g in grads))
-            if have == want and any(len(self.shape(a)) >= len(want) for a in calls - self.sources[name]):
+            calls = frozenset().union(*(self.graph.sources[r] for r in read), *(sources[g] for g in grads))
+            if have == want and any(len(self.graph.shape(a)) >= len(want) for a in calls - self.graph.sources[name]):
                 # the example's shapes agree, the shapes at call time need not: another argument's leading
                 # dimensions
                 self.emitter.shapes.add(name)
                 code = f"{_atom(code)}.sum_to_size({name}_shape)"
-            if name in dict(self.derivation.custom):
+            if name in dict(self.graph.derivation.custom):
                 comment = f"{name}'s gradient is the custom one the spec gives, not the derived one"
             else:
                 comment = f"only a custom gradient reads {name}: the forward is flat in it"
@@ -604,34 +688,26 @@ class _Planner:
         derivative does); with its example shape, the arguments whose leading dimensions it has and the
         value whose dimensions it has (the reduction's operand where it is spread)."""
         upstream, shapes, sources, aligned = {}, {}, {}, {}
-        for symbol, output in zip(self.program.parsed.grads, self.visible):
-            code, call, shape = grad_names[output], spread_reduction(self.program, output), self.shape(output)
+        for symbol, output in zip(self.graph.program.parsed.grads, self.graph.visible):
+            code, call, shape = (
+                grad_names[output],
+                spread_reduction(self.graph.program, output),
+                self.graph.shape(output),
+            )
             aligned[code] = output
             if call is not None:
-                operand = self.shape(str(call.args[0]))
+                operand = self.graph.shape(str(call.args[0]))
                 dims = reduced_dims(call, operand)
                 code, shape = unsqueezed(code, call), tuple(1 if d in dims else n for d, n in enumerate(operand))
                 aligned[code] = str(call.args[0])
             upstream[symbol] = sympy.Symbol(code, real=True)
-            shapes[code], sources[code] = shape, self.sources[output]
+            shapes[code], sources[code] = shape, self.graph.sources[output]
         return upstream, shapes, sources, aligned
-
-    def _trailing_aligned(self, name: str) -> bool:
-        """Whether the value ``name``'s dimensions, counted from the back, are those of the tensors it is
-        computed from: no reduction without keepdim removed other than leading dimensions on the way, and
-        no product with a vector removed one."""
-        v = self.values[name]
-        if v.kind == REDUCE and not v.expr.keepdim and v.expr.dims:
-            if sorted(v.expr.dims) != list(range(len(v.expr.dims))):
-                return False
-        if v.kind == MATMUL and len(v.shape) < max(len(self.shape(str(o))) for o in v.expr.operand_exprs):
-            return False
-        return all(self._trailing_aligned(r) for r in v.reads)
 
     def _custom_shape(self, name: str, shapes: dict[str, tuple[int, ...]], where: str) -> tuple[int, ...]:
         """The example shape of the custom gradient of ``name`` (of the tensors ``shapes``, by name): refused
         where those do not broadcast together, or the result not to ``name``'s shape."""
-        want = self.shape(name)
+        want = self.graph.shape(name)
         try:
             have = _broadcast_checked(list(shapes.values()))
         except ValueError:
@@ -662,15 +738,15 @@ class _Planner:
         those known finite (printing.is_finite), which a step may multiply as a mask."""
         temporaries = {step.name: step.expr for step in steps}
         tensors = {g} | set(self.masks.values())
-        finite = {g, *self.tensor_args, *self.masks.values()}
+        finite = {g, *self.graph.tensor_args, *self.masks.values()}
         for step in steps:
             self.taken.add(step.name)
             users = [r for r, e in reduced.items() if step.name in _closure(e.free_symbols, temporaries)]
-            guard = frozenset().union(*(self.upstream[r] for r in users))
-            if any(s.name in tensors or self.is_tensor(s.name) for s in step.expr.free_symbols):
+            guard = frozenset().union(*(self.graph.upstream[r] for r in users))
+            if any(s.name in tensors or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
                 tensors.add(step.name)
             lines.append(Line(f"{step.name} = {self.print(step.expr, extra=tensors, finite=finite)}", guard))
-            if is_finite(step.expr, finite, tensors | {n for n in self.values if self.is_tensor(n)}):
+            if is_finite(step.expr, finite, tensors | {n for n in self.graph.values if self.graph.is_tensor(n)}):
                 finite.add(step.name)
         return tensors, finite
 
@@ -682,12 +758,12 @@ class _Planner:
         to zero along the dimensions its mean was taken over: the variance's share of a LayerNorm's mean
         gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
         computed."""
-        call = self.values[read].expr
+        call = self.graph.values[read].expr
         if not isinstance(call, ReduceMean) or not call.keepdim or any(d >= 0 for d in call.dims):
             # dims counted from the front are other dimensions at another rank than the example's
             return False
         x = str(call.args[0])
-        if self.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
+        if self.graph.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
             return False
         ratio = sympy.cancel(part / (sympy.Symbol(read, real=True) - sympy.Symbol(x, real=True)))
         for symbol in ratio.free_symbols:  # the multiple: constant along those dimensions
@@ -701,14 +777,19 @@ class _Planner:
     ) -> None:
         """Add ``code`` (of example shape ``static``), passed on by ``node``, summed to ``target``'s shape and
         then multiplied by ``outer``, to ``target``'s gradient."""
-        guard = self.upstream[target]
-        want = self.shape(target)
-        if self.values[target].kind != TENSOR:
-            if static == want and node is not None and self.values[node].kind != MATMUL and self.outranks(node, target):
+        guard = self.graph.upstream[target]
+        want = self.graph.shape(target)
+        if self.graph.values[target].kind != TENSOR:
+            if (
+                static == want
+                and node is not None
+                and self.graph.values[node].kind != MATMUL
+                and self.graph.outranks(node, target)
+            ):
                 # the example's shapes agree, the shapes at call time need not: node may have leading
                 # dimensions that target has not
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
-            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.positional)
+            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.graph.positional)
         if outer != "1":
             # by what the texts print as: outer * (a + b), -(a - b)
             if outer == "-1":
@@ -724,59 +805,20 @@ class _Planner:
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
 
-    def _gram(self, node: Value) -> tuple[str, bool] | None:
-        """(a, whether a is the left operand) where ``node`` is ``a @ transpose(a, -1, -2)`` or
-        ``transpose(a, -1, -2) @ a``, and nothing else reads the transpose; else None."""
-        if node.kind != MATMUL:
-            return None
-        left, right = (str(o) for o in node.expr.operand_exprs)
-        for a, t, first in ((left, right, True), (right, left, False)):
-            value = self.values[t]
-            if value.kind != TRANSPOSE or str(value.expr.args[0]) != a or t in self.visible:
-                continue
-            if sorted(value.expr.dims) != [-2, -1]:  # as written: the last two at every rank
-                continue
-            if [c.name for c in self.program.consumers(t)] == [node.name]:
-                return a, first
-        return None
-
-    def _rule_shape(self, node: Value, operand: int, g_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The example shape of the gradient a structural node passes to an operand."""
-        call = node.expr
-        x = str(call.operand_exprs[0])
-        if node.kind == REDUCE:
-            x_shape = self.shape(x)
-            dims = reduced_dims(call, x_shape)
-            if isinstance(call, (ReduceSum, ReduceMean)):
-                if call.keepdim or not call.dims:
-                    return g_shape  # as it is: it broadcasts over the reduced dimensions
-                # g broadcasts to the result: as many dimensions as it, then a 1 at each reduced one
-                ones = iter((1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape))
-                return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
-            return x_shape
-        if node.kind == SOFTMAX:
-            return broadcast([self.shape(x), g_shape])
-        if node.kind == TRANSPOSE:
-            d0, d1 = call.dims
-            padded = (1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape)
-            swapped = list(padded)
-            swapped[d0], swapped[d1] = padded[d1], padded[d0]
-            return tuple(swapped)
-        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
-        return self.shape(str(call.operand_exprs[operand]))
-
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
-        intermediates = {sympy.Symbol(n, real=True) for n, v in self.values.items() if v.kind not in (TENSOR, SCALAR)}
+        intermediates = {
+            sympy.Symbol(n, real=True) for n, v in self.graph.values.items() if v.kind not in (TENSOR, SCALAR)
+        }
         saved = {sympy.Symbol(n, real=True) for n in self.unmasked}
 
         def maskable(symbols: set[sympy.Symbol]) -> bool:
-            tensors = {s for s in symbols if s.name in self.values and self.values[s.name].kind != SCALAR}
+            tensors = {s for s in symbols if s.name in self.graph.values and self.graph.values[s.name].kind != SCALAR}
             return bool(tensors & intermediates) and not tensors <= saved
 
         def mask_of(condition: sympy.Basic) -> sympy.Symbol:
             if condition not in self.masks:
-                taken = {*self.values, *self.masks.values()}
+                taken = {*self.graph.values, *self.masks.values()}
                 self.masks[condition] = next(
                     n for n in ("mask", *(f"mask{k}" for k in range(1, 10**6))) if n not in taken
                 )
@@ -798,7 +840,83 @@ class _Planner:
 
         return partial.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), replace)
 
-    def _resolve(self, emitter: _Requests) -> tuple[list[str], list[str], list[str], list[str]]:
+    def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
+        """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
+        empty guard, always, where some line that reads it runs always)."""
+        guards: dict[str, frozenset[int]] = {}
+        for name in reversed(recomputed):
+            readers = [line.guard for line in lines if re.search(rf"\b{name}\b", line.text.split("#")[0])]
+            readers += [guards[r] for r in guards if name in self.graph.values[r].reads]
+            if self.graph.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
+                guards[name] = frozenset().union(*readers)
+            else:
+                guards[name] = frozenset()
+        return guards
+
+    def _restated(self, name: str) -> str:
+        """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
+        in a second derivative) as the softmax itself, whose derivative the statistics do not carry."""
+        call = self.graph.values[name].expr
+        operand = str(call.args[0])
+        largest, log_sum = self.restated[name]
+        log_probs = f"{operand} - {largest} - {log_sum}"
+        cheap = log_probs if isinstance(call, LogSoftmax) else f"torch.exp({log_probs})"
+        return f"{self.forward_expr(self.graph.values[name])} if torch.is_grad_enabled() else {cheap}"
+
+    # -- forward mode ------------------------------------------------------------------------------------
+
+    def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
+        lines = []
+        emitter = _Everything(self)
+        tangents = {n: n + TANGENT for n in self.graph.tensor_args}
+        scalars: set[str] = set()
+        for v in self.graph.nodes:
+            lines.append(f"{v.name} = {self.forward_expr(v)}")
+            scalars |= {s.name for s in v.expr.free_symbols if s.name in self.graph.scalars}
+            t = v.name + TANGENT
+            if v.kind == ELEMENTWISE:
+                partials = dict(self.graph.derivation.node(v.name).partials)
+                total = sympy.Add(
+                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
+                )
+                scalars |= {s.name for s in total.free_symbols if s.name in self.graph.scalars}
+                code = self.print(total, extra=set(tangents.values()) | {t})
+            else:
+                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
+                code = tangent_code(v, operands, emitter)
+            tangents[v.name] = t
+            lines.append(f"{t} = {code}")
+        for mask, condition in ((m, c) for c, m in self.masks.items()):
+            lines.append(f"{mask} = {self.print(condition)}")
+        returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
+        return _live(lines, returns), returns, sorted(scalars)
+
+
+class _Keeping:
+    """What backward keeps from forward and what it computes again, under the policy (stage 5's cost model
+    for a structured program): from the values backward's code reads, once the planner has walked it."""
+
+    def __init__(
+        self,
+        graph: _Graph,
+        policy: str,
+        fused: bool,
+        masks: dict[sympy.Basic, str],
+        custom_reads: set[str],
+        temporary: Callable[[], str],
+        where: str,
+    ) -> None:
+        self.graph = graph
+        self.policy = policy  # "memory": products and softmaxes recomputed where that keeps fewer bytes
+        self.fused = fused  # the code runs through torch.compile: see _restatable
+        self.masks = masks
+        self.custom_reads = custom_reads  # values custom gradients read that depend on a tensor they are given for
+        self.temporary = temporary
+        self.where = where
+        self.for_memory: set[str] = set()  # values recomputed under the policy "memory"
+        self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row
+
+    def resolve(self, emitter: _Requests) -> tuple[list[str], list[str], list[str], list[str]]:
         """From the values backward reads: what is saved, what is recomputed (in order), the hidden
         outputs, and a note on each saved tensor."""
         wanted = set(emitter.values)
@@ -807,59 +925,61 @@ class _Planner:
         kept = {
             name
             for name in wanted
-            if self.values[name].kind == ELEMENTWISE
-            and name not in self.visible
-            and len(arguments := [r for r in self.values[name].reads if self.values[r].kind == TENSOR]) >= 2
+            if self.graph.values[name].kind == ELEMENTWISE
+            and name not in self.graph.visible
+            and len(arguments := [r for r in self.graph.values[name].reads if self.graph.values[r].kind == TENSOR]) >= 2
             and not set(arguments) & wanted
-            and sum(_elements(self.shape(r)) for r in arguments) > _elements(self.shape(name))
+            and sum(_elements(self.graph.shape(r)) for r in arguments) > _elements(self.graph.shape(name))
         }
         recomputed: set[str] = set()
         changed = True
         while changed:
             changed = False
             for name in sorted(wanted):  # sorted: the same temporaries in every process
-                v = self.values[name]
-                if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.visible:
+                v = self.graph.values[name]
+                if name in recomputed or v.kind in (TENSOR, SCALAR) or name in self.graph.visible:
                     continue
-                if name in self.exp_of:  # a softmax beside its log_softmax: exp(log_probs), not a tensor more
+                if name in self.graph.exp_of:  # a softmax beside its log_softmax: exp(log_probs), not a tensor more
                     recomputed.add(name)
-                    changed |= self.exp_of[name] not in wanted
-                    wanted.add(self.exp_of[name])
+                    changed |= self.graph.exp_of[name] not in wanted
+                    wanted.add(self.graph.exp_of[name])
                 elif self._restatable(v):
                     # fused: recomputed from two per-row statistics forward keeps (_restated)
                     recomputed.add(name)
-                    self.restated[name] = (self._temporary(), self._temporary())
+                    self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.hoisted:
+                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.graph.hoisted:
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
-                        if s.name in self.values and s.name not in wanted:
+                        if s.name in self.graph.values and s.name not in wanted:
                             wanted.add(s.name)
                             changed = True
         self._recomputed_for_custom(wanted, recomputed)
         if self.policy == "memory":
             self._recomputed_for_memory(wanted, recomputed)
         for name in list(wanted):
-            if self.values[name].kind == SCALAR:
+            if self.graph.values[name].kind == SCALAR:
                 wanted.discard(name)
                 emitter.scalars.add(name)
         hidden = [
-            v.name for v in self.nodes if v.name in wanted and v.name not in recomputed and v.name not in self.visible
+            v.name
+            for v in self.graph.nodes
+            if v.name in wanted and v.name not in recomputed and v.name not in self.graph.visible
         ]
         # those that carry no gradient last, beside the masks: backward takes no gradient for them
         hidden += [stat for stats in self.restated.values() for stat in stats]
         hidden += list(self.masks.values())
         saved, notes = [], []
-        for v in self.program.values:
+        for v in self.graph.program.values:
             if v.name in wanted and v.name not in recomputed:
                 saved.append(v.name)
-                notes.append(_note(v, self.visible, self.hoisted))
+                notes.append(_note(v, self.graph.visible, self.graph.hoisted))
         for name, (largest, log_sum) in self.restated.items():
             saved += [largest, log_sum]
-            operand = self.values[name].expr.args[0]
+            operand = self.graph.values[name].expr.args[0]
             notes += [
-                f"{largest}: the maximum of {operand} along each row of {name}, {_size(self._row_shape(name))}",
+                f"{largest}: the maximum of {operand} along each row of {name}, {_size(self.graph.row_shape(name))}",
                 f"{log_sum}: the log of the sum of exp({operand} - {largest}) along it: backward recomputes {name} "
                 "from these, not a tensor of its size kept",
             ]
@@ -878,14 +998,14 @@ class _Planner:
         changed = True
         while changed:
             changed = False
-            for name in [v.name for v in self.nodes if v.name in wanted and v.name not in recomputed]:
-                if self.values[name].kind not in (MATMUL, SOFTMAX) or name in self.visible:
+            for name in [v.name for v in self.graph.nodes if v.name in wanted and v.name not in recomputed]:
+                if self.graph.values[name].kind not in (MATMUL, SOFTMAX) or name in self.graph.visible:
                     continue
                 chain = self._recomputable(name, wanted - {name}, recomputed)
                 if chain is not None:
                     self.for_memory.add(name)
                     recomputed |= chain
-                    wanted |= chain | {r for c in chain for r in self.values[c].reads}
+                    wanted |= chain | {r for c in chain for r in self.graph.values[c].reads}
                     changed = True
 
     def _recomputed_for_custom(self, wanted: set[str], recomputed: set[str]) -> None:
@@ -894,18 +1014,18 @@ class _Planner:
         differentiates the gradient as written, through them, as autograd of its formula does. So are
         those only custom gradients read, which forward does not compute."""
         for name in sorted(self.custom_reads - recomputed):
-            kept = set(self.tensor_args) | {n for n in wanted if self.depends[n] == self.upstream[n]}
+            kept = set(self.graph.tensor_args) | {n for n in wanted if self.graph.depends[n] == self.graph.upstream[n]}
             chain = self._recomputable(name, kept, recomputed, forced=True)
             if chain is None:
                 symbol = sympy.Symbol(name, real=True)
-                gradients = ", ".join(n for n, e in self.custom.items() if symbol in e.free_symbols)
+                gradients = ", ".join(n for n, e in self.graph.custom.items() if symbol in e.free_symbols)
                 raise ExpressionError(
                     f"the custom gradient reads {name}, which backward cannot compute again from the inputs",
                     where=self.where.replace(": forward", f": gradients.{gradients}"),
                     hint="write the gradient over the arguments, grad and the forward's reductions and products",
                 )
             recomputed |= chain
-            wanted |= chain | {r for c in chain for r in self.values[c].reads}
+            wanted |= chain | {r for c in chain for r in self.graph.values[c].reads}
 
     def _recomputable(self, name: str, kept: set[str], recomputed: set[str], forced: bool = False) -> set[str] | None:
         """The values backward computes to recompute ``name`` from ``kept`` and ``recomputed`` values (its
@@ -914,38 +1034,25 @@ class _Planner:
         chain: set[str] = set()
 
         def reach(value: str) -> bool:
-            v = self.values[value]
+            v = self.graph.values[value]
             if v.kind == SCALAR or value in recomputed or value in chain or (value in kept and value != name):
                 return True
-            if value in self.exp_of or value in self.restated or v.kind == TENSOR:
+            if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and value not in self.hoisted
-            if not forced and (not cheap or value in self.visible):
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and value not in self.graph.hoisted
+            if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
             return all(reach(r) for r in v.reads)
 
         return chain if reach(name) else None
 
-    def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
-        """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
-        empty guard, always, where some line that reads it runs always)."""
-        guards: dict[str, frozenset[int]] = {}
-        for name in reversed(recomputed):
-            readers = [line.guard for line in lines if re.search(rf"\b{name}\b", line.text.split("#")[0])]
-            readers += [guards[r] for r in guards if name in self.values[r].reads]
-            if self.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
-                guards[name] = frozenset().union(*readers)
-            else:
-                guards[name] = frozenset()
-        return guards
-
     def _in_order(self, recomputed: set[str]) -> list[str]:
         """The recomputed values, each after those its recomputation reads (a softmax recomputed as
         exp(log_probs) after log_probs, which may come later in forward)."""
 
         def reads(name: str) -> list[str]:
-            return [self.exp_of[name]] if name in self.exp_of else list(self.values[name].reads)
+            return [self.graph.exp_of[name]] if name in self.graph.exp_of else list(self.graph.values[name].reads)
 
         ordered: list[str] = []
 
@@ -955,7 +1062,7 @@ class _Planner:
                     visit(read)
                 ordered.append(name)
 
-        for v in self.program.values:
+        for v in self.graph.program.values:
             visit(v.name)
         return ordered
 
@@ -964,58 +1071,19 @@ class _Planner:
         instead of keeping it: its operand is an input or elementwise math of inputs (recomputed in backward's
         own loop), so that fused forward writes no tensor of its size (compiled plain math keeps those two
         statistics too). Eager forward computes the softmax whole anyway: it keeps it."""
-        if not self.fused or v.kind != SOFTMAX or v.name in self.visible or v.name in self.program.backward_only:
+        if (
+            not self.fused
+            or v.kind != SOFTMAX
+            or v.name in self.graph.visible
+            or v.name in self.graph.program.backward_only
+        ):
             return False  # (forward computes no statistics of a softmax only a custom gradient reads)
 
         def from_inputs(name: str) -> bool:
-            value = self.values[name]
+            value = self.graph.values[name]
             return value.kind in (TENSOR, SCALAR) or (value.kind == ELEMENTWISE and all(map(from_inputs, value.reads)))
 
         return from_inputs(str(v.expr.args[0]))
-
-    def _row_shape(self, name: str) -> tuple[int, ...]:
-        """The shape of a softmax's statistics: its own, 1 along the dimension it normalizes."""
-        shape = self.shape(name)
-        dim = self.values[name].expr.dim % len(shape)
-        return tuple(1 if d == dim else n for d, n in enumerate(shape))
-
-    def _restated(self, name: str) -> str:
-        """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
-        in a second derivative) as the softmax itself, whose derivative the statistics do not carry."""
-        call = self.values[name].expr
-        operand = str(call.args[0])
-        largest, log_sum = self.restated[name]
-        log_probs = f"{operand} - {largest} - {log_sum}"
-        cheap = log_probs if isinstance(call, LogSoftmax) else f"torch.exp({log_probs})"
-        return f"{self.forward_expr(self.values[name])} if torch.is_grad_enabled() else {cheap}"
-
-    # -- forward mode ------------------------------------------------------------------------------------
-
-    def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
-        lines = []
-        emitter = _Everything(self)
-        tangents = {n: n + TANGENT for n in self.tensor_args}
-        scalars: set[str] = set()
-        for v in self.nodes:
-            lines.append(f"{v.name} = {self.forward_expr(v)}")
-            scalars |= {s.name for s in v.expr.free_symbols if s.name in self.scalars}
-            t = v.name + TANGENT
-            if v.kind == ELEMENTWISE:
-                partials = dict(self.derivation.node(v.name).partials)
-                total = sympy.Add(
-                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
-                )
-                scalars |= {s.name for s in total.free_symbols if s.name in self.scalars}
-                code = self.print(total, extra=set(tangents.values()) | {t})
-            else:
-                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
-                code = tangent_code(v, operands, emitter)
-            tangents[v.name] = t
-            lines.append(f"{t} = {code}")
-        for mask, condition in ((m, c) for c, m in self.masks.items()):
-            lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents[v] for v in self.visible] + [tangents.get(h, "None") for h in hidden]
-        return _live(lines, returns), returns, sorted(scalars)
 
 
 class _Requests(Emitter):
@@ -1034,8 +1102,8 @@ class _Requests(Emitter):
 
     def request_symbols(self, expr: sympy.Expr) -> None:
         for s in expr.free_symbols:
-            if s.name in self.planner.values:
-                if self.planner.values[s.name].kind == SCALAR:
+            if s.name in self.planner.graph.values:
+                if self.planner.graph.values[s.name].kind == SCALAR:
                     self.scalars.add(s.name)
                 else:
                     self.values.add(s.name)
@@ -1047,12 +1115,12 @@ class _Requests(Emitter):
         if argument is not None:
             self.shapes.add(argument)
             return f"{argument}_shape"
-        v = self.planner.values[name]
+        v = self.planner.graph.values[name]
         if v.kind == ELEMENTWISE:
-            reads = [r for r in v.reads if self.planner.values[r].kind != SCALAR]
+            reads = [r for r in v.reads if self.planner.graph.values[r].kind != SCALAR]
             for r in reads:
-                read = self.planner.values[r]
-                if read.shape == v.shape and read.kind != MATMUL and not self.planner.outranks(name, r):
+                read = self.planner.graph.values[r]
+                if read.shape == v.shape and read.kind != MATMUL and not self.planner.graph.outranks(name, r):
                     return self.shape(r)
             arguments = [self._argument_of_shape(r) for r in reads]
             if len(arguments) > 1 and None not in arguments:  # their shapes broadcast at call time
@@ -1062,27 +1130,31 @@ class _Requests(Emitter):
             # two (batches of) matrices: their batch dimensions broadcast, then a's rows and b's columns, so
             # that backward need not have the product (policy "memory" recomputes it only where read)
             a, b = (self._argument_of_shape(str(o)) for o in v.expr.operand_exprs)
-            if a is not None and b is not None and min(len(self.planner.shape(a)), len(self.planner.shape(b))) >= 2:
+            if (
+                a is not None
+                and b is not None
+                and min(len(self.planner.graph.shape(a)), len(self.planner.graph.shape(b))) >= 2
+            ):
                 self.shapes.update((a, b))
                 return f"torch.broadcast_shapes({a}_shape[:-1] + (1,), {b}_shape[:-2] + (1, {b}_shape[-1]))"
         return f"{self.value(name)}.shape"
 
     def _argument_of_shape(self, name: str) -> str | None:
-        v = self.planner.values[name]
+        v = self.planner.graph.values[name]
         if v.kind == TENSOR:
             return name
         if v.kind in (ELEMENTWISE, SOFTMAX):
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
-                read = self.planner.values.get(s.name)
+                read = self.planner.graph.values.get(s.name)
                 same = read is not None and read.shape == v.shape and read.kind != SCALAR
-                if same and not self.planner.outranks(name, s.name):
+                if same and not self.planner.graph.outranks(name, s.name):
                     argument = self._argument_of_shape(s.name)
                     if argument is not None:
                         return argument
         return None
 
     def example_shape(self, name: str) -> tuple[int, ...]:
-        return self.planner.shape(name)
+        return self.planner.graph.shape(name)
 
     def module(self, alias: str) -> str:
         self.planner.imports.add(alias)
@@ -1091,7 +1163,7 @@ class _Requests(Emitter):
     def softmax_of(self, name: str, call) -> str | None:
         if len(call.dims) != 1:
             return None
-        for v in self.planner.nodes:
+        for v in self.planner.graph.nodes:
             if v.kind == SOFTMAX and str(v.expr.args[0]) == name and v.expr.dim == call.dims[0]:
                 return self.value(v.name) if not isinstance(v.expr, LogSoftmax) else f"torch.exp({self.value(v.name)})"
         return None
