@@ -1141,8 +1141,7 @@ def test_view(
         reference_lines=reference_lines,
         inputs=_input_views(spec, domains, shapes, module_shapes, seconds),
         scalars=[(s.name, s.default) for s in spec.scalars],
-        # check_special_points evaluates elementwise columns: an op that reduces has none
-        special=not program.structured and any(d.special for d in domains),
+        special=any(d.special for d in domains),
         gradients=gradients,
         upstream=[g.name for g in program.parsed.grads],
         outputs=list(spec.outputs) if len(program.outputs) > 1 else [],

@@ -1046,6 +1046,27 @@ class ProgramTests(OpTests):
             values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
             picks = torch.randint(len(values), i.shape, generator=generator)
             inputs.append(values[picks].to(device).requires_grad_())
+        self._assert_matches_where_finite(inputs, "extreme inputs")
+
+    @_quietly
+    def check_special_points(self, device: str) -> None:
+        """float64 with one input at a time at its special points (the ends of its support: a target
+        probability of 0 or 1), every element at one of them, then every other element: the op's value and
+        gradients are finite and match the reference's wherever the reference's are finite."""
+        special = [k for k, i in enumerate(self.inputs) if i.special]
+        assert special, "no input has special points: remove this test"
+        for k in special:
+            for value in self.inputs[k].special:
+                for step in (1, 2):
+                    inputs = self.make_inputs(device, requires_grad=False)
+                    inputs[k].view(-1)[::step] = value
+                    every = "every element" if step == 1 else "every other element"
+                    where = f"{self.inputs[k].name} = {value!r} at {every}"
+                    self._assert_matches_where_finite([x.requires_grad_() for x in inputs], where)
+
+    def _assert_matches_where_finite(self, inputs: Sequence[torch.Tensor], where: str) -> None:
+        """The op's value and gradients at ``inputs`` against the reference's, wherever those are finite: a
+        nan or an inf there, or another value, fails."""
         outs = self._outputs(self.op(*inputs, *self._scalars))
         expected = self._outputs(self.reference(*inputs, *self._scalars))
         grads = torch.autograd.grad(_total(outs), inputs)
@@ -1057,13 +1078,13 @@ class ProgramTests(OpTests):
             if not finite.any():
                 continue
             scale = float(reference[finite].abs().max())
-            assert torch.isfinite(value[finite]).all(), f"{what} at extreme inputs is not finite where the reference is"
+            assert torch.isfinite(value[finite]).all(), f"{what} at {where} is not finite where the reference is"
             torch.testing.assert_close(
                 value[finite],
                 reference[finite],
                 rtol=1e-5,
                 atol=1e-9 * max(scale, 1.0),
-                msg=lambda m, w=what: f"{w} at extreme inputs: {m}",
+                msg=lambda m, w=what: f"{w} at {where}: {m}",
             )
 
 

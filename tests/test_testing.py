@@ -72,3 +72,23 @@ def test_autocast_allows_a_gradient_past_the_dtypes_range_and_only_that(monkeypa
     broken = OpTests(torch.autograd.Function, _HalfIntermediate.apply, torch.nn.Identity, reference, inputs=[x])
     with pytest.raises(AssertionError, match="gradient of x under autocast is not finite where it fits"):
         broken.check_autocast("cpu")
+
+
+def _entropy_as_written(p):
+    return -(p * torch.log(p)).sum(-1)
+
+
+def _entropy(p):
+    return -torch.special.xlogy(p, p).sum(-1)
+
+
+def test_a_structured_op_is_checked_at_its_special_points():
+    # Entropy's p log p is 0 at p = 0, where the formula as written is 0 * -inf = nan: the reference's limit
+    # is finite there, so an op that returns nan fails; one that takes the limit passes.
+    p = Input("p", (3, 4), low=0.0, high=1.0, typical=0.5, special=(0.0, 1.0))
+    testing.ProgramTests(
+        torch.autograd.Function, _entropy, torch.nn.Identity, _entropy, inputs=[p]
+    ).check_special_points("cpu")
+    naive = testing.ProgramTests(torch.autograd.Function, _entropy_as_written, torch.nn.Identity, _entropy, inputs=[p])
+    with pytest.raises(AssertionError, match=r"value at p = 0.0 at every element is not finite where the reference is"):
+        naive.check_special_points("cpu")
