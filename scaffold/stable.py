@@ -122,6 +122,13 @@ class logaddexp(StableFunction):  # noqa: N801
         return sigmoid(a - b) if argindex == 1 else sigmoid(b - a)
 
 
+def _positive(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is positive wherever it is defined: its symbols real, those it divides by nonzero
+    (``1 + (u/c)**2``, where c = 0 leaves it undefined)."""
+    divisors = {p.base for p in expr.atoms(sympy.Pow) if p.exp.is_negative and p.base.is_Symbol}
+    return bool(expr.xreplace({s: sympy.Dummy(s.name, real=True, nonzero=True) for s in divisors}).is_positive)
+
+
 class xlogy(StableFunction):  # noqa: N801
     nargs = 2
 
@@ -130,10 +137,12 @@ class xlogy(StableFunction):  # noqa: N801
         return x * sympy.log(y)
 
     def fdiff(self, argindex=1):
-        # torch.xlogy's own x-derivative: 0, not -inf, where x = y = 0.
+        # torch.xlogy's own x-derivative: 0, not -inf, where x = y = 0. Its y-derivative is 0 where x = 0, as
+        # its value is (x * log(y) = 0 there whatever y): not 0/0 = nan at y = 0, where PyTorch's is (bce's
+        # gradient at a prediction of 0 for a target of 0 is 1, not nan); where y cannot be 0 it is x / y.
         x, y = self.args
         if argindex == 2:
-            return x / y
+            return x / y if _positive(y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / y, True))
         return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(y), True))
 
 
@@ -145,10 +154,11 @@ class xlog1py(StableFunction):  # noqa: N801
         return x * log1p(y)
 
     def fdiff(self, argindex=1):
-        # torch.special.xlog1py's own x-derivative: 0, not -inf, where x = 0 and y = -1.
+        # torch.special.xlog1py's own x-derivative: 0, not -inf, where x = 0 and y = -1; its y-derivative 0
+        # where x = 0 (see xlogy).
         x, y = self.args
         if argindex == 2:
-            return x / (1 + y)
+            return x / (1 + y) if _positive(1 + y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / (1 + y), True))
         return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, -1))), (log1p(y), True))
 
 

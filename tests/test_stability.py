@@ -432,3 +432,18 @@ def test_a_rewrite_that_overflows_where_the_written_form_is_finite_is_not_taken(
     assert check.holds(sympy.log(1 + sympy.exp(x)), stable.softplus(x))
     # where the written form overflows too, a rewrite is free (that is what rewrites are for)
     assert check.holds(sympy.exp(x) / (1 + sympy.exp(x)), stable.sigmoid(x))
+
+
+def test_a_log_with_zero_weight_at_its_pole_has_the_gradient_of_what_remains(tmp_path):
+    """Binary cross-entropy at a prediction of 0 for a target of 0 is -log(1 - p): its gradient in p is 1
+    there, not (1 - y)/(1 - p) - 0/0 = nan, which PyTorch's xlogy gives (a sigmoid saturated in float32
+    outputs exactly 0); likewise at p = 1 for y = 1, -1. Where the log's weight is not 0, its pole stays."""
+    case = Case("bce", "-(y*log(p) + (1 - y)*log(1 - p))", None, {"p": (), "y": ()})
+    op = _load(case, tmp_path)
+    for dtype in (torch.float32, torch.float64):
+        p = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.25], dtype=dtype, requires_grad=True)
+        y = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.5], dtype=dtype, requires_grad=True)
+        grad_p, grad_y = torch.autograd.grad(op(p, y).sum(), (p, y))
+        expected = torch.tensor([1.0, -1.0, -math.inf, math.inf, (1 - 0.5) / 0.75 - 0.5 / 0.25], dtype=dtype)
+        torch.testing.assert_close(grad_p, expected)
+        assert torch.isfinite(grad_y[[0, 1, 4]]).all(), grad_y
