@@ -932,7 +932,7 @@ def _jvp_sum(values: list[tuple[bool, str]], tensor_names: list[str]) -> str:
     terms = [v if " if " not in v else f"({v})" for zero, v in values if not zero]
     if not terms:  # flat in every argument: zeros, with the output's shape
         return values[0][1] if len(tensor_names) == 1 else f"torch.broadcast_to({values[0][1]}, ctx.output_shape)"
-    total = " + ".join(terms)
+    total = terms[0] + "".join(f" - {t[1:]}" if t.startswith("-") else f" + {t}" for t in terms[1:])
     if len(terms) < len(tensor_names):
         return f"torch.broadcast_to({total}, ctx.output_shape)"
     if total in {n + TANGENT_SUFFIX for n in tensor_names}:

@@ -270,3 +270,13 @@ def test_a_second_derivative_skips_the_terms_of_a_gradient_nothing_differentiate
     (grad_x,) = torch.autograd.grad(module.sqrt_scaled(x, y).sum(), x, create_graph=True)
     (second,) = torch.autograd.grad(grad_x.sum(), x)
     torch.testing.assert_close(second, 2 * torch.sqrt(y.detach()), rtol=0, atol=0)
+
+
+def test_a_jvp_term_with_a_minus_is_subtracted(tmp_path):
+    import torch
+
+    module = import_generated(tmp_path, make_spec("minus", "x - y**2", {"x": {}, "y": {}}))
+    assert "return x_tangent - 2 * y * y_tangent" in inspect.getsource(module.MinusFunction.jvp)
+    x, y = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    tangents = (torch.randn_like(x), torch.randn_like(y))
+    torch.testing.assert_close(_jvp(module.minus, (x, y), tangents), tangents[0] - 2 * y * tangents[1])
