@@ -26,7 +26,7 @@ from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
 from .errors import DerivationError, ScaffoldError
 from .expression import ParsedExpression
-from .formatting import format_source
+from .formatting import LINE_LENGTH, format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import (
@@ -282,6 +282,13 @@ class GradGradTerm:
     condition: str
     lines: list[str]
     value: str
+
+    @property
+    def inline(self) -> bool:
+        """Whether the term is added on one line, ``terms += [value] if condition else []`` (the value is
+        computed only where the condition holds); else in an if block, after its own lines."""
+        one_line = f"{' ' * 12}terms += [{self.value}] if {self.condition} else []"
+        return not self.lines and len(one_line) <= LINE_LENGTH
 
 
 @dataclass(frozen=True)
@@ -568,6 +575,7 @@ class ModuleView(_Entry):
     saved_comment: list[str]  # lines
     jvp_saved: list[str]
     ctx_scalars: list[str]
+    kept_shapes: list[str]  # the tensor arguments whose shape backward reads from ctx (the others are saved)
     # backward and _backward
     backward_function: str
     backward_params: list[str]  # _backward's parameters
@@ -604,6 +612,32 @@ class ModuleView(_Entry):
     in_package: bool = False  # a project's op: the runtime is imported from the package alone
 
     @property
+    def backward_doc(self) -> str:
+        """_backward's docstring: whose math it is, how it runs, and whether it works in place."""
+        text = f"The gradients' math: {self.camel}Function's backward"
+        if self.double:
+            text += f" (and _{self.camel}Backward's forward)"
+        if self.backward_fused:
+            text += ", run through torch.compile"
+        elif self.fuse:
+            text += (
+                ". Not compiled: it is one ATen kernel, which torch.compile would fuse with nothing and call "
+                "through its own overhead"
+            )
+        if self.backward_in_place:
+            text += (
+                ". It overwrites its temporaries in place where nothing else reads them; torch.func transforms "
+                "run it through _runtime.out_of_place"
+            )
+        return "\n    ".join(textwrap.wrap(f'"""{text}."""', DOC_WIDTH))
+
+    @property
+    def double_doc(self) -> str:
+        """_NAMEBackward's docstring."""
+        text = f"{self.camel}Function's gradients as an op with a derived backward, for a second derivative"
+        return "\n    ".join(textwrap.wrap(f'"""{text} (see its base class)."""', DOC_WIDTH))
+
+    @property
     def backward_call(self) -> str:
         if self.backward_in_place:
             return f"_runtime.out_of_place({self.backward_function})"
@@ -631,7 +665,6 @@ def module_view(
     # forward of the double backward's Function too), not of ctx.
     backward = _backward_fields(code, spec, plan, tensor_names, scalar_names)
     jvp = _jvp_fields(code, plan, tensor_names, scalar_names)
-    output_shapes = [(f"{o.value}_shape", o.value) for o in plan.outputs] if several else [("output_shape", "output")]
 
     hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
@@ -660,7 +693,7 @@ def module_view(
         hidden_terms=hidden_terms,
         **_upstream_phrases(plan),
         output_unpack=list(plan.output_values) if several else [],
-        output_shapes=output_shapes,
+        output_shapes=_output_shapes(plan, jvp["jvp_return"]),
         fuse=spec.fuse,
         imports=_import_lines(code.imports | ({"math"} if module.reset_imports_math else set())),
         neg_abs=NEG_ABS in code.helpers,
@@ -692,6 +725,14 @@ def module_view(
     )
 
 
+def _output_shapes(plan: BackwardPlan, jvp_return: str) -> list[tuple[str, str]]:
+    """The outputs' shapes setup_context keeps on ctx (attribute, output), for jvp: each of several outputs',
+    the one output's only where jvp broadcasts its sum to it (``jvp_return``)."""
+    if len(plan.outputs) > 1:
+        return [(f"{o.value}_shape", o.value) for o in plan.outputs]
+    return [("output_shape", "output")] if "ctx.output_shape" in jvp_return else []
+
+
 def _backward_fields(code, spec: OpSpec, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
     """The ModuleView fields of backward. Its math is a module-level function of plain arguments
     (torch.compile'd when fused; the forward of the double backward's Function too), not of ctx."""
@@ -703,9 +744,10 @@ def _backward_fields(code, spec: OpSpec, plan: BackwardPlan, tensor_names, scala
         "backward_fused": fused,
         "backward_function": "_fused_backward" if fused else "_backward",
         "backward_params": ["needs_input_grad", *shared, *(f"{n}_shape" for n in tensor_names)],
-        "backward_args": ["ctx.needs_input_grad", *shared, *(f"ctx.{n}_shape" for n in tensor_names)],
+        "backward_args": ["ctx.needs_input_grad", *shared, *(_shape_of(n, plan) for n in tensor_names)],
         "grads": [f"grad_{n}" for n in tensor_names],
         "saved_unpack": list(plan.saved),
+        "kept_shapes": [n for n in tensor_names if n not in plan.saved],
         "backward_scalars": list(plan.backward_scalars),
         "shared_blocks": backward,
         "gradients": gradients,
@@ -713,9 +755,17 @@ def _backward_fields(code, spec: OpSpec, plan: BackwardPlan, tensor_names, scala
     }
 
 
+def _shape_of(name: str, plan: BackwardPlan) -> str:
+    """The shape of the tensor argument ``name`` in backward: that of the tensor saved, else kept on ctx."""
+    return f"{name}.shape" if name in plan.saved else f"ctx.{name}_shape"
+
+
 def _jvp_fields(code, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
     """The ModuleView fields of jvp."""
     jvp, tangents, terms, returned = _jvp_code(code, plan, tensor_names)
+    if _tangents_materialized(plan):  # no term is skipped: the tangents' lines run unguarded, before the sum
+        jvp = [*jvp, *(Block(None, t.lines) for t in tangents if t.lines)]
+        tangents = []
     return {
         "jvp_params": ["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else []),
         "jvp_unpack": list(plan.saved_for_forward),
@@ -819,6 +869,14 @@ def _gradient_code(
     return blocks, gradients
 
 
+def _tangents_materialized(plan: BackwardPlan) -> bool:
+    """Whether jvp receives every tensor input's tangent: a Function that keeps autograd's default
+    ``ctx.set_materialize_grads(True)`` gets zeros for an input without one (``torch.autograd.Function.jvp``;
+    so do torch.func's jvp and jacfwd), so that jvp is one sum. Setup_context turns that off for an op with
+    several outputs (an unused output's gradient stays None) or hidden ones; its jvp skips absent tangents."""
+    return len(plan.outputs) == 1
+
+
 def _jvp_code(
     code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str]
 ) -> tuple[list[Block], list[TangentCode], str, str]:
@@ -838,10 +896,10 @@ def _jvp_code(
 def _jvp_terms(
     code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], several: bool
 ) -> tuple[list[Block], list[TangentCode], str, str]:
-    blocks = _blocks(
-        code, plan.jvp.shared, lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None", len(tensor_names)
-    )
-    tangents = []
+    # every tangent is given where they are materialized: no temporary waits for one
+    given = None if _tangents_materialized(plan) else (lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None")
+    blocks = _blocks(code, plan.jvp.shared, given, len(tensor_names))
+    tangents, values = [], []
     for index, name in enumerate(tensor_names):
         tangent, lines, appends = name + TANGENT_SUFFIX, [], []
         code.anchor = code.anchor_text = tangent  # its terms are computed where it is given
@@ -855,14 +913,32 @@ def _jvp_terms(
             else:
                 value = code(t.expr)
             appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
+            values.append((t.is_zero, value))
         tangents.append(TangentCode(tangent, lines, appends))
     if not several:
-        return blocks, tangents, "[]", "torch.broadcast_to(sum(terms), ctx.output_shape)"
+        return blocks, tangents, "", _jvp_sum(values, tensor_names)
     collected = "(" + ", ".join("[]" for _ in plan.outputs) + ")"
     returned = ", ".join(
         f"torch.broadcast_to(sum(terms[{k}]), ctx.{o.value}_shape)" for k, o in enumerate(plan.outputs)
     )
     return blocks, tangents, collected, returned
+
+
+def _jvp_sum(values: list[tuple[bool, str]], tensor_names: list[str]) -> str:
+    """jvp's result with one output and every tangent given: the sum of its terms (``values``: whether each
+    is zero, its code), each tangent times its partial derivative. The sum has the output's shape (every
+    tensor input is in the forward, and each tangent has its input's shape), except where a zero term
+    is left out: then it is broadcast to that shape. A lone tangent leaves as a view of it (the forward
+    returns its input as a view of it, and jvp must return a view too)."""
+    terms = [v if " if " not in v else f"({v})" for zero, v in values if not zero]
+    if not terms:  # flat in every argument: zeros, with the output's shape
+        return values[0][1] if len(tensor_names) == 1 else f"torch.broadcast_to({values[0][1]}, ctx.output_shape)"
+    total = terms[0] + "".join(f" - {t[1:]}" if t.startswith("-") else f" + {t}" for t in terms[1:])
+    if len(terms) < len(tensor_names):
+        return f"torch.broadcast_to({total}, ctx.output_shape)"
+    if total in {n + TANGENT_SUFFIX for n in tensor_names}:
+        return f"{total}.view_as({total})"
+    return total
 
 
 def _hidden_code(code: _CodePrinter, plan: BackwardPlan) -> list[HiddenTerm]:
@@ -872,7 +948,7 @@ def _hidden_code(code: _CodePrinter, plan: BackwardPlan) -> list[HiddenTerm]:
     terms = []
     for t in plan.hidden_backward:
         lines = code.steps(t.steps)
-        value = f"{_parenthesized(code, t.expr)}.sum_to_size(ctx.{t.name}_shape)"
+        value = f"{_parenthesized(code, t.expr)}.sum_to_size({_shape_of(t.name, plan)})"
         terms.append(HiddenTerm(plan.hidden[t.output].grad, t.index, f"grad_{t.name}", lines, value))
     return terms
 
@@ -896,15 +972,7 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
     custom = ", or the custom gradient the spec gives," if plan.custom_gradients else ""
     if len(plan.visible) == 1:
         return {
-            "backward_comment": [
-                "Each gradient is grad_output times a partial derivative, or the custom gradient the spec gives,",
-                "summed over the dimensions broadcasting added so that it has its input's shape.",
-            ]
-            if custom
-            else [
-                "Each gradient is grad_output times a partial derivative, summed over the dimensions",
-                "broadcasting added so that it has its input's shape.",
-            ],
+            "backward_comment": [],  # the class docstring says it: grad_output times each partial derivative
             "upstream_docs": "grad_output",
             "custom_grad_names": "grad is grad_output",
             "jvp_note": "",
@@ -993,8 +1061,8 @@ def _stable_note(derivation: Derivation) -> str:
     if not used:
         return ""
     return (
-        f"This is the forward rewritten with {', '.join(used)}: the formula as written overflows or loses "
-        "precision at extreme inputs, and so would its derivatives."
+        f"Rewritten with {', '.join(used)}: as written, the formula and its derivatives overflow or lose "
+        "precision at extreme inputs."
     )
 
 
@@ -1214,6 +1282,8 @@ def _test_init(spec: OpSpec, t, domain: InputDomain) -> str:
 
 #: Width of generated comment lines, before their indentation.
 COMMENT_WIDTH = 100
+#: The width of a docstring's text that is a paragraph of its own (indented by 4).
+DOC_WIDTH = 116
 
 
 def _shape_list(shapes: list[tuple[int, ...]]) -> str:

@@ -51,15 +51,18 @@ MUTATIONS = {
         "smooth_l1",
         _sub(r"return grad_input, grad_target, None", "return grad_input, grad_target"),
     ),
-    "tensor_on_ctx": ("swish", _sub(r"ctx\.x_shape = x\.shape", "ctx.x_shape = x.shape\n        ctx.x = x")),
+    "tensor_on_ctx": (
+        "swish",
+        _sub(r"ctx\.save_for_forward\(x, beta\)", "ctx.save_for_forward(x, beta)\n        ctx.x = x"),
+    ),
     # The double backward is derived too: a wrong second partial is caught by gradgradcheck.
     "wrong_second_derivative": (
         "swish",
-        _sub(r"terms\.append\(grad_grad_x \* tmp6 \* x\)", "terms.append(grad_grad_x * tmp6 * x * 1.01)"),
+        _sub(r"\[grad_grad_x \* tmp6 \* x\]", "[grad_grad_x * tmp6 * x * 1.01]"),
     ),
     "double_backward_drops_a_term": (
         "quadratic",
-        _sub(r"terms\.append\(grad_grad_a \* tmp1\)", "pass"),
+        _sub(r"terms \+= \[grad_grad_a \* tmp1\] if grad_grad_a is not None else \[\]", "pass"),
     ),
     "wrong_kink_side": (
         "smooth_l1",
@@ -88,7 +91,7 @@ MUTATIONS = {
         _sub(r"math\.log\(tmp0 \* w \+ 1\)\)\.sub_\(w\)", "math.log(tmp0 * w + 1)).sub_(2 * w)"),
     ),
     # Forward mode has its own derived code: a wrong jvp is caught by torch.func.jvp and the hessian.
-    "wrong_jvp": ("swish", _sub(r"terms\.append\(x_tangent \*", "terms.append(1.01 * x_tangent *")),
+    "wrong_jvp": ("swish", _sub(r"return x_tangent \* ", "return 1.01 * x_tangent * ")),
     # The Module calls the Function itself, not the twin without jvp: fine in eager and in the compiled
     # functional, refused by Dynamo in a compiled model.
     "module_applies_function_with_jvp": (
@@ -121,9 +124,7 @@ MUTATIONS = {
     ),
     "wrong_custom_second_derivative": (
         "scaled_sign",
-        _sub(
-            r"terms\.append\(grad_grad_y \* grad_output \* tmp0\)", "terms.append(2 * grad_grad_y * grad_output * tmp0)"
-        ),
+        _sub(r"\[grad_grad_y \* grad_output \* tmp0\]", "[2 * grad_grad_y * grad_output * tmp0]"),
     ),
     # A saved intermediate (input - target, returned by forward as a hidden output): a second derivative
     # through it reaches backward as its gradient, which must add to the inputs'.

@@ -38,7 +38,7 @@ def test_fused_module_is_the_eager_math_behind_torch_compile():
     assert "return _fused_forward(x, beta)" in fused
     # backward computes its gradients by _fused_backward (through the double backward's Function where one is to come)
     assert "gradients = staticmethod(_fused_backward)" in fused
-    assert "_gradients(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)" in fused
+    assert "return _gradients(ctx.needs_input_grad, grad_output, x, beta, x.shape, beta.shape)" in fused
     # The same math either way: the forward's line and the gradients' lines, in place in eager (stage 6b),
     # as printed in fused mode (the compiler plans its memory; the sigmoid pair from one exp, test below)
     assert "return (beta * x).sigmoid_().mul_(x)" in eager and "return x * torch.sigmoid(beta * x)" in fused

@@ -196,3 +196,87 @@ def test_a_plain_call_runs_the_functions_twin_whose_forward_takes_ctx(tmp_path, 
     grad_x = torch.func.grad(lambda x: module.swish_direct(x, beta).sum())(x)
     torch.testing.assert_close(grad_x, grads[0])
     assert bound
+
+
+def _jvp(function, primals, tangents):
+    """Forward mode outside torch.func: the tangent of ``function``'s output, where only the inputs whose
+    tangent is not None are dual (jvp gets zeros for the others, autograd's default)."""
+    from torch.autograd import forward_ad
+
+    with forward_ad.dual_level():
+        args = [p if t is None else forward_ad.make_dual(p, t) for p, t in zip(primals, tangents)]
+        return forward_ad.unpack_dual(function(*args)).tangent
+
+
+def test_one_outputs_jvp_is_one_sum_of_each_tangent_times_its_partial(tmp_path):
+    """A Function that keeps autograd's default ctx.set_materialize_grads(True) gets zeros in jvp for an
+    input without a tangent (torch.func's jvp and jacfwd give every input one): one output's jvp is one sum,
+    without None checks, lists or broadcasting (every tensor input is in the forward, and its tangent has
+    its shape), and setup_context keeps no output shape for it."""
+    import torch
+
+    tensors = {"x": {"shape": [3, 4]}, "beta": {"shape": [4]}}
+    module = import_generated(tmp_path, make_spec("swish_sum", "x / (1 + exp(-beta*x))", tensors))
+    jvp = inspect.getsource(module.SwishSumFunction.jvp)
+    assert "return x_tangent * (" in jvp and "terms" not in jvp and "None" not in jvp and "broadcast" not in jvp
+    assert "output_shape" not in inspect.getsource(module)
+    x, beta = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    for tangents in [(torch.randn_like(x), None), (None, torch.randn_like(beta)), (x.sin(), beta.cos())]:
+        given = [torch.zeros_like(p) if t is None else t for p, t in zip((x, beta), tangents)]
+        _, expected = torch.func.jvp(lambda x, beta: x * torch.sigmoid(beta * x), (x, beta), tuple(given))
+        torch.testing.assert_close(_jvp(module.swish_sum, (x, beta), tangents), expected)
+
+
+def test_a_jvp_without_a_flat_arguments_term_broadcasts_and_one_of_a_lone_tangent_is_a_view(tmp_path):
+    """Where a term is zero (flat in x away from the jump) the sum leaves it out and is broadcast to the
+    output's shape, which setup_context keeps; where the output is an input itself (returned as a view of
+    it), jvp returns a view of its tangent, as autograd requires of a Function whose forward returns a view."""
+    import torch
+
+    tensors = {"x": {"shape": [3, 4]}, "y": {"shape": [4]}}
+    flat = import_generated(tmp_path / "flat", make_spec("flat_in_x", "sign(x) * y", tensors))
+    assert "return torch.broadcast_to(y_tangent * torch.sign(x), ctx.output_shape)" in inspect.getsource(flat)
+    x, y = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    tangent = torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(_jvp(flat.flat_in_x, (x, y), (None, tangent)), torch.sign(x) * tangent)
+    torch.testing.assert_close(_jvp(flat.flat_in_x, (x, y), (x.cos(), None)), torch.zeros(3, 4, dtype=torch.float64))
+
+    same = import_generated(tmp_path / "same", make_spec("same_x", "x", {"x": {}}))
+    assert "return x_tangent.view_as(x_tangent)" in inspect.getsource(same.SameXFunction.jvp)
+    torch.testing.assert_close(_jvp(same.same_x, (x,), (x.cos(),)), x.cos())
+
+
+def test_backward_reads_a_saved_inputs_shape_from_it_and_keeps_only_the_others_on_ctx():
+    """setup_context keeps on ctx the shape of a tensor input that is not saved; a saved one's backward
+    reads from the tensor itself."""
+    swish = (GOLDEN / "swish.py").read_text()
+    assert "_shape = " not in swish
+    assert "return _gradients(ctx.needs_input_grad, grad_output, x, beta, x.shape, beta.shape)" in swish
+    quadratic = (GOLDEN / "quadratic.py").read_text()  # c is not saved: backward's gradient of it is grad_output's
+    assert "ctx.c_shape = c.shape" in quadratic and "ctx.x_shape" not in quadratic
+    assert "x, a, b, x.shape, a.shape, b.shape, ctx.c_shape)" in quadratic
+
+
+def test_a_second_derivative_skips_the_terms_of_a_gradient_nothing_differentiates(tmp_path):
+    """_NAMEBackward gets None for a gradient that nothing differentiates (grad_y, below) and skips its
+    terms, where zeros would multiply its partials: 0 * inf is nan where one is infinite (the partial of
+    grad_y in x, x / sqrt(y) at y = 0), in a gradient that is differentiated (x's)."""
+    import torch
+
+    module = import_generated(tmp_path, make_spec("sqrt_scaled", "x**2 * sqrt(y)", {"x": {}, "y": {}}))
+    assert "terms += [grad_grad_y * " in inspect.getsource(module._SqrtScaledBackward.backward)
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0.0, 4.0], dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(module.sqrt_scaled(x, y).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad_x.sum(), x)
+    torch.testing.assert_close(second, 2 * torch.sqrt(y.detach()), rtol=0, atol=0)
+
+
+def test_a_jvp_term_with_a_minus_is_subtracted(tmp_path):
+    import torch
+
+    module = import_generated(tmp_path, make_spec("minus", "x - y**2", {"x": {}, "y": {}}))
+    assert "return x_tangent - 2 * y * y_tangent" in inspect.getsource(module.MinusFunction.jvp)
+    x, y = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    tangents = (torch.randn_like(x), torch.randn_like(y))
+    torch.testing.assert_close(_jvp(module.minus, (x, y), tangents), tangents[0] - 2 * y * tangents[1])

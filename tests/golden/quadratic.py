@@ -3,8 +3,7 @@
 
     quadratic(x, a, b, c) = a * x**2 + b * x + c
 
-Under torch.autocast it computes in float32 (float16 and bfloat16 inputs are cast, autocast is off inside): its
-output is float32 and each input's gradient comes back in that input's dtype.
+Under torch.autocast: computed in float32 (autocast off inside), output float32, each gradient in its input's dtype.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ __all__ = ["Quadratic", "QuadraticFunction", "quadratic"]
 
 def _backward(needs_input_grad, grad_output, x, a, b, x_shape, a_shape, b_shape, c_shape):
     """The gradients' math: QuadraticFunction's backward (and _QuadraticBackward's forward)."""
-    # Each gradient is grad_output times a partial derivative, summed over the dimensions
-    # broadcasting added so that it has its input's shape.
     grad_x = grad_a = grad_b = grad_c = None
     if needs_input_grad[0]:
         grad_x = (grad_output * (2 * a * x + b)).sum_to_size(x_shape)
@@ -61,40 +58,23 @@ class QuadraticFunction(torch.autograd.Function):
         ctx.save_for_backward(x, a, b)
         # jvp reads x, a, b (forward mode saves separately from backward).
         ctx.save_for_forward(x, a, b)
-        ctx.x_shape = x.shape
-        ctx.a_shape = a.shape
-        ctx.b_shape = b.shape
         ctx.c_shape = c.shape
-        ctx.output_shape = output.shape
 
     @staticmethod
     def backward(ctx, grad_output):
         x, a, b = ctx.saved_tensors
         # _backward, or _QuadraticBackward (its backward derived) where a second derivative is to come.
-        grad_x, grad_a, grad_b, grad_c = _gradients(
-            ctx.needs_input_grad, grad_output, x, a, b, ctx.x_shape, ctx.a_shape, ctx.b_shape, ctx.c_shape
-        )
-        return grad_x, grad_a, grad_b, grad_c
+        return _gradients(ctx.needs_input_grad, grad_output, x, a, b, x.shape, a.shape, b.shape, ctx.c_shape)
 
     @staticmethod
     def jvp(ctx, x_tangent, a_tangent, b_tangent, c_tangent):
-        # Forward mode: each partial derivative times its input's tangent (None: no tangent).
+        # Forward mode: each partial derivative times its input's tangent (zeros where it has none).
         x, a, b = ctx.saved_tensors
-        terms = []
-        if x_tangent is not None:
-            terms.append(x_tangent * (2 * a * x + b))
-        if a_tangent is not None:
-            terms.append(a_tangent * x**2)
-        if b_tangent is not None:
-            terms.append(b_tangent * x)
-        if c_tangent is not None:
-            terms.append(c_tangent)
-        return torch.broadcast_to(sum(terms), ctx.output_shape)
+        return x_tangent * (2 * a * x + b) + a_tangent * x**2 + b_tangent * x + c_tangent
 
 
 class _QuadraticBackward(_runtime.GradientsFunction):
-    """QuadraticFunction's gradients as an op of their own, for a second derivative: its backward is
-    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
+    """QuadraticFunction's gradients as an op with a derived backward, for a second derivative (see its base class)."""
 
     gradients = staticmethod(_backward)
     saved = ("grad_output", "x", "a", "b")
@@ -102,40 +82,26 @@ class _QuadraticBackward(_runtime.GradientsFunction):
     @staticmethod
     def backward(ctx, grad_grad_x, grad_grad_a, grad_grad_b, grad_grad_c):
         grad_output, x, a, b = ctx.saved_tensors
-        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
-        # arriving at each) times that gradient's partial derivative in the input.
+        # Each input's gradient: each grad_grad_* (None: skipped) times its gradient's partials in the input, summed.
         grad_grad_output = grad_x = grad_a = grad_b = None
         tmp0 = 2 * a
         tmp1 = 2 * grad_output * x
         if ctx.needs_input_grad[1]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * (b + tmp0 * x))
-            if grad_grad_a is not None:
-                terms.append(grad_grad_a * x**2)
-            if grad_grad_b is not None:
-                terms.append(grad_grad_b * x)
-            if grad_grad_c is not None:
-                terms.append(grad_grad_c)
+            terms = [grad_grad_x * (b + tmp0 * x)] if grad_grad_x is not None else []
+            terms += [grad_grad_a * x**2] if grad_grad_a is not None else []
+            terms += [grad_grad_b * x] if grad_grad_b is not None else []
+            terms += [grad_grad_c] if grad_grad_c is not None else []
             grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
         if ctx.needs_input_grad[2]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * grad_output * tmp0)
-            if grad_grad_a is not None:
-                terms.append(grad_grad_a * tmp1)
-            if grad_grad_b is not None:
-                terms.append(grad_grad_b * grad_output)
+            terms = [grad_grad_x * grad_output * tmp0] if grad_grad_x is not None else []
+            terms += [grad_grad_a * tmp1] if grad_grad_a is not None else []
+            terms += [grad_grad_b * grad_output] if grad_grad_b is not None else []
             grad_x = sum(terms).sum_to_size(x.shape) if terms else None
         if ctx.needs_input_grad[3]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * tmp1)
+            terms = [grad_grad_x * tmp1] if grad_grad_x is not None else []
             grad_a = sum(terms).sum_to_size(a.shape) if terms else None
         if ctx.needs_input_grad[4]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * grad_output)
+            terms = [grad_grad_x * grad_output] if grad_grad_x is not None else []
             grad_b = sum(terms).sum_to_size(b.shape) if terms else None
         return None, grad_grad_output, grad_x, grad_a, grad_b, None, None, None, None
 

@@ -6,8 +6,7 @@ Elementwise smooth L1 (Huber-like) loss, as torch.nn.functional.smooth_l1_loss(r
     smooth_l1(input, target, beta) = Piecewise((0.5 * (input - target)**2 / beta, Abs(input - target) < beta),
         (Abs(input - target) - 0.5 * beta, True))
 
-Under torch.autocast it computes in float32 (float16 and bfloat16 inputs are cast, autocast is off inside): its
-output is float32 and each input's gradient comes back in that input's dtype.
+Under torch.autocast: computed in float32 (autocast off inside), output float32, each gradient in its input's dtype.
 """
 
 from __future__ import annotations
@@ -24,12 +23,8 @@ __all__ = ["SmoothL1", "SmoothL1Function", "smooth_l1"]
 
 
 def _backward(needs_input_grad, grad_output, saved, beta, input_shape, target_shape):
-    """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward).
-
-    Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
-    except torch.func transforms, which run it through _runtime.out_of_place."""
-    # Each gradient is grad_output times a partial derivative, summed over the dimensions
-    # broadcasting added so that it has its input's shape.
+    """The gradients' math: SmoothL1Function's backward (and _SmoothL1Backward's forward). It overwrites its temporaries
+    in place where nothing else reads them; torch.func transforms run it through _runtime.out_of_place."""
     grad_input = grad_target = None
     tmp0 = 1 / beta * saved
     tmp1 = beta > torch.abs(saved)
@@ -123,8 +118,7 @@ class SmoothL1Function(torch.autograd.Function):
 
 
 class _SmoothL1Backward(_runtime.GradientsFunction):
-    """SmoothL1Function's gradients as an op of their own, for a second derivative: its backward is
-    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
+    """SmoothL1Function's gradients as an op with a derived backward, for a second derivative (see its base class)."""
 
     gradients = staticmethod(_backward)
     saved = ("grad_output", "saved")
@@ -134,24 +128,18 @@ class _SmoothL1Backward(_runtime.GradientsFunction):
     def backward(ctx, grad_grad_input, grad_grad_target):
         grad_output, saved = ctx.saved_tensors
         beta = ctx.beta
-        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
-        # arriving at each) times that gradient's partial derivative in the input.
+        # Each input's gradient: each grad_grad_* (None: skipped) times its gradient's partials in the input, summed.
         grad_grad_output = grad_saved = None
         tmp0 = 1 / beta
         tmp1 = tmp0 * saved
         tmp2 = beta > torch.abs(saved)
         tmp3 = torch.sign(saved)
         if ctx.needs_input_grad[1]:
-            terms = []
-            if grad_grad_input is not None:
-                terms.append(grad_grad_input * torch.where(tmp2, tmp1, tmp3))
-            if grad_grad_target is not None:
-                terms.append(grad_grad_target * torch.where(tmp2, -tmp1, -tmp3))
+            terms = [grad_grad_input * torch.where(tmp2, tmp1, tmp3)] if grad_grad_input is not None else []
+            terms += [grad_grad_target * torch.where(tmp2, -tmp1, -tmp3)] if grad_grad_target is not None else []
             grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
         if ctx.needs_input_grad[2]:
-            terms = []
-            if grad_grad_input is not None:
-                terms.append(torch.where(tmp2, tmp0 * grad_grad_input * grad_output, 0))
+            terms = [torch.where(tmp2, tmp0 * grad_grad_input * grad_output, 0)] if grad_grad_input is not None else []
             if grad_grad_target is not None:
                 terms.append(torch.where(tmp2, -tmp0 * grad_grad_target * grad_output, 0))
             grad_saved = sum(terms).sum_to_size(saved.shape) if terms else None
@@ -162,8 +150,7 @@ _gradients = _runtime.gradients(_SmoothL1Backward, in_place=True)
 
 
 def _forward(input, target, beta):
-    """The forward as written, out of place, for torch.compile: its in-place form above loses gradients
-    there in torch 2.11 (pytorch#180642), and the compiler plans the memory itself."""
+    """The forward as written, out of place, for torch.compile's twin (_runtime.dispatcher says why)."""
     tmp0 = input - target
     tmp1 = torch.abs(tmp0)
     return torch.where(beta > tmp1, 1 / (2 * beta) * tmp0**2, -beta / 2 + tmp1), tmp0

@@ -5,8 +5,7 @@ Swish (SiLU with a learnable slope): x * sigmoid(beta * x).
 
     swish(x, beta) = x / (1 + exp(-beta * x))
 
-Under torch.autocast it computes in float32 (float16 and bfloat16 inputs are cast, autocast is off inside): its
-output is float32 and each input's gradient comes back in that input's dtype.
+Under torch.autocast: computed in float32 (autocast off inside), output float32, each gradient in its input's dtype.
 """
 
 from __future__ import annotations
@@ -23,12 +22,8 @@ __all__ = ["Swish", "SwishFunction", "swish"]
 
 
 def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
-    """The gradients' math: SwishFunction's backward (and _SwishBackward's forward).
-
-    Its temporaries are overwritten in place where nothing else reads them: nothing records this code,
-    except torch.func transforms, which run it through _runtime.out_of_place."""
-    # Each gradient is grad_output times a partial derivative, summed over the dimensions
-    # broadcasting added so that it has its input's shape.
+    """The gradients' math: SwishFunction's backward (and _SwishBackward's forward). It overwrites its temporaries in
+    place where nothing else reads them; torch.func transforms run it through _runtime.out_of_place."""
     grad_x = grad_beta = None
     tmp0 = beta * x
     tmp1 = torch.sigmoid(tmp0).mul_(grad_output)
@@ -43,8 +38,7 @@ def _backward(needs_input_grad, grad_output, x, beta, x_shape, beta_shape):
 class SwishFunction(torch.autograd.Function):
     """out = x*sigmoid(beta*x)
 
-    This is the forward rewritten with sigmoid: the formula as written overflows or loses precision at
-    extreme inputs, and so would its derivatives.
+    Rewritten with sigmoid: as written, the formula and its derivatives overflow or lose precision at extreme inputs.
 
     Partial derivatives, each multiplied by grad_output in backward:
 
@@ -66,35 +60,25 @@ class SwishFunction(torch.autograd.Function):
         ctx.save_for_backward(x, beta)
         # jvp reads x, beta (forward mode saves separately from backward).
         ctx.save_for_forward(x, beta)
-        ctx.x_shape = x.shape
-        ctx.beta_shape = beta.shape
-        ctx.output_shape = output.shape
 
     @staticmethod
     def backward(ctx, grad_output):
         x, beta = ctx.saved_tensors
         # _backward, or _SwishBackward (its backward derived) where a second derivative is to come.
-        grad_x, grad_beta = _gradients(ctx.needs_input_grad, grad_output, x, beta, ctx.x_shape, ctx.beta_shape)
-        return grad_x, grad_beta
+        return _gradients(ctx.needs_input_grad, grad_output, x, beta, x.shape, beta.shape)
 
     @staticmethod
     def jvp(ctx, x_tangent, beta_tangent):
-        # Forward mode: each partial derivative times its input's tangent (None: no tangent).
+        # Forward mode: each partial derivative times its input's tangent (zeros where it has none).
         x, beta = ctx.saved_tensors
-        terms = []
         tmp0 = beta * x
         tmp1 = torch.sigmoid(tmp0)
         tmp2 = tmp1 * torch.sigmoid(-tmp0)
-        if x_tangent is not None:
-            terms.append(x_tangent * (tmp0 * tmp2 + tmp1))
-        if beta_tangent is not None:
-            terms.append(beta_tangent * tmp2 * x**2)
-        return torch.broadcast_to(sum(terms), ctx.output_shape)
+        return x_tangent * (tmp0 * tmp2 + tmp1) + beta_tangent * tmp2 * x**2
 
 
 class _SwishBackward(_runtime.GradientsFunction):
-    """SwishFunction's gradients as an op of their own, for a second derivative: its backward is
-    derived, in the same stable forms as the gradients (_runtime.GradientsFunction says why)."""
+    """SwishFunction's gradients as an op with a derived backward, for a second derivative (see its base class)."""
 
     gradients = staticmethod(_backward)
     saved = ("grad_output", "x", "beta")
@@ -102,8 +86,7 @@ class _SwishBackward(_runtime.GradientsFunction):
     @staticmethod
     def backward(ctx, grad_grad_x, grad_grad_beta):
         grad_output, x, beta = ctx.saved_tensors
-        # Each input's gradient is the sum over the gradients computed above of grad_grad_* (the gradient
-        # arriving at each) times that gradient's partial derivative in the input.
+        # Each input's gradient: each grad_grad_* (None: skipped) times its gradient's partials in the input, summed.
         grad_grad_output = grad_x = grad_beta = None
         tmp0 = beta * x
         tmp1 = torch.sigmoid(tmp0)
@@ -114,25 +97,17 @@ class _SwishBackward(_runtime.GradientsFunction):
         tmp6 = grad_output * (tmp3 * (tmp0 * tmp2 + 1) + tmp3 + tmp5)
         tmp7 = tmp1 * tmp2**2
         if ctx.needs_input_grad[1]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * (tmp0 * tmp3 + tmp1))
-            if grad_grad_beta is not None:
-                terms.append(grad_grad_beta * tmp3 * x**2)
+            terms = [grad_grad_x * (tmp0 * tmp3 + tmp1)] if grad_grad_x is not None else []
+            terms += [grad_grad_beta * tmp3 * x**2] if grad_grad_beta is not None else []
             grad_grad_output = torch.broadcast_to(sum(terms), grad_output.shape) if terms else None
         if ctx.needs_input_grad[2]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(beta * grad_grad_x * tmp6)
+            terms = [beta * grad_grad_x * tmp6] if grad_grad_x is not None else []
             if grad_grad_beta is not None:
                 terms.append(grad_grad_beta * grad_output * x * (tmp0 * tmp7 + 2 * tmp3 + tmp5))
             grad_x = sum(terms).sum_to_size(x.shape) if terms else None
         if ctx.needs_input_grad[3]:
-            terms = []
-            if grad_grad_x is not None:
-                terms.append(grad_grad_x * tmp6 * x)
-            if grad_grad_beta is not None:
-                terms.append(grad_grad_beta * grad_output * x**3 * (-tmp4 + tmp7))
+            terms = [grad_grad_x * tmp6 * x] if grad_grad_x is not None else []
+            terms += [grad_grad_beta * grad_output * x**3 * (-tmp4 + tmp7)] if grad_grad_beta is not None else []
             grad_beta = sum(terms).sum_to_size(beta.shape) if terms else None
         return None, grad_grad_output, grad_x, grad_beta, None, None
 
@@ -141,8 +116,7 @@ _gradients = _runtime.gradients(_SwishBackward, in_place=True)
 
 
 def _forward(x, beta):
-    """The forward as written, out of place, for torch.compile: its in-place form above loses gradients
-    there in torch 2.11 (pytorch#180642), and the compiler plans the memory itself."""
+    """The forward as written, out of place, for torch.compile's twin (_runtime.dispatcher says why)."""
     return x * torch.sigmoid(beta * x)
 
 
