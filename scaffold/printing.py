@@ -64,7 +64,7 @@ PRINTED_FUNCTIONS = frozenset(
 )
 #: The generated module's function that fused code computes ``-|t|`` with (:class:`.stable.neg_abs`).
 NEG_ABS = "_neg_abs"
-PRINTED_METHODS = frozenset({"clamp", "nan_to_num", "masked_fill"})
+PRINTED_METHODS = frozenset({"clamp", "nan_to_num"})
 #: Nodes that are not functions: numbers, symbols, arithmetic, conditions, case distinctions and lowering's
 #: ``within``. Functions are printable where the registry (:mod:`.functions`) gives them a torch form.
 _STRUCTURE = (
