@@ -7,6 +7,7 @@ import textwrap
 import pytest
 import torch
 
+from scaffold import generate_op
 from scaffold.inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 
 from .conftest import import_generated, make_spec
@@ -181,3 +182,14 @@ def test_a_converted_mask_is_a_fresh_float_tensor():
     assert _rewrite("return (x > 0).to(x.dtype) * 2\n", "x", {"x": X}) == "return (x > 0).to(x.dtype).mul_(2)\n"
     # a float tensor's .to() may be the tensor itself: never overwritten
     assert _rewrite("return x.to(x.dtype) * 2\n", "x", {"x": X}) == "return x.to(x.dtype) * 2\n"
+
+
+def test_a_selection_that_cannot_fill_in_place_selects_without_cloning():
+    # bce's gradient in y guards log(p) where p = y = 0 (xlogy's own x-derivative): the mask, of p and y, may be
+    # larger than log(p), so log(p) is not filled in place; masked_fill would clone it and fill the clone, two
+    # passes over 4M float32 elements where torch.where makes one
+    spec = make_spec("inplace_bce", "-(y*log(p) + (1 - y)*log(1 - p))", {"p": {}, "y": {"domain": [0.0, 1.0]}})
+    text = generate_op(spec)["inplace_bce.py"]
+    assert ".masked_fill(" not in text
+    assert "torch.where((p == 0) & (y == 0), 0, torch.log(p))" in text
+    assert ".masked_fill_(y == 1, 0)" in text  # the forward's fresh product is still filled in place

@@ -177,10 +177,27 @@ def test_the_printers_errors_are_reported_where_the_caller_says():
         print_torch(incomplete, TENSORS, where="the forward")
 
 
+def test_a_number_where_a_condition_holds_is_selected_by_where_not_a_cloning_masked_fill():
+    # t.masked_fill(c, 0) clones t, then fills it: two passes where torch.where makes one (4M float32
+    # elements, one CPU thread: 6.2 ms against 3.0 ms); stage 6b (inplace) fills a fresh t in place instead
+    guard = Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(x), True))
+    assert print_torch(guard, TENSORS, where="test").text == "torch.where((x == 0) & (y == 0), 0, torch.log(x))"
+    fill = Piecewise((1, x > 0), (alpha * y, True))
+    assert print_torch(fill, TENSORS, where="test").text == "torch.where(x > 0, 1, alpha * y)"
+    xs = torch.tensor([0.0, 0.0, 0.5, 2.0], dtype=torch.float64)
+    ys = torch.tensor([0.0, 1.0, 0.0, -1.0], dtype=torch.float64)
+    expected = torch.tensor([0.0, -math.inf, math.log(0.5), math.log(2.0)], dtype=torch.float64)
+    torch.testing.assert_close(evaluate(guard, xs, ys), expected)
+    torch.testing.assert_close(evaluate(fill, xs, ys), torch.tensor([0.0, ALPHA, 1.0, 1.0], dtype=torch.float64))
+    # the number takes the tensor's dtype, as masked_fill gave it
+    code = print_torch(guard, TENSORS, where="test").text
+    assert eval(code, {"torch": torch}, {"x": xs.float(), "y": ys.float()}).dtype == torch.float32  # our own output
+
+
 def test_xlog1py_is_computed_with_vectorized_kernels():
     # torch.special.xlog1py has no vectorized CPU kernel: binary cross-entropy's forward was 2.4x plain autograd's
     expr = stable.xlog1py(1 - y, -x)
-    assert print_torch(expr, TENSORS, where="test").text == "((1 - y) * torch.log1p(-x)).masked_fill(y == 1, 0)"
+    assert print_torch(expr, TENSORS, where="test").text == "torch.where(y == 1, 0, (1 - y) * torch.log1p(-x))"
     xs = torch.tensor([0.0, 0.5, 1.0, 1.0, 0.25], dtype=torch.float64)
     ys = torch.tensor([0.5, 0.0, 1.0, 0.5, 1.0], dtype=torch.float64)
     torch.testing.assert_close(evaluate(expr, xs, ys), torch.special.xlog1py(1 - ys, -xs))
