@@ -13,6 +13,11 @@ from scaffold import generate_op, spec_from_mapping, write_files
 from scaffold.render import render_runtime
 from scaffold.spec import RUNTIME_FILE
 
+try:
+    from .forked_pytest import PytestRun
+except ImportError:  # tests/ run as a plain folder, not a package
+    from forked_pytest import PytestRun
+
 SPECS = Path(__file__).parent / "specs"
 
 # A generated module imports the runtime written beside it (_scaffold_runtime.py, the same text for every op).
@@ -48,45 +53,14 @@ def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") 
     return BackgroundPytest(directory, *args, compile_backend=compile_backend).wait()
 
 
-class BackgroundPytest:
-    """A pytest run of the generated tests in ``directory`` (a fresh interpreter), started now and waited for
-    later (:func:`run_pytest` waits at once), so that the calling test process can go on with other tests
-    meanwhile: two cores, the generated tests in one, the suite in the other."""
+class BackgroundPytest(PytestRun):
+    """A pytest run of the generated tests in ``directory`` (a fresh process: tests/forked_pytest.py), started
+    now and waited for later (:func:`run_pytest` waits at once), so that the calling test process can go on
+    with other tests meanwhile: two cores, the generated tests in one, the suite in the other."""
 
     def __init__(self, directory: Path, *args: str, compile_backend: str = "aot_eager") -> None:
-        self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self._err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self.args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args]
-        self._process = subprocess.Popen(
-            self.args,
-            cwd=directory,
-            stdout=self._out,
-            stderr=self._err,
-            text=True,
-            env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
-        )
-        self._result: subprocess.CompletedProcess | None = None
-
-    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
-        if self._result is None:
-            try:
-                returncode = self._process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.close()
-                raise
-            self._out.seek(0)
-            self._err.seek(0)
-            self._result = subprocess.CompletedProcess(self.args, returncode, self._out.read(), self._err.read())
-            self.close()
-        return self._result
-
-    def close(self) -> None:
-        """Stop the run if nobody waited for it (a test deselected with -k)."""
-        if self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
-        self._out.close()
-        self._err.close()
+        env = {**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend}
+        super().__init__(directory, ["-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args], env)
 
 
 def import_generated(directory: Path, spec):
