@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,107 @@ def generate(tmp_path: Path):
         return tmp_path
 
     return _generate
+
+
+# --- the background lane ----------------------------------------------------------------------------------------
+# CI has two cores. A test that runs generated tests and waits for them leaves one idle; the suite's heavier
+# such runs are instead decorated ``@background_run(prepare)``: when the session starts, ``prepare(folder)``
+# writes each selected one's files (here) and returns its runs, which then run one after another in the
+# background while the suite goes on; the test reads their results from the ``background_results`` fixture, and
+# runs last in the session (a test's outcome does not depend on the order), so that the lane has the whole
+# suite's time to finish them in.
+
+
+@dataclass(frozen=True)
+class GeneratedRun:
+    """A run of the generated tests in ``directory``, as :func:`run_pytest` makes it."""
+
+    directory: Path
+    args: tuple[str, ...] = ()
+    compile_backend: str = "aot_eager"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background_run(prepare): see background_run in tests/conftest.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("background_run") is not None)  # stable: otherwise in order
+
+
+def background_run(prepare):
+    """Mark a test whose generated tests ``prepare(folder)`` writes, returning a GeneratedRun or {name:
+    GeneratedRun}: they run in the background lane, and the test takes their results (CompletedProcess, or
+    {name: CompletedProcess}) from the ``background_results`` fixture."""
+    return pytest.mark.background_run.with_args(prepare)
+
+
+class _Lane:
+    """Runs one after another in a thread of their own (each a forked process: the thread only waits)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._results: dict[str, object] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._current: BackgroundPytest | None = None
+        self._closed = False
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | Exception) -> None:
+        self._done[key] = threading.Event()
+        self._queue.put((key, runs))
+
+    def result(self, key: str, timeout: float = 1800):
+        """What the run (or runs, by name) gave: CompletedProcess; prepare's exception is raised here."""
+        if not self._done[key].wait(timeout):
+            raise TimeoutError(f"{key}: the background lane did not finish it in {timeout} s")
+        result = self._results[key]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _work(self) -> None:
+        while True:
+            key, runs = self._queue.get()
+            try:
+                self._results[key] = runs if isinstance(runs, Exception) else self._run(runs)
+            except Exception as exc:  # a run that timed out: the test fails with it
+                self._results[key] = exc
+            self._done[key].set()
+
+    def _run(self, runs: GeneratedRun | dict[str, GeneratedRun]):
+        if isinstance(runs, GeneratedRun):
+            return self._run({"": runs})[""]
+        results = {}
+        for name, run in runs.items():
+            if self._closed:
+                raise RuntimeError("the session ended before this run")
+            self._current = BackgroundPytest(run.directory, *run.args, compile_backend=run.compile_backend)
+            results[name] = self._current.wait()
+        return results
+
+    def close(self) -> None:
+        self._closed = True
+        if self._current is not None:
+            self._current.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_lane(request, tmp_path_factory):
+    lane = _Lane()
+    for item in request.session.items:
+        marker = item.get_closest_marker("background_run")
+        if marker is not None:
+            try:
+                runs = marker.args[0](tmp_path_factory.mktemp(item.name[:40]))
+            except Exception as exc:  # the test fails with it, not every test of the session
+                runs = exc
+            lane.submit(item.nodeid, runs)
+    yield lane
+    lane.close()
+
+
+@pytest.fixture
+def background_results(request, _background_lane):
+    """The results of the test's :func:`background_run`."""
+    return _background_lane.result(request.node.nodeid)
