@@ -179,7 +179,7 @@ def _background_lane(request, tmp_path_factory):
         if marker is not None:
             try:
                 runs = marker.args[0](tmp_path_factory.mktemp(item.name[:40]))
-            except Exception as exc:  # the test fails with it, not every test of the session
+            except (Exception, pytest.fail.Exception) as exc:  # the test fails with it, not every test here
                 runs = exc
             lane.submit(item.nodeid, runs)
     yield lane
