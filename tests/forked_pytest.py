@@ -38,7 +38,7 @@ class PytestRun:
         self._output = tempfile.mkdtemp(prefix="scaffold-pytest-run-")
         self._streams = [os.path.join(self._output, name) for name in ("stdout", "stderr")]
         sys_path = _fresh_sys_path(env.get("PYTHONPATH", ""))
-        self._process = _context().Process(target=_run, args=(str(directory), self.args, env, sys_path, *self._streams))
+        self._process = context().Process(target=_run, args=(str(directory), self.args, env, sys_path, *self._streams))
         self._process.start()
         self._result: subprocess.CompletedProcess | None = None
 
@@ -63,10 +63,11 @@ class PytestRun:
 
 
 @functools.cache
-def _context() -> multiprocessing.context.ForkServerContext:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, *PRELOADED])
-    return context
+def context() -> multiprocessing.context.ForkServerContext:
+    """The forkserver's context (for a process pool of the suite's own, as in tests/test_realistic.py)."""
+    forkserver = multiprocessing.get_context("forkserver")
+    forkserver.set_forkserver_preload([__name__, *PRELOADED])
+    return forkserver
 
 
 @functools.cache
