@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib
 import os
 import queue
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,9 +116,9 @@ def pytest_collection_modifyitems(items):
 
 
 def background_run(prepare):
-    """Mark a test whose generated tests ``prepare(folder)`` writes, returning a GeneratedRun or {name:
-    GeneratedRun}: they run in the background lane, and the test takes their results (CompletedProcess, or
-    {name: CompletedProcess}) from the ``background_results`` fixture."""
+    """Mark a test whose generated tests ``prepare(folder, **the test's parameters)`` writes, returning a
+    GeneratedRun or {name: GeneratedRun}: they run in the background lane, and the test takes their results
+    (CompletedProcess, or {name: CompletedProcess}) from the ``background_results`` fixture."""
     return pytest.mark.background_run.with_args(prepare)
 
 
@@ -178,7 +179,9 @@ def _background_lane(request, tmp_path_factory):
         marker = item.get_closest_marker("background_run")
         if marker is not None:
             try:
-                runs = marker.args[0](tmp_path_factory.mktemp(item.name[:40]))
+                params = item.callspec.params if hasattr(item, "callspec") else {}
+                folder = tmp_path_factory.mktemp(re.sub(r"\W", "_", item.name)[:40])  # as tmp_path names it
+                runs = marker.args[0](folder, **params)
             except (Exception, pytest.fail.Exception) as exc:  # the test fails with it, not every test here
                 runs = exc
             lane.submit(item.nodeid, runs)

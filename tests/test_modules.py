@@ -14,7 +14,7 @@ from scaffold import generate_op, write_files
 from scaffold.errors import SpecError
 from scaffold.spec import Init, load_spec, parse_init, spec_from_flags, spec_to_toml, spec_with_flags
 
-from .conftest import GeneratedRun, background_run, import_generated, make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, import_generated, make_spec
 
 LAYER_NORM = {
     "name": "layer_norm",
@@ -274,12 +274,17 @@ def test_each_init_scheme_draws_as_nn_init_does(tmp_path):
 MODULE_TESTS = "test_module or test_module_sizes or test_reset_parameters or test_matches_reference or gradcheck"
 
 
-@pytest.mark.parametrize("data", [LAYER_NORM, LINEAR_RELU], ids=["layer_norm", "linear_relu"])
-def test_the_generated_tests_pass(data, tmp_path):
-    write_files(generate_op(_spec(data)), tmp_path)
-    text = (tmp_path / f"test_{data['name']}.py").read_text()
+def _module_ops(folder: Path, data: dict) -> GeneratedRun:
+    write_files(generate_op(_spec(data)), folder)
+    text = (folder / f"test_{data['name']}.py").read_text()
     assert "def test_module_sizes(device):" in text and "def test_reset_parameters():" in text
-    result = run_pytest(tmp_path, "-k", MODULE_TESTS)
+    return GeneratedRun(folder, ("-k", MODULE_TESTS))
+
+
+@pytest.mark.parametrize("data", [LAYER_NORM, LINEAR_RELU], ids=["layer_norm", "linear_relu"])
+@background_run(_module_ops)
+def test_the_generated_tests_pass(data, background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout + result.stderr
 
 
