@@ -133,7 +133,7 @@ class _Lane:
         self._closed = False
         threading.Thread(target=self._work, daemon=True).start()
 
-    def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | Exception) -> None:
+    def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | BaseException) -> None:
         self._done[key] = threading.Event()
         self._queue.put((key, runs))
 
@@ -150,7 +150,7 @@ class _Lane:
         while True:
             key, runs = self._queue.get()
             try:
-                self._results[key] = runs if isinstance(runs, Exception) else self._run(runs)
+                self._results[key] = runs if isinstance(runs, BaseException) else self._run(runs)
             except Exception as exc:  # a run that timed out: the test fails with it
                 self._results[key] = exc
             self._done[key].set()
