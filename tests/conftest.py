@@ -2,9 +2,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import queue
+import re
 import subprocess
 import sys
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,11 @@ import pytest
 from scaffold import generate_op, spec_from_mapping, write_files
 from scaffold.render import render_runtime
 from scaffold.spec import RUNTIME_FILE
+
+try:
+    from .forked_pytest import PytestRun
+except ImportError:  # tests/ run as a plain folder, not a package
+    from forked_pytest import PytestRun
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -48,45 +57,14 @@ def run_pytest(directory: Path, *args: str, compile_backend: str = "aot_eager") 
     return BackgroundPytest(directory, *args, compile_backend=compile_backend).wait()
 
 
-class BackgroundPytest:
-    """A pytest run of the generated tests in ``directory`` (a fresh interpreter), started now and waited for
-    later (:func:`run_pytest` waits at once), so that the calling test process can go on with other tests
-    meanwhile: two cores, the generated tests in one, the suite in the other."""
+class BackgroundPytest(PytestRun):
+    """A pytest run of the generated tests in ``directory`` (a fresh process: tests/forked_pytest.py), started
+    now and waited for later (:func:`run_pytest` waits at once), so that the calling test process can go on
+    with other tests meanwhile: two cores, the generated tests in one, the suite in the other."""
 
     def __init__(self, directory: Path, *args: str, compile_backend: str = "aot_eager") -> None:
-        self._out = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self._err = tempfile.TemporaryFile(mode="w+", encoding="utf-8")
-        self.args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args]
-        self._process = subprocess.Popen(
-            self.args,
-            cwd=directory,
-            stdout=self._out,
-            stderr=self._err,
-            text=True,
-            env={**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend},
-        )
-        self._result: subprocess.CompletedProcess | None = None
-
-    def wait(self, timeout: float = 600) -> subprocess.CompletedProcess:
-        if self._result is None:
-            try:
-                returncode = self._process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.close()
-                raise
-            self._out.seek(0)
-            self._err.seek(0)
-            self._result = subprocess.CompletedProcess(self.args, returncode, self._out.read(), self._err.read())
-            self.close()
-        return self._result
-
-    def close(self) -> None:
-        """Stop the run if nobody waited for it (a test deselected with -k)."""
-        if self._process.poll() is None:
-            self._process.kill()
-            self._process.wait()
-        self._out.close()
-        self._err.close()
+        env = {**os.environ, "SCAFFOLD_COMPILE_BACKEND": compile_backend}
+        super().__init__(directory, ["-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", *args], env)
 
 
 def import_generated(directory: Path, spec):
@@ -109,3 +87,109 @@ def generate(tmp_path: Path):
         return tmp_path
 
     return _generate
+
+
+# --- the background lane ----------------------------------------------------------------------------------------
+# CI has two cores. A test that runs generated tests and waits for them leaves one idle; the suite's heavier
+# such runs are instead decorated ``@background_run(prepare)``: when the session starts, ``prepare(folder)``
+# writes each selected one's files (here) and returns its runs, which then run one after another in the
+# background while the suite goes on; the test reads their results from the ``background_results`` fixture, and
+# runs last in the session (a test's outcome does not depend on the order), so that the lane has the whole
+# suite's time to finish them in.
+
+
+@dataclass(frozen=True)
+class GeneratedRun:
+    """A run of the generated tests in ``directory``, as :func:`run_pytest` makes it."""
+
+    directory: Path
+    args: tuple[str, ...] = ()
+    compile_backend: str = "aot_eager"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "background_run(prepare): see background_run in tests/conftest.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("background_run") is not None)  # stable: otherwise in order
+
+
+def background_run(prepare):
+    """Mark a test whose generated tests ``prepare(folder, **the test's parameters)`` writes, returning a
+    GeneratedRun or {name: GeneratedRun}: they run in the background lane, and the test takes their results
+    (CompletedProcess, or {name: CompletedProcess}) from the ``background_results`` fixture."""
+    return pytest.mark.background_run.with_args(prepare)
+
+
+class _Lane:
+    """Runs one after another in a thread of their own (each a forked process: the thread only waits)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._results: dict[str, object] = {}
+        self._done: dict[str, threading.Event] = {}
+        self._current: BackgroundPytest | None = None
+        self._closed = False
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | BaseException) -> None:
+        self._done[key] = threading.Event()
+        self._queue.put((key, runs))
+
+    def result(self, key: str, timeout: float = 1800):
+        """What the run (or runs, by name) gave: CompletedProcess; prepare's exception is raised here."""
+        if not self._done[key].wait(timeout):
+            raise TimeoutError(f"{key}: the background lane did not finish it in {timeout} s")
+        result = self._results[key]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _work(self) -> None:
+        while True:
+            key, runs = self._queue.get()
+            try:
+                self._results[key] = runs if isinstance(runs, BaseException) else self._run(runs)
+            except Exception as exc:  # a run that timed out: the test fails with it
+                self._results[key] = exc
+            self._done[key].set()
+
+    def _run(self, runs: GeneratedRun | dict[str, GeneratedRun]):
+        if isinstance(runs, GeneratedRun):
+            return self._run({"": runs})[""]
+        results = {}
+        for name, run in runs.items():
+            if self._closed:
+                raise RuntimeError("the session ended before this run")
+            self._current = BackgroundPytest(run.directory, *run.args, compile_backend=run.compile_backend)
+            results[name] = self._current.wait()
+        return results
+
+    def close(self) -> None:
+        self._closed = True
+        if self._current is not None:
+            self._current.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background_lane(request, tmp_path_factory):
+    lane = _Lane()
+    for item in request.session.items:
+        marker = item.get_closest_marker("background_run")
+        if marker is not None:
+            try:
+                params = item.callspec.params if hasattr(item, "callspec") else {}
+                folder = tmp_path_factory.mktemp(re.sub(r"\W", "_", item.name)[:40])  # as tmp_path names it
+                runs = marker.args[0](folder, **params)
+            except (Exception, pytest.fail.Exception) as exc:  # the test fails with it, not every test here
+                runs = exc
+            lane.submit(item.nodeid, runs)
+    yield lane
+    lane.close()
+
+
+@pytest.fixture
+def background_results(request, _background_lane):
+    """The results of the test's :func:`background_run`."""
+    return _background_lane.result(request.node.nodeid)

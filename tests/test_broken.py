@@ -1,18 +1,20 @@
 """The generated tests catch broken generated code.
 
 Each case generates an op, breaks its module the way a hand-written Function is typically broken, and
-requires that op's generated tests to fail; an unbroken control must pass. All run in one pytest process.
+requires that op's generated tests to fail; an unbroken control must pass. The module's cases run in one
+pytest process, in the suite's background lane (tests/conftest.py), the runtime's each in one of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 from scaffold import generate_op, load_spec, write_files
 from scaffold.spec import RUNTIME_FILE
 
-from .conftest import SPECS, BackgroundPytest, run_pytest
+from .conftest import SPECS, GeneratedRun, background_run
 
 
 def _sub(pattern: str, replacement: str, count: int = 1):
@@ -191,21 +193,27 @@ CAUGHT_BY = {
 }
 
 
-def test_generated_tests_catch_broken_code(tmp_path):
-    # The runtime's cases run beside the module's, each in a process of its own.
-    runtime_runs = {}
+def _broken_ops(folder: Path) -> dict[str, GeneratedRun]:
+    """Every case's files: the module's cases in one folder, one run; the runtime's, each a folder and a run."""
+    runs = {}
     for case, mutate in RUNTIME_MUTATIONS.items():
         files = generate_op(dataclasses.replace(load_spec(SPECS / "swish.toml"), name=f"swish_{case}"))
         files[RUNTIME_FILE] = mutate(files[RUNTIME_FILE])
-        write_files(files, tmp_path / "runtime" / case)
-        runtime_runs[case] = BackgroundPytest(tmp_path / "runtime" / case, "-rf", "-k", CAUGHT_BY.get(case, ""))
+        write_files(files, folder / "runtime" / case)
+        runs[case] = GeneratedRun(folder / "runtime" / case, ("-rf", "-k", CAUGHT_BY.get(case, "")))
     for case, (spec_name, mutate) in MUTATIONS.items():
         spec = dataclasses.replace(load_spec(SPECS / f"{spec_name}.toml"), name=f"{spec_name}_{case}")
         files = generate_op(spec)
         module = f"{spec.name}.py"
         files[module] = mutate(files[module])
-        write_files(files, tmp_path / "ops")
-    result = run_pytest(tmp_path / "ops", "-rf")
+        write_files(files, folder / "ops")
+    runs["ops"] = GeneratedRun(folder / "ops", ("-rf",))
+    return runs
+
+
+@background_run(_broken_ops)
+def test_generated_tests_catch_broken_code(background_results):
+    result = background_results["ops"]
     failed = set(re.findall(r"^FAILED test_(\w+?)\.py::", result.stdout, flags=re.MULTILINE))
     for case, (spec_name, _) in MUTATIONS.items():
         name = f"{spec_name}_{case}"
@@ -216,7 +224,7 @@ def test_generated_tests_catch_broken_code(tmp_path):
         if case in CAUGHT_BY:
             test = f"FAILED test_{name}.py::{CAUGHT_BY[case]}["
             assert test in result.stdout, f"{CAUGHT_BY[case]} did not catch {case!r}\n{result.stdout[-3000:]}"
-    for case, run in runtime_runs.items():
-        result = run.wait()
+    for case in RUNTIME_MUTATIONS:
+        result = background_results[case]
         test = f"FAILED test_swish_{case}.py::{CAUGHT_BY.get(case, '')}"
         assert test in result.stdout, f"the generated tests did not catch {case!r}\n{result.stdout[-3000:]}"

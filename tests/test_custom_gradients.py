@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from scaffold.changes import Flags
 from scaffold.errors import ExpressionError, ScaffoldWarning, SpecError
 from scaffold.spec import spec_to_toml, spec_with_flags
 
-from .conftest import run_pytest
+from .conftest import GeneratedRun, background_run
 
 # The issue's examples: straight-through and clipped straight-through estimators, gradient reversal and
 # gradient clipping in backward.
@@ -23,14 +24,19 @@ EXAMPLES = [
 ]
 
 
-def test_the_examples_generate_ops_whose_tests_pass(tmp_path):
+def _examples(folder: Path) -> GeneratedRun:
     for name, forward, scalars, gradient in EXAMPLES:
         with warnings.catch_warnings():
             warnings.simplefilter("error", ScaffoldWarning)  # no "zero gradient" or "unused scalar" warning
             files = generate_op(spec_from_flags(name, forward, ["x"], scalars, gradients=[gradient]))
         assert f"gradient of x = {gradient.partition('=')[2]}" in files[f"{name}.py"]
-        write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-rs")
+        write_files(files, folder)
+    return GeneratedRun(folder, ("-rs",))
+
+
+@background_run(_examples)
+def test_the_examples_generate_ops_whose_tests_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:]
     # Every tensor has a custom gradient: gradcheck has nothing to check, and says why.
     assert "every tensor has a custom gradient" in result.stdout
@@ -105,10 +111,7 @@ def _lower_bound(name: str, **options):
     return spec_from_flags(name, "Max(x, bound)", ["x"], ["bound=0.1"], gradients=[LOWER_BOUND], **options)
 
 
-def test_a_condition_that_reads_grad_is_computed_in_backward(tmp_path):
-    """setup_context runs before any gradient exists: a mask may hold x >= bound, never grad < 0 (that was
-    a NameError on every call); as a function, a custom op and fused, each passing its own tests, which fail
-    for a backward that ignores grad < 0."""
+def _lower_bounds(folder: Path) -> GeneratedRun:
     files = {}
     ops = [("lower_bound", {}), ("lower_bound_op", {"target": "custom_op"}), ("lower_bound_fused", {"fuse": True})]
     for name, options in [*ops, ("lower_bound_broken", {})]:
@@ -119,7 +122,15 @@ def test_a_condition_that_reads_grad_is_computed_in_backward(tmp_path):
     right = "torch.where(mask | (grad_output < 0), grad_output, 0)"
     assert right in module
     files["lower_bound_broken.py"] = files["lower_bound_broken.py"].replace(right, "torch.where(mask, grad_output, 0)")
-    write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-k", "matches_reference or gradgradcheck or opcheck")
+    write_files(files, folder)
+    return GeneratedRun(folder, ("-k", "matches_reference or gradgradcheck or opcheck"))
+
+
+@background_run(_lower_bounds)
+def test_a_condition_that_reads_grad_is_computed_in_backward(background_results):
+    """setup_context runs before any gradient exists: a mask may hold x >= bound, never grad < 0 (that was
+    a NameError on every call); as a function, a custom op and fused, each passing its own tests, which fail
+    for a backward that ignores grad < 0."""
+    result = background_results
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "test_lower_bound_broken.py::test_matches_reference" in failed[0], result.stdout[-3000:]

@@ -25,7 +25,7 @@ from scaffold.domain import InputDomain, Support
 from scaffold.render import _extremes, small_shapes
 from scaffold.testing import OpTests
 
-from .conftest import make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, make_spec, run_pytest
 
 INF = math.inf
 FOCAL = "(1 - 1/(1 + exp(-x)))**gamma * log(1/(1 + exp(-x)))"
@@ -271,7 +271,7 @@ class Swishb(nn.Module):
 """
 
 
-def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
+def _known_bugs(folder: Path) -> dict[str, GeneratedRun]:
     ops = [
         ("powf", "x**n", {"x": {}}, {"n": _float(1.0)}, _BUGGY_POWER),
         ("swishb", "x / (1 + exp(-2*beta*x))", {"x": {}, "beta": {"shape": [], "learnable": True}}, {}, _BUGGY_SWISH),
@@ -284,13 +284,19 @@ def test_generated_tests_pass_and_catch_known_bugs(tmp_path):
         ),
     ]
     for name, forward, tensors, scalars, buggy in ops:
-        write_files(generate_op(make_spec(name, forward, tensors, scalars)), tmp_path / "generated")
+        write_files(generate_op(make_spec(name, forward, tensors, scalars)), folder / "generated")
         if buggy is not None:
-            write_files(generate_op(make_spec(name, forward, tensors, scalars)), tmp_path / "buggy")
-            (tmp_path / "buggy" / f"{name}.py").write_text(buggy, encoding="utf-8")
-    result = run_pytest(tmp_path / "generated")
+            write_files(generate_op(make_spec(name, forward, tensors, scalars)), folder / "buggy")
+            (folder / "buggy" / f"{name}.py").write_text(buggy, encoding="utf-8")
+    with_bugs = GeneratedRun(folder / "buggy", ("-k", "not cuda"))
+    return {"generated": GeneratedRun(folder / "generated"), "buggy": with_bugs}
+
+
+@background_run(_known_bugs)
+def test_generated_tests_pass_and_catch_known_bugs(background_results):
+    result = background_results["generated"]
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
+    result = background_results["buggy"]
     failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
     # The hand-written modules define jvp on the Function they call: Dynamo refuses them (test_compile,
     # test_compiled_model); they compute in autocast's bfloat16, not in the float32 scaffold documents; the

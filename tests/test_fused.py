@@ -10,6 +10,7 @@ import dataclasses
 import importlib.util
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch
 from scaffold import compile_op, generate_op, write_files
 from scaffold.plan import one_derivative_kernel
 
-from .conftest import make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, make_spec
 
 SWISH = {"x": {}, "beta": {"shape": [], "learnable": True, "init": 1.0}}
 
@@ -46,7 +47,7 @@ def test_fused_module_is_the_eager_math_behind_torch_compile():
     assert "grad_beta = (tmp6 * x**2).sum_to_size(beta_shape)" in fused
 
 
-def test_generated_tests_of_fused_ops_pass(tmp_path):
+def _fused_ops(folder: Path) -> GeneratedRun:
     # gradcheck, gradgradcheck (eager: double backward), torch.func (eager inside transforms), the reference
     for spec in (
         make_spec("swish_fused", "x / (1 + exp(-beta*x))", SWISH, fuse=True),
@@ -56,8 +57,13 @@ def test_generated_tests_of_fused_ops_pass(tmp_path):
         make_spec("silu_fused", "x / (1 + exp(-x))", fuse=True),
         make_spec("logsigmoid_fused", "-log(1 + exp(-x))", fuse=True),
     ):
-        write_files(generate_op(spec), tmp_path)
-    result = run_pytest(tmp_path)
+        write_files(generate_op(spec), folder)
+    return GeneratedRun(folder)
+
+
+@background_run(_fused_ops)
+def test_generated_tests_of_fused_ops_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     # The op compiles inside forward: torch's deprecation notices from that stay out of the output too.
     assert "DeprecationWarning" not in result.stdout, result.stdout[-3000:]

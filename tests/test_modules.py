@@ -4,6 +4,7 @@ reset_parameters, extra_repr, and the call-time check that one size name is one 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from scaffold import generate_op, write_files
 from scaffold.errors import SpecError
 from scaffold.spec import Init, load_spec, parse_init, spec_from_flags, spec_to_toml, spec_with_flags
 
-from .conftest import import_generated, make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, import_generated, make_spec
 
 LAYER_NORM = {
     "name": "layer_norm",
@@ -273,19 +274,29 @@ def test_each_init_scheme_draws_as_nn_init_does(tmp_path):
 MODULE_TESTS = "test_module or test_module_sizes or test_reset_parameters or test_matches_reference or gradcheck"
 
 
-@pytest.mark.parametrize("data", [LAYER_NORM, LINEAR_RELU], ids=["layer_norm", "linear_relu"])
-def test_the_generated_tests_pass(data, tmp_path):
-    write_files(generate_op(_spec(data)), tmp_path)
-    text = (tmp_path / f"test_{data['name']}.py").read_text()
+def _module_ops(folder: Path, data: dict) -> GeneratedRun:
+    write_files(generate_op(_spec(data)), folder)
+    text = (folder / f"test_{data['name']}.py").read_text()
     assert "def test_module_sizes(device):" in text and "def test_reset_parameters():" in text
-    result = run_pytest(tmp_path, "-k", MODULE_TESTS)
+    return GeneratedRun(folder, ("-k", MODULE_TESTS))
+
+
+@pytest.mark.parametrize("data", [LAYER_NORM, LINEAR_RELU], ids=["layer_norm", "linear_relu"])
+@background_run(_module_ops)
+def test_the_generated_tests_pass(data, background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_generated_schemes_tests_pass(tmp_path):
+def _schemes(folder: Path) -> GeneratedRun:
     spec = make_spec("schemes", "x*a + b + c*x + d + g*x + f", SCHEMES, sizes={"rows": 48, "cols": 64})
-    write_files(generate_op(spec), tmp_path)
-    result = run_pytest(tmp_path, "-k", "test_module or test_module_sizes or test_reset_parameters")
+    write_files(generate_op(spec), folder)
+    return GeneratedRun(folder, ("-k", "test_module or test_module_sizes or test_reset_parameters"))
+
+
+@background_run(_schemes)
+def test_the_generated_schemes_tests_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -306,14 +317,21 @@ MUTATIONS = [
 ]  # fmt: skip
 
 
-def test_the_generated_tests_fail_on_a_wrong_module(tmp_path):
-    write_files(generate_op(_spec(LINEAR_RELU)), tmp_path)
-    module = tmp_path / "linear_relu.py"
-    original = module.read_text()
-    for old, new, test in MUTATIONS:
+def _wrong_modules(folder: Path) -> dict[int, GeneratedRun]:
+    """Each mutation in a folder of its own, run by the test it breaks."""
+    files = generate_op(_spec(LINEAR_RELU))
+    original = files["linear_relu.py"]
+    runs = {}
+    for index, (old, new, test) in enumerate(MUTATIONS):
         assert old in original, old
-        module.write_text(original.replace(old, new))
+        write_files({**files, "linear_relu.py": original.replace(old, new)}, folder / str(index))
         selected = "test_reset_parameters" if test == "reset" else "test_module_sizes"
-        result = run_pytest(tmp_path, "-k", selected)
-        assert result.returncode == 1, f"{new!r} passed {selected}:\n{result.stdout}"
-    module.write_text(original)
+        runs[index] = GeneratedRun(folder / str(index), ("-k", selected))
+    return runs
+
+
+@background_run(_wrong_modules)
+def test_the_generated_tests_fail_on_a_wrong_module(background_results):
+    for index, (_, new, test) in enumerate(MUTATIONS):
+        result = background_results[index]
+        assert result.returncode == 1, f"{new!r} passed the {test} test:\n{result.stdout}"

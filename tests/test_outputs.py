@@ -7,6 +7,7 @@ check every output, and each used alone.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from scaffold.cli import main
 from scaffold.errors import ExpressionError, SpecError
 from scaffold.spec import spec_to_toml, spec_with_flags
 
-from .conftest import SPECS, import_generated, make_spec, run_pytest
+from .conftest import SPECS, GeneratedRun, background_run, import_generated, make_spec
 
 X = {"x": {"shape": [3, 4]}}
 
@@ -88,13 +89,18 @@ MULTI_OUTPUT_OPS = {
 }
 
 
-def test_generated_tests_of_multi_output_ops_pass(tmp_path):
+def _multi_output_ops(folder: Path) -> GeneratedRun:
     for name, fields in MULTI_OUTPUT_OPS.items():
         fields = dict(fields)
         spec = make_spec(name, fields.pop("forward"), fields.pop("tensors"), fields.pop("scalars", None), **fields)
-        write_files(generate_op(spec), tmp_path)
-    write_files(generate_op(load_spec(SPECS / "split_and_transform.toml")), tmp_path)
-    result = run_pytest(tmp_path, "-rs")
+        write_files(generate_op(spec), folder)
+    write_files(generate_op(load_spec(SPECS / "split_and_transform.toml")), folder)
+    return GeneratedRun(folder, ("-rs",))
+
+
+@background_run(_multi_output_ops)
+def test_generated_tests_of_multi_output_ops_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-4000:]
     passed = int(re.search(r"(\d+) passed", result.stdout).group(1))
     assert passed >= 12 * (len(MULTI_OUTPUT_OPS) + 1), result.stdout[-2000:]  # custom gradients skip a few

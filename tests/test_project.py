@@ -36,6 +36,8 @@ from scaffold.project import (
 )
 from scaffold.write import apply_changes
 
+from .forked_pytest import PytestRun
+
 SWISH = ["new", "op", "swish", "--forward", "x / (1 + exp(-beta * x))", "--tensor", "x", "--learnable", "beta=1.0"]
 BACKWARD_EDIT = "        grad_output = grad_output.contiguous()  # mine: my kernel wants contiguous gradients\n"
 HELPER = '\n\ndef swish_flops(numel: int) -> int:\n    """Mine: a helper at the end."""\n    return 4 * numel\n'
@@ -64,20 +66,15 @@ def scaffold(monkeypatch, capsys):
 
 
 def project_tests(root: Path) -> subprocess.CompletedProcess:
-    """The project's own test command, in a fresh interpreter where scaffold cannot be imported: after the
+    """The project's own test command, in a fresh process (tests/forked_pytest.py) where scaffold cannot be
+    imported (a folder first on PYTHONPATH whose scaffold package refuses to import): after the
     project's own set-up, its tests run without scaffold (they import the project's copy of the test library).
     Torch's deprecation notices do not reach the output."""
     blocker = root.parent / f"{root.name}-without-scaffold" / "scaffold"
     blocker.mkdir(parents=True, exist_ok=True)
     (blocker / "__init__.py").write_text("raise ImportError('scaffold is not installed where the project is tested')\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(blocker.parent)},
-    )
+    env = {**os.environ, "PYTHONPATH": str(blocker.parent)}
+    result = PytestRun(root, ["-q", "-p", "no:cacheprovider"], env).wait(timeout=600)
     assert "warning" not in result.stdout.lower(), result.stdout[-3000:]
     return result
 

@@ -22,9 +22,9 @@ import torch
 from scaffold import generate_op, spec_from_mapping
 
 try:
-    from .conftest import run_pytest
+    from .conftest import GeneratedRun, background_run
 except ImportError:  # tests/ run as a plain folder, not a package
-    from conftest import run_pytest
+    from conftest import GeneratedRun, background_run
 
 _counter = itertools.count()
 
@@ -272,7 +272,7 @@ BROKEN = {
 }
 
 
-def test_the_second_shape_test_fails_for_ops_right_at_the_example_rank_only(tmp_path: Path):
+def _broken_ranks(folder: Path) -> GeneratedRun:
     for name, (forward, tensors, mutations) in BROKEN.items():
         for op, broken in ((f"{name}_control", False), (f"{name}_broken", True)):
             for path, text in _files(op, forward, tensors).items():
@@ -280,9 +280,14 @@ def test_the_second_shape_test_fails_for_ops_right_at_the_example_rank_only(tmp_
                     for pattern, replacement in mutations:
                         text, n = re.subn(pattern, replacement, text)
                         assert n, f"{pattern!r} not in {op}.py"
-                (tmp_path / path).write_text(text, encoding="utf-8")
-    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    result = run_pytest(tmp_path, "-k", "second_shape or matches_reference", "-rf", "--tb=no", str(tmp_path))
+                (folder / path).write_text(text, encoding="utf-8")
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    return GeneratedRun(folder, ("-k", "second_shape or matches_reference", "-rf", "--tb=no", str(folder)))
+
+
+@background_run(_broken_ranks)
+def test_the_second_shape_test_fails_for_ops_right_at_the_example_rank_only(background_results):
+    result = background_results
     failed = set(re.findall(r"FAILED \S*?test_(\w+)\.py::(test_\w+)", result.stdout))
     assert failed == {(f"{name}_broken", "test_second_shape") for name in BROKEN}, result.stdout[-3000:]
     assert "\n3 failed, 9 passed" in result.stdout, result.stdout[-3000:]

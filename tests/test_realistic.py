@@ -41,6 +41,7 @@ largest second derivative at the point, for cancellations between terms).
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import itertools
 import math
@@ -61,6 +62,7 @@ from scaffold.errors import ScaffoldError
 from scaffold.expression import parse_forward
 from scaffold.stable import to_literal
 
+from . import forked_pytest
 from .conftest import THOROUGH, BackgroundPytest, examples, run_pytest
 from .realistic import DEFAULT_TYPICAL, FORMULAS, FOUND, TYPICAL
 
@@ -107,6 +109,15 @@ def _generate_all(mappings: list[dict[str, Any]], folder: Path) -> dict[str, str
     return refused
 
 
+def _generate_all_on_two_cores(mappings: list[dict[str, Any]], folder: Path) -> dict[str, str]:
+    """:func:`_generate_all`, every other op in a forked process (tests/forked_pytest.py): generating the
+    realistic ops is otherwise the suite's longest stretch on one of CI's two cores."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=forked_pytest.context()) as pool:
+        others = pool.submit(_generate_all, mappings[1::2], folder)
+        refused = _generate_all(mappings[::2], folder)
+        return {**refused, **others.result()}
+
+
 # torch.compile's checks trace code that is the same in every elementwise op but for the forward printed as
 # written: the catalogue's ops run them (tests/test_catalogue.py), these run every other check; under
 # SCAFFOLD_THOROUGH=1, all of them.
@@ -138,7 +149,7 @@ def realistic_folder(tmp_path_factory):
     """Every formula's files in one folder, {name: refusal}, and their generated tests running in the
     background while the accuracy tests run here (test_generated_tests_pass, last, waits for them)."""
     folder = tmp_path_factory.mktemp("realistic")
-    refused = _generate_all(ALL, folder)
+    refused = _generate_all_on_two_cores(ALL, folder)
     mp = pytest.MonkeyPatch()
     mp.setenv("COLUMNS", "1000")  # the short summary keeps the whole message
     try:

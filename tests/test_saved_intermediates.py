@@ -3,11 +3,13 @@ a hidden output (so that a second derivative reaches it through the Function's o
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from scaffold import compile_op, generate_op, write_files
 
-from .conftest import import_generated, make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, import_generated, make_spec
 
 TWO = {"input": {"shape": [3, 4]}, "target": {"shape": [3, 4]}}
 
@@ -51,7 +53,7 @@ def test_the_functional_and_module_return_the_output_alone(tmp_path):
     torch.testing.assert_close(torch.autograd.grad(gx.sum(), (x, y)), torch.autograd.grad(ex.sum(), (x, y)))
 
 
-def test_generated_tests_of_ops_with_saved_intermediates_pass(tmp_path):
+def _saved_intermediates_ops(folder: Path) -> GeneratedRun:
     ops = [
         make_spec("mse", "(input - target)**2", TWO),
         make_spec("lerp_op", "x + w*(y - x)", {"x": {"shape": [3, 4]}, "y": {"shape": [3, 4]}, "w": {"shape": [4]}}),
@@ -61,8 +63,13 @@ def test_generated_tests_of_ops_with_saved_intermediates_pass(tmp_path):
     ]
     for spec in ops:
         assert compile_op(spec).plan.hidden, spec.name
-        write_files(generate_op(spec), tmp_path)
-    result = run_pytest(tmp_path)
+        write_files(generate_op(spec), folder)
+    return GeneratedRun(folder)
+
+
+@background_run(_saved_intermediates_ops)
+def test_generated_tests_of_ops_with_saved_intermediates_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-4000:]
 
 

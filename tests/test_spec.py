@@ -25,7 +25,7 @@ from scaffold.spec import (
     spec_to_toml,
 )
 
-from .conftest import SPECS, make_spec, run_pytest
+from .conftest import SPECS, GeneratedRun, background_run, make_spec
 
 
 def test_camel_case():
@@ -253,15 +253,20 @@ def test_no_scope_that_calls_the_op_has_a_local_of_an_allowed_op_name():
     assert public <= RESERVED_OP_NAMES, public - RESERVED_OP_NAMES
 
 
-def test_the_op_may_share_an_arguments_name(tmp_path):
+def _threshold(folder: Path) -> GeneratedRun:
     # As PyTorch's own F.threshold(x, threshold, value): the argument shadows the op only where it is taken.
     # The tensor threshold enters only through a comparison: autograd of the reference has no gradient for
     # it (the generated tests take it as 0, as the op's is, with a warning at generation).
     spec = make_spec("threshold", "Piecewise((x, x > threshold), (value, True))", {"x": {}, "threshold": {}},
                      {"value": {"type": "float", "default": 0.0}})  # fmt: skip
     with pytest.warns(ScaffoldWarning, match="'threshold' is zero everywhere"):
-        write_files(generate_op(spec, time_limit=None), tmp_path)
-    result = run_pytest(tmp_path)
+        write_files(generate_op(spec, time_limit=None), folder)
+    return GeneratedRun(folder)
+
+
+@background_run(_threshold)
+def test_the_op_may_share_an_arguments_name(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:]
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from scaffold import compile_op, generate_op, load_spec, spec_from_flags, write_files
 from scaffold.errors import ExpressionError
 
-from .conftest import make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, make_spec
 
 SILU_OF_AFFINE = "h = x*w + b\nh*sigmoid(h)"
 
@@ -62,8 +64,8 @@ def test_steps_that_grow_without_bound_are_refused_quickly():
         _parsed("\n".join(lines))
 
 
-def test_a_forward_in_steps_generates_an_op_that_passes_its_tests(tmp_path):
-    spec_file = tmp_path / "silu_affine.toml"
+def _silu_affine(folder: Path) -> GeneratedRun:
+    spec_file = folder / "silu_affine.toml"
     spec_file.write_text(
         'name = "silu_affine"\n'
         'forward = """\n'
@@ -75,8 +77,13 @@ def test_a_forward_in_steps_generates_an_op_that_passes_its_tests(tmp_path):
     )
     files = generate_op(load_spec(spec_file))
     assert "silu_affine(x, w, b) = h*sigmoid(h), where h = x*w + b" in files["silu_affine.py"]
-    write_files(files, tmp_path / "out")
-    result = run_pytest(tmp_path / "out")
+    write_files(files, folder / "out")
+    return GeneratedRun(folder / "out")
+
+
+@background_run(_silu_affine)
+def test_a_forward_in_steps_generates_an_op_that_passes_its_tests(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:]
 
 

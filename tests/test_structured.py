@@ -25,10 +25,10 @@ from scaffold.bench import saved_bytes
 from scaffold.errors import ScaffoldError
 
 try:
-    from .conftest import BackgroundPytest, make_spec
+    from .conftest import BackgroundPytest, GeneratedRun, background_run, make_spec
     from .structured_catalogue import STRUCTURED
 except ImportError:  # tests/ run as a plain folder, not a package
-    from conftest import BackgroundPytest, make_spec
+    from conftest import BackgroundPytest, GeneratedRun, background_run, make_spec
     from structured_catalogue import STRUCTURED
 
 _BY_NAME = {op.name: op for op in STRUCTURED}
@@ -287,11 +287,11 @@ def test_generated_tests_pass(generated_folder):
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
 
 
-def test_generated_tests_catch_a_wrong_backward(tmp_path: Path):
-    """backward's gradients scaled by 1.01, in four ops (one pytest process): gradcheck, the reference
-    comparison, float32, the hessian and jacrev fail for each."""
-    names = ["attention", "layer_norm", "linear_relu", "mean_variance"]
-    for name in names:
+WRONG_BACKWARD = ["attention", "layer_norm", "linear_relu", "mean_variance"]
+
+
+def _wrong_backwards(folder: Path) -> GeneratedRun:
+    for name in WRONG_BACKWARD:
         files = dict(_files(name))
         head, tail = files[f"{name}.py"].split("    def backward(", 1)
         body, rest = tail.split("\n        return ", 1)
@@ -299,12 +299,17 @@ def test_generated_tests_catch_a_wrong_backward(tmp_path: Path):
         scaled = f"tuple(None if g is None else g * 1.01 for g in ({returned.rstrip(',')},))"
         files[f"{name}.py"] = f"{head}    def backward({body}\n        return {scaled}\n{after}"
         for path, text in files.items():
-            (tmp_path / path).write_text(text, encoding="utf-8")
-    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    result = BackgroundPytest(
-        tmp_path, "-k", "gradcheck or reference or float32 or hessian or jacrev", str(tmp_path)
-    ).wait()
-    for name in names:
+            (folder / path).write_text(text, encoding="utf-8")
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    return GeneratedRun(folder, ("-k", "gradcheck or reference or float32 or hessian or jacrev", str(folder)))
+
+
+@background_run(_wrong_backwards)
+def test_generated_tests_catch_a_wrong_backward(background_results):
+    """backward's gradients scaled by 1.01, in four ops (one pytest process): gradcheck, the reference
+    comparison, float32, the hessian and jacrev fail for each."""
+    result = background_results
+    for name in WRONG_BACKWARD:
         failed = result.stdout.count(f"test_{name}.py::")
         assert failed >= 5, f"{name}: only {failed} failed\n" + result.stdout[-3000:]
         assert f"test_{name}.py::test_jacrev[cpu]" in result.stdout, f"{name}: jacrev passed\n" + result.stdout[-3000:]

@@ -14,7 +14,7 @@ import torch
 from scaffold import generate_op, spec_from_mapping, write_files
 from scaffold.errors import ScaffoldError
 
-from .conftest import make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, make_spec
 
 # fairseq's LogSumExpMoE (fairseq/modules/... as in "Mixture Models for Diverse Machine Translation", Shen et
 # al. 2019): logsumexp over the experts forward, the given posterior backward; the posterior takes no gradient.
@@ -101,10 +101,15 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float64).requires_grad_()
 
 
-def test_the_examples_generate_ops_whose_tests_pass(tmp_path: Path):
+def _examples(folder: Path) -> GeneratedRun:
     for mapping in EXAMPLES:
-        write_files(_files(mapping), tmp_path)
-    result = run_pytest(tmp_path, "-rs")
+        write_files(_files(mapping), folder)
+    return GeneratedRun(folder, ("-rs",))
+
+
+@background_run(_examples)
+def test_the_examples_generate_ops_whose_tests_pass(background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:]
     assert "every tensor has a custom gradient" in result.stdout  # the straight-through ones: no gradcheck
 
@@ -155,13 +160,18 @@ def test_a_custom_gradient_is_differentiated_again_through_what_it_reads(tmp_pat
     torch.testing.assert_close(second(op), second(lambda x, w: torch.logsumexp(x, -1, keepdim=True) * w))
 
 
-def test_a_wrong_custom_gradient_fails_the_generated_tests(tmp_path: Path):
+def _wrong_custom_gradient(folder: Path) -> GeneratedRun:
     files = _files(LOGSUMEXP_MOE)
     right = "grad_output.unsqueeze(-1) * posterior"
     assert right in files["logsumexp_moe.py"]
     files["logsumexp_moe.py"] = files["logsumexp_moe.py"].replace(right, f"{right} * 2")
-    write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-k", "matches_reference or second_shape")
+    write_files(files, folder)
+    return GeneratedRun(folder, ("-k", "matches_reference or second_shape"))
+
+
+@background_run(_wrong_custom_gradient)
+def test_a_wrong_custom_gradient_fails_the_generated_tests(background_results):
+    result = background_results
     assert result.returncode == 1, result.stdout[-3000:]
     assert "2 failed" in result.stdout
 

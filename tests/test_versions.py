@@ -23,7 +23,7 @@ import torch
 
 from scaffold import generate_op, load_spec, spec_from_mapping, write_files
 
-from .conftest import SPECS, import_generated, run_pytest
+from .conftest import SPECS, GeneratedRun, background_run, import_generated
 from .structured_catalogue import STRUCTURED
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -147,11 +147,16 @@ def _layer_norm():
     return spec_from_mapping(entry.mapping(), source="layer_norm.toml")
 
 
-@pytest.mark.parametrize("which", ["swish", "layer_norm"])
-def test_an_op_passes_its_own_tests_without_torchs_private_checks(tmp_path, which):
+def _without_private_checks(folder: Path, which: str) -> GeneratedRun:
     spec = load_spec(SPECS / "swish.toml") if which == "swish" else _layer_norm()
-    write_files(generate_op(spec), tmp_path)
-    (tmp_path / "conftest.py").write_text(_WITHOUT_PRIVATE_NAMES.format(name=spec.name))
-    result = run_pytest(tmp_path, "-k", "cpu or module", "-rfEs", "--tb=short")
+    write_files(generate_op(spec), folder)
+    (folder / "conftest.py").write_text(_WITHOUT_PRIVATE_NAMES.format(name=spec.name))
+    return GeneratedRun(folder, ("-k", "cpu or module", "-rfEs", "--tb=short"))
+
+
+@pytest.mark.parametrize("which", ["swish", "layer_norm"])
+@background_run(_without_private_checks)
+def test_an_op_passes_its_own_tests_without_torchs_private_checks(which, background_results):
+    result = background_results
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
