@@ -444,7 +444,8 @@ class TorchPrinter(StrPrinter):
         if not self.is_tensor(expr):
             return self._print_Function(expr)
         product = f"{self._operand(x, PRODUCT)} * {self._qualified('torch.log1p')}({self._argument(y)})"
-        if (1 + y).is_positive:  # log1p(y) is finite (symlog's sign(x) * log1p(|x|)): the product is 0 where x is
+        # log1p(y) is finite (symlog's sign(x) * log1p(|x|)): the product is 0 where x is
+        if stable.positive_where_defined(1 + y):
             return product
         return f"torch.where({self._print_is_zero(x)}, 0, {product})"
 

@@ -122,7 +122,7 @@ class logaddexp(StableFunction):  # noqa: N801
         return sigmoid(a - b) if argindex == 1 else sigmoid(b - a)
 
 
-def _positive(expr: sympy.Expr) -> bool:
+def positive_where_defined(expr: sympy.Expr) -> bool:
     """Whether ``expr`` is positive wherever it is defined: its symbols real, those it divides by nonzero
     (``1 + (u/c)**2``, where c = 0 leaves it undefined)."""
     divisors = {p.base for p in expr.atoms(sympy.Pow) if p.exp.is_negative and p.base.is_Symbol}
@@ -142,7 +142,7 @@ class xlogy(StableFunction):  # noqa: N801
         # gradient at a prediction of 0 for a target of 0 is 1, not nan); where y cannot be 0 it is x / y.
         x, y = self.args
         if argindex == 2:
-            return x / y if _positive(y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / y, True))
+            return x / y if positive_where_defined(y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / y, True))
         return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(y), True))
 
 
@@ -158,7 +158,8 @@ class xlog1py(StableFunction):  # noqa: N801
         # where x = 0 (see xlogy).
         x, y = self.args
         if argindex == 2:
-            return x / (1 + y) if _positive(1 + y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / (1 + y), True))
+            quotient = x / (1 + y)
+            return quotient if positive_where_defined(1 + y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (quotient, True))
         return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, -1))), (log1p(y), True))
 
 
