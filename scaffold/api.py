@@ -138,4 +138,4 @@ def _generate(
         in_package=in_package,
         in_place=in_place,
     )
-    return files, () if op.program.structured else op.derivation.warnings
+    return files, op.derivation.warnings

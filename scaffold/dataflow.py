@@ -393,6 +393,7 @@ class _Planner:
                 self._structural_backward(node, targets, grad_names, grad_shapes, lines)
 
         self._custom_backward(lines, grad_names, grad_shapes)
+        self._flat_backward(lines, grad_names, grad_shapes)
         lines = _comments_with_their_code(lines)
         # what backward reads: saved, or recomputed from what is saved
         keeping = _Keeping(
@@ -438,6 +439,19 @@ class _Planner:
             constants=tuple(constants),
             recomputed=tuple(recomputed),
         )
+
+    def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
+        """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its
+        jumps) gets zeros of its shape, as autograd gives, not None: None says the op does not depend on it."""
+        anchor = grad_names[self.graph.visible[0]]
+        for index, name in enumerate(self.graph.tensor_args):
+            if name in grad_shapes or not self.graph.program.consumers(name):
+                continue
+            self.emitter.shapes.add(name)
+            guard = frozenset({index})
+            lines.append(Line(f"# The forward is flat in {name} (away from kinks): its gradient is zero.", guard))
+            lines.append(Line(f"{grad_names[name]} = {anchor}.new_zeros({name}_shape)", guard))
+            grad_shapes[name] = self.graph.shape(name)
 
     def _structural_backward(self, node: Value, targets: list[str], grad_names, grad_shapes, lines) -> None:
         """What a reduction, softmax, product or transpose passes on to each operand that needs it, by its
@@ -881,6 +895,8 @@ class _Planner:
                 )
                 scalars |= {s.name for s in total.free_symbols if s.name in self.graph.scalars}
                 code = self.print(total, extra=set(tangents.values()) | {t})
+                if total == 0:  # flat in everything it reads: zeros of its value's shape, dtype and device
+                    code = f"torch.zeros_like({v.name})"
             else:
                 operands = [tangents[str(o)] for o in v.expr.operand_exprs]
                 code = tangent_code(v, operands, emitter)

@@ -312,7 +312,7 @@ def derive(program: Program, *, where: str = "forward") -> Derivation:
     return Derivation(
         program=program,
         outputs=tuple(outputs),
-        warnings=_unused_scalar_warnings(parsed) + _flat_warnings(parsed, flat),
+        warnings=unused_scalar_warnings(parsed) + flat_warnings(parsed, flat),
         removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
         custom=custom,
     )
@@ -341,7 +341,7 @@ def differentiate(
     return derivative
 
 
-def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
+def unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
     """A warning for each scalar argument neither the forward nor a custom gradient uses: it stays an
     argument of the op."""
     used = set().union(*(e.free_symbols for e in parsed.exprs), *(e.free_symbols for _, e in parsed.gradients))
@@ -353,7 +353,7 @@ def _unused_scalar_warnings(parsed: ParsedExpression) -> tuple[str, ...]:
     )
 
 
-def _flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]:
+def flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]:
     """A warning for each tensor the forward uses but whose gradient is identically zero."""
     warnings = []
     step_kinds = step_classes()  # sign, Heaviside: their derivative is zero wherever it exists

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .derivation import differentiate
+from .derivation import differentiate, flat_warnings, unused_scalar_warnings
 from .program import ELEMENTWISE, Program, Value
 from .stable import stabilize
 from .structural import (
@@ -74,6 +74,7 @@ class ProgramDerivation:
     elementwise: tuple[ElementwiseNode, ...]
     # the custom gradients (Program.gradients) in stable primitives: tensor name -> what backward returns
     custom: tuple[tuple[str, sympy.Expr], ...] = ()
+    warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
 
     def node(self, name: str) -> ElementwiseNode:
         return next(n for n in self.elementwise if n.name == name)
@@ -101,7 +102,24 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
         (name, stabilize(expr, frozenset(s for s in expr.free_symbols if s not in scalars)))
         for name, expr in program.gradients
     )
-    return ProgramDerivation(program, tuple(nodes), custom)
+    flat = [name for name in program.tensor_names if name not in _differentiable(program, nodes)]
+    flat = [name for name in flat if name not in dict(custom) and program.consumers(name)]
+    warnings = unused_scalar_warnings(program.parsed) + flat_warnings(program.parsed, flat)
+    return ProgramDerivation(program, tuple(nodes), custom, warnings)
+
+
+def _differentiable(program: Program, nodes: list[ElementwiseNode]) -> set[str]:
+    """The values some output's gradient reaches: the outputs, and what a value it reaches reads through
+    a rule or a partial derivative that is not zero."""
+    partials = {n.name: dict(n.partials) for n in nodes}
+    reached = {o.value for o in program.outputs}
+    for value in reversed(program.values):
+        if value.name not in reached or value.expr is None:
+            continue
+        for read in value.reads:
+            if value.kind != ELEMENTWISE or partials[value.name].get(read, 0) != 0:
+                reached.add(read)
+    return reached
 
 
 # -- the structural rules, as torch code -------------------------------------------------------------------

@@ -294,4 +294,16 @@ STRUCTURED: list[CatalogueOp] = [
         {"x": {"shape": [8, 16]}, "w": {"shape": [8, 1]}},
         lambda x, w: (x - w).mean(-1),
     ),
+    _op(  # flat in x: zeros for x's gradient and tangent (None and an int 0 failed their generated tests)
+        "sign_weighted_sum",
+        "sum(sign(x) * y, dim=-1)",
+        {"x": {"shape": [8, 16]}, "y": {"shape": [8, 16]}},
+        lambda x, y: (torch.sign(x) * y).sum(-1),
+    ),
+    _op(  # a kink between two inputs: their extreme values tie (the generated tests' large inputs failed there)
+        "max_rows",
+        "sum(Max(x, y), dim=-1)",
+        {"x": {"shape": [8, 16]}, "y": {"shape": [8, 16]}},
+        lambda x, y: torch.maximum(x, y).sum(-1),
+    ),
 ]

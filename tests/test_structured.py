@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaffold import compile_op, generate_op, spec_from_mapping
 from scaffold.bench import saved_bytes
-from scaffold.errors import ScaffoldError
+from scaffold.errors import ScaffoldError, ScaffoldWarning
 
 try:
     from .conftest import BackgroundPytest, GeneratedRun, background_run, make_spec
@@ -473,3 +474,30 @@ def test_fused_backward_runs_eagerly_where_a_hidden_outputs_gradient_is_given(tm
     )
     for grad, want in zip(grads, expected):
         torch.testing.assert_close(grad, want)
+
+
+def test_a_flat_tensor_or_unused_scalar_of_a_structured_op_is_a_warning():
+    """As for an elementwise op: a tensor no gradient reaches (only through a step, or only through a
+    condition) and a scalar the forward never reads are named, once each; a smooth op warns of nothing."""
+    tensors = {"x": {"shape": [4, 5]}, "y": {"shape": [4, 5]}}
+    ops = {
+        "steps": ("sum(sign(x) * y, dim=-1)", {}),
+        "unused": ("softmax(x, dim=-1) * y", {"s": {"default": 1.0}}),
+        "smooth": ("sum(x * y, dim=-1) * s", {"s": {"default": 1.0}}),
+    }
+    messages = {}
+    for name, (forward, scalars) in ops.items():
+        mapping = {"name": name, "forward": forward, "tensors": tensors, "scalars": scalars}
+        spec = spec_from_mapping(mapping, source=f"{name}.toml")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            generate_op(spec, time_limit=None)
+        messages[name] = [str(w.message) for w in caught if issubclass(w.category, ScaffoldWarning)]
+    assert [m.split("\n")[0] for m in messages["steps"]] == [
+        "steps.toml: forward: the gradient with respect to 'x' is zero everywhere: it enters only through "
+        "sign(x), flat away from the jump; training will not move x"
+    ]
+    assert [m.split("\n")[0] for m in messages["unused"]] == [
+        "unused.toml: forward: the scalar argument 's' is not used in the forward; the op still takes it"
+    ]
+    assert messages["smooth"] == []
