@@ -811,6 +811,16 @@ class _Planner:
             else:
                 code = f"{parenthesized(outer, PRODUCT)} * {parenthesized(code, POWER)}"
         g = grad_names[target]
+        if target in grad_shapes and self.graph.values[target].kind == TENSOR and grad_shapes[target] != static:
+            # an argument's shares are summed to its shape once, at the end; shares of different shapes (one per
+            # element beside one a hoisted part passed on, summed already) are summed first, each on its own,
+            # or the smaller would be added at every element of the larger
+            shape = lambda: self.emitter.shape(target)  # noqa: E731 - as _summed_to wants it
+            summed, have = _summed_to(g, grad_shapes[target], want, shape, self.graph.positional)
+            if summed != g:
+                lines.append(Line(f"{g} = {summed}", guard))
+            grad_shapes[target] = have
+            code, static = _summed_to(code, static, want, shape, self.graph.positional)
         if target in grad_shapes:
             total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
             lines.append(Line(f"{g} = {total}", guard))

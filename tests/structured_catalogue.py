@@ -306,4 +306,11 @@ STRUCTURED: list[CatalogueOp] = [
         {"x": {"shape": [8, 16]}, "y": {"shape": [8, 16]}},
         lambda x, y: torch.maximum(x, y).sum(-1),
     ),
+    _op(  # c read directly and through 1/c**2, hoisted: c's per-element share and the hoisted part's summed one
+        # were added before summing (the latter counted at every element: a wrong gradient in c)
+        "cauchy_rows",
+        "sum(c**2/2*log(1 + (x/c)**2), dim=-1)",
+        {"x": {"shape": [8, 16]}, "c": {"shape": [], "learnable": True, "init": 1.0, "domain": [0.5, 2.0]}},
+        lambda x, c: (c**2 / 2 * torch.log1p((x / c) ** 2)).sum(-1),
+    ),
 ]
