@@ -6,18 +6,20 @@ rewrites the printed source of the op's module, function by function, before the
 a statement whose expression has more than :data:`LIMIT` operations keeps its shape and reads its
 large parts from temporaries assigned just before it:
 
-* the branches of a ``torch.where`` (``grad_x_then``, ``grad_x_else``: both, where one is large) and its
-  condition (``grad_x_mask``), the terms of a sum
-  (``grad_x_term0``, ...), the factors of a product (``grad_x_factor0``, ...), a call's arguments;
+* the condition and the branches of a ``torch.where`` (``grad_x_mask``, ``grad_x_then``, ``grad_x_else``;
+  both branches where one is large), the terms of a sum (``grad_x_term0``, ...), the factors of a product
+  (``grad_x_factor0``, ...);
 * a part is large when it has more than :data:`PART` operations; where only one part is, the statement is
-  mostly that part, and it is split inside instead (``torch.where(...) * grad_output`` splits the where);
+  mostly that part, and it is split inside instead (``torch.where(...) * grad_output`` splits the where;
+  a call's arguments, a shape beside a tensor, are split inside but never named);
 * each temporary is split again by the same rule, and is named after the statement's target and its place
   in it, a name that no other name of the module has (a function's temporaries may have another's names).
 
 Short statements stay as printed. The temporaries are tensors the expression computes anyway, in the same
 order, each read once: nothing is computed twice, and stage 6b overwrites them in place as it would the
 parts they were. Nothing is taken out of code that runs conditionally (``a if c else b``, ``and``/``or``,
-a lambda or a comprehension).
+a lambda or a comprehension). Like the shared temporaries (``tmp0``), a named part is a local: it is
+freed when its function returns, not as soon as the statement has read it.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from collections.abc import Iterator, Mapping
 #: A statement whose expression has more operations than this (binary and unary operations, calls,
 #: comparisons; a negative number is none) is split. An operation is what the formatter may break a line
 #: at, and stage 6b writes an in-place chain one operation per line: in the 262 ops of scaffold's own
-#: catalogues, statements of up to 15 operations ran to 6 formatted lines on average, those of 16 or more to
-#: 7-22 lines. A count, not a length: names and constants do not make math longer to read.
+#: catalogues, statements of 10-15 operations averaged 3-6 formatted lines, those of 16 or more 7-14 (up to
+#: 22). A count, not a length: names and constants do not make math longer to read.
 LIMIT = 15
 #: A part worth a name of its own has more operations than this: ``2 * x * y`` or ``tmp3 ** -2`` reads
 #: better in place than as a name.
