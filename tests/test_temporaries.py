@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import textwrap
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from scaffold import generate_op, write_files
 from scaffold.temporaries import LIMIT, name_parts
 
-from .conftest import make_spec, run_pytest
+from .conftest import GeneratedRun, background_run, make_spec
 
 #: A where whose branches are a series and a product of transcendentals (found_26's gradient, printed).
 SERIES = (
@@ -92,20 +93,31 @@ def _statements(source: str) -> list[ast.stmt]:
     return [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign | ast.Return | ast.Expr)]
 
 
-def test_a_long_generated_op_reads_in_parts_and_passes_its_tests(tmp_path):
-    """found_26's gradient was one 20-line statement: a where of a series and a tanh/sigmoid product."""
-    spec = make_spec("coth_minus", "1/tanh(x) - 1/x", {"x": {"shape": [4, 5]}})
-    files = generate_op(spec)
-    module = files["coth_minus.py"]
+#: found_26's forward: its gradient was one 20-line statement, a where of a series and a tanh/sigmoid product.
+COTH_MINUS = make_spec("coth_minus", "1/tanh(x) - 1/x", {"x": {"shape": [4, 5]}})
+
+
+def _coth_minus(folder):
+    write_files(generate_op(COTH_MINUS), folder)
+    return GeneratedRun(folder, ("-k", "not cuda"))
+
+
+def test_a_long_generated_op_reads_in_parts():
+    module = generate_op(COTH_MINUS)["coth_minus.py"]
     spans = [s.end_lineno - s.lineno + 1 for s in _statements(module) if not isinstance(s.value, ast.Constant)]
     assert max(spans) <= 10, max(spans)
     assert "grad_x = torch.where(tmp1, grad_x_then, grad_x_else).mul_(grad_output).sum_to_size(x_shape)" in module
     assert "return x_tangent * torch.where(tmp1, out_tangent_then, out_tangent_else)" in module
     # the in-place stage still overwrites the named branches' own temporaries
     assert "grad_x_then = (\n            (tmp2**10)\n            .mul_(" in module
-    write_files(files, tmp_path)
-    result = run_pytest(tmp_path, "-k", "not cuda", str(tmp_path))
+
+
+@background_run(_coth_minus)
+def test_a_long_generated_op_passes_its_tests(background_results):
+    """Gradients, double backward, torch.func transforms and torch.compile, with the named parts."""
+    result = background_results
     assert result.returncode == 0, result.stdout[-3000:]
+    assert re.search(r"\b[1-9]\d* passed", result.stdout), result.stdout[-3000:]
 
 
 def test_the_limit_is_what_splits():
