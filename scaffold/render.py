@@ -45,6 +45,7 @@ from .program import Program, RankRequirement, _broadcast_checked, build_program
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
+from .temporaries import name_parts
 
 TEMPLATES = {
     "module": "op.py.j2",
@@ -1467,6 +1468,15 @@ def _support_description(d: InputDomain) -> str:
     return f"defined on {d.support} ({d.support_reason})"
 
 
+#: What a function of the module returns, by name: the base of its return statement's temporaries (stage 6a).
+_RETURNED = {"forward": OUTPUT, "_forward": OUTPUT, "jvp": OUTPUT + TANGENT_SUFFIX}
+
+
+def _module_text(template: jinja2.Template, view: ModuleView | ProgramView) -> str:
+    """The module as ``template`` lays it out, its long statements split into named temporaries (stage 6a)."""
+    return name_parts(template.render(view=view), _RETURNED)
+
+
 def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
     """The module's text, its forward and backward computing in place where they can (stage 6b; not in
     fused mode, where the compiler plans the memory). Rendered with ``_out_of_place`` (torch.func runs an
@@ -1474,11 +1484,11 @@ def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
     torch.compile first, and again without either where the forward or _backward has nothing to reuse."""
     template = env.get_template(TEMPLATES["module"])
     if view.fuse:
-        return template.render(view=view)
+        return _module_text(template, view)
 
     def rendered(backward: bool, forward: bool) -> tuple[str, str, str]:
         """The text as rendered, with its forward rewritten, and with its forward and _backward rewritten."""
-        module = template.render(view=dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
+        module = _module_text(template, dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
         forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
         return module, forward_rewritten, reuse_temporaries(forward_rewritten, "_backward", view.parameter_kinds)
 
@@ -1525,12 +1535,14 @@ def render_op(
     if isinstance(plan, ProgramPlan):
         view = program_module_view(spec, derivation.program, plan, domains, namespace)
         view = dataclasses.replace(view, in_package=in_package)
-        module = _program_in_place(env, view) if in_place else env.get_template(TEMPLATES["program"]).render(view=view)
+        module = (
+            _program_in_place(env, view) if in_place else _module_text(env.get_template(TEMPLATES["program"]), view)
+        )
         custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
     else:
         view = module_view(spec, derivation, plan, domains, namespace)
         view = dataclasses.replace(view, in_package=in_package)
-        module = _in_place(env, view) if in_place else env.get_template(TEMPLATES["module"]).render(view=view)
+        module = _in_place(env, view) if in_place else _module_text(env.get_template(TEMPLATES["module"]), view)
         custom_op = spec.name if spec.target == "custom_op" else ""
     tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
@@ -1807,10 +1819,10 @@ def _program_in_place(env: jinja2.Environment, view: ProgramView) -> str:
     """The module's text, its _backward computing in place where it can (stage 6b; not in fused mode)."""
     template = env.get_template(TEMPLATES["program"])
     if view.fuse:
-        return template.render(view=view)
-    module = template.render(view=dataclasses.replace(view, backward_in_place=True))
+        return _module_text(template, view)
+    module = _module_text(template, dataclasses.replace(view, backward_in_place=True))
     rewritten = reuse_temporaries(module, "_backward", view.parameter_kinds)
-    return rewritten if rewritten != module else template.render(view=view)
+    return rewritten if rewritten != module else _module_text(template, view)
 
 
 def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
