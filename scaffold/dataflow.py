@@ -364,9 +364,8 @@ class _Planner:
             grad_names[self.graph.visible[0]] = GRAD_OUTPUT
         emitter = self.emitter = _Requests(self)
         lines: list[Line] = []
-        grad_shapes: dict[str, tuple[int, ...]] = {}  # each gradient's example shape so far (it may broadcast)
-        for name in self.graph.visible:
-            grad_shapes[name] = self.graph.shape(name)
+        # each gradient's example shape so far (it may broadcast)
+        grad_shapes: dict[str, tuple[int, ...]] = {name: self.graph.shape(name) for name in self.graph.visible}
         partials_docs: list[tuple[str, str]] = []
         rule_docs: list[str] = []
         hidden_grad_lines: dict[str, int] = {}
