@@ -524,6 +524,8 @@ class _Entry:
     """What both module views share: the name the functional and the Module call."""
 
     custom_op: CustomOpView | None
+    #: whether the template defines _forward, the forward as written, whatever Function.forward computes
+    defines_forward = False
 
     @property
     def entry(self) -> str:
@@ -1603,6 +1605,8 @@ def _standalone_runtime() -> str:
 class ProgramView(_Entry):
     """What ``templates/program_op.py.j2`` lays out: a structured op's code, from :mod:`.dataflow`."""
 
+    defines_forward = True
+
     version: str
     source: str
     name: str
@@ -1648,7 +1652,8 @@ class ProgramView(_Entry):
     backward_args: list[str]
     parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
     backward_in_place: bool = False  # _backward overwrites temporaries: run functionalized where recorded
-    forward_in_place: bool = False  # the forward is never rewritten in place (only _backward)
+    forward_in_place: bool = False  # Function.forward overwrites temporaries; _forward, as written, does not
+    forward_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)  # the arguments, for stage 6b
     custom_op: CustomOpView | None = None
     in_package: bool = False  # a project's op: the runtime is imported from the package alone
     rank_checks: list[RankCheck] = dataclasses.field(default_factory=list)  # _check_ranks, where some are
@@ -1755,6 +1760,7 @@ def program_module_view(
         + [f"ctx.{n}" for n in plan.backward_scalars]
         + [f"ctx.{n}_shape" for n in plan.shapes],
         parameter_kinds=_program_parameter_kinds(plan),
+        forward_kinds=_program_forward_kinds(spec),
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
         jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
         jvp_scalars=list(plan.jvp_scalars),
@@ -1816,13 +1822,35 @@ def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
 
 
 def _program_in_place(env: jinja2.Environment, view: ProgramView) -> str:
-    """The module's text, its _backward computing in place where it can (stage 6b; not in fused mode)."""
+    """The module's text, its Function's forward and its _backward computing in place where they can
+    (stage 6b; not in fused mode), as :func:`_in_place` does: the forward in place is written out in the
+    Function, _forward as written stays for torch.compile's twin."""
     template = env.get_template(TEMPLATES["program"])
     if view.fuse:
         return _module_text(template, view)
-    module = _module_text(template, dataclasses.replace(view, backward_in_place=True))
-    rewritten = reuse_temporaries(module, "_backward", view.parameter_kinds)
-    return rewritten if rewritten != module else _module_text(template, view)
+
+    def rendered(backward: bool, forward: bool) -> tuple[str, str, str]:
+        module = _module_text(template, dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
+        forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", view.forward_kinds)
+        return module, forward_rewritten, reuse_temporaries(forward_rewritten, "_backward", view.parameter_kinds)
+
+    module, forward, both = rendered(True, True)
+    forward_in_place, backward_in_place = forward != module, both != forward
+    if forward_in_place and backward_in_place:
+        return both
+    _, forward, both = rendered(backward_in_place, forward_in_place)
+    return both if backward_in_place else forward
+
+
+def _program_forward_kinds(spec: OpSpec) -> dict[str, Kind]:
+    """What the forward's parameters are, for stage 6b: each tensor with the dimensions in which its
+    example shape is above 1 and its rank (as :func:`_program_parameter_kinds`), scalars as numbers."""
+    kinds = {s.name: Kind(NUMBER) for s in spec.scalars}
+    for t in spec.tensors:
+        shape = tuple(t.shape)
+        dims = {f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1} | {f"from:{t.name}"}
+        kinds[t.name] = Kind(TENSOR, frozenset(dims | {f"rank{k}" for k in range(1, len(shape) + 1)}))
+    return kinds
 
 
 def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:

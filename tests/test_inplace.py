@@ -193,3 +193,23 @@ def test_a_selection_that_cannot_fill_in_place_selects_without_cloning():
     assert ".masked_fill(" not in text
     assert "torch.where(tmp1 & (p == 0), 0, torch.log(p))" in text  # tmp1 = y == 0, which grad_p reads too
     assert ".masked_fill_(y == 1, 0)" in text  # the forward's fresh product is still filled in place
+
+
+def test_a_structured_forward_computes_in_place_beside_the_forward_as_written(tmp_path):
+    """A structured op's Function.forward overwrites its own temporaries (log1p_ on c**-2 * x**2) and leaves
+    its inputs alone; _forward, as written, serves torch.compile's twin (compile_forward) and agrees."""
+    name = "inplace_cauchy_rows"
+    tensors = {"x": {"shape": [3, 4]}, "c": {"shape": []}}
+    module = import_generated(tmp_path, make_spec(name, "sum(c**2/2*log(1 + (x/c)**2), dim=-1)", tensors))
+    text = (tmp_path / f"{name}.py").read_text()
+    function = text.split("def forward(x, c):", 1)[1].split("def setup_context", 1)[0]
+    assert ".log1p_()" in function and "_forward(" not in function
+    assert "_runtime.dispatcher(InplaceCauchyRowsFunction, compile_forward=_forward)" in text
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    c = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    before = x.detach().clone(), c.detach().clone()
+    out = getattr(module, name)(x, c)
+    torch.testing.assert_close(out, module._forward(x, c)[0])
+    torch.testing.assert_close(out, (c**2 / 2 * torch.log1p((x / c) ** 2)).sum(-1))
+    torch.autograd.grad(out.sum(), [x, c])
+    assert torch.equal(x.detach(), before[0]) and torch.equal(c.detach(), before[1])
