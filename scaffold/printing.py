@@ -449,6 +449,10 @@ class TorchPrinter(StrPrinter):
             return product
         return f"torch.where({self._print_is_zero(x)}, 0, {product})"
 
+    def _print_log_argument(self, expr: stable.log_argument) -> str:
+        """``torch.where((x == 0) & (y == pole), safe, y)``: y, its pole taken away where its weight is 0."""
+        return self._print(expr.rewrite(sympy.Piecewise))
+
     def _print_neg_abs(self, expr: stable.neg_abs) -> str:
         self.helpers.add(NEG_ABS)
         return f"{NEG_ABS}({self._print(expr.args[0])})"

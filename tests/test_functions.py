@@ -27,7 +27,7 @@ USER = [e for e in ENTRIES if not e.internal]
 SPELLINGS = [(e, s) for e in USER for s in e.spellings]
 SYMBOLS = {name: sympy.Symbol(name, real=True) for name in ["x", *(f"a{i}" for i in range(1, 17))]}
 #: Arguments where a symbol will not do: polygamma's order and Rational's parts are literal integers.
-LITERAL_ARGUMENTS = {"polygamma": ["1"], "Rational": ["1", "3"]}
+LITERAL_ARGUMENTS = {"polygamma": ["1"], "Rational": ["1", "3"], "log_argument": ["0", "1"]}
 #: What the entries without a sympy class parse to, and digamma, which sympy writes polygamma(0, x).
 PARSED_CLASS = {"sqrt": sympy.Pow, "cbrt": sympy.Pow, "Rational": sympy.Rational, "digamma": sympy.polygamma}
 
