@@ -213,6 +213,21 @@ def test_the_derivatives_of_xlogy_share_one_guarded_argument():
             torch.testing.assert_close(evaluate(partial, xs, ys), expected)
 
 
+def test_xlogy_is_computed_with_vectorized_kernels():
+    # torch.xlogy has no vectorized CPU kernel: 3x torch.log's time (binary cross-entropy's fwd+bwd 1.72x plain
+    # autograd's with it, 1.64x without)
+    expr = stable.xlogy(1 - y, x)
+    assert print_torch(expr, TENSORS, where="test").text == "torch.where(y == 1, 0, (1 - y) * torch.log(x))"
+    xs = torch.tensor([0.0, 0.5, 0.0, 0.0, 2.0], dtype=torch.float64)
+    ys = torch.tensor([0.5, 0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(evaluate(expr, xs, ys), torch.xlogy(1 - ys, xs))
+    assert evaluate(expr, xs, ys)[2] == 0  # 0 * log(0): 0, as xlogy gives, not nan
+    # where log(y) is finite the product is 0 where x is: no guard
+    assert print_torch(stable.xlogy(y, 1 + x**2), TENSORS, where="test").text == "y * torch.log(x**2 + 1)"
+    # a weight compared with 0 is printed twice: only a tensor, or one plus a number
+    assert print_torch(stable.xlogy(x * y, x), TENSORS, where="test").text == "torch.xlogy(x * y, x)"
+
+
 def test_xlog1py_is_computed_with_vectorized_kernels():
     # torch.special.xlog1py has no vectorized CPU kernel: binary cross-entropy's forward was 2.4x plain autograd's
     expr = stable.xlog1py(1 - y, -x)
