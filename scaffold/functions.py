@@ -219,6 +219,7 @@ ENTRIES: tuple[Function, ...] = (
     _F("log_softplus", stable.log_softplus, printer_method=True, stable=True,
        mpmath=lambda x: mpmath.log(mpmath.log1p(mpmath.exp(x)))),
     _F("finite_at_zero", stable.finite_at_zero, arity=(2,), printer_method=True),
+    _F("log_argument", stable.log_argument, arity=(4,), printer_method=True),  # xlogy's derivatives read it
     _F("neg_abs", stable.neg_abs, printer_method=True),  # fused code's -|t|: the module's _neg_abs
     _F("sigmoid_grad", stable.sigmoid_grad, kernel="torch.ops.aten.sigmoid_backward"),
     _F("tanh_grad", stable.tanh_grad, kernel="torch.ops.aten.tanh_backward"),

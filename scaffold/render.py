@@ -44,7 +44,7 @@ from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
-from .stable import expand_kernels, kept, softplus, tanh_softplus, xexpy
+from .stable import expand_kernels, kept, log_argument, softplus, tanh_softplus, xexpy
 from .temporaries import name_parts
 
 TEMPLATES = {
@@ -115,8 +115,9 @@ def _docstring_text(text: str) -> str:
 
 def _math(expr: sympy.Basic) -> str:
     """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas, and
-    xexpy(x, y) as x*exp(y) and kept(w) as w (implementation details)."""
+    xexpy(x, y) as x*exp(y), kept(w) as w and log_argument as its cases (implementation details)."""
     expr = expand_kernels(expr).replace(lambda e: isinstance(e, xexpy), lambda e: xexpy.literal(*e.args))
+    expr = expr.replace(lambda e: isinstance(e, log_argument), lambda e: e.rewrite(sympy.Piecewise))
     expr = expr.replace(lambda e: isinstance(e, kept), lambda e: e.args[0])
     expr = expr.replace(lambda e: isinstance(e, tanh_softplus), lambda e: sympy.tanh(softplus(e.args[0])))
     return sympy.sstr(expr)

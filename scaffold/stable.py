@@ -139,11 +139,13 @@ class xlogy(StableFunction):  # noqa: N801
     def fdiff(self, argindex=1):
         # torch.xlogy's own x-derivative: 0, not -inf, where x = y = 0. Its y-derivative is 0 where x = 0, as
         # its value is (x * log(y) = 0 there whatever y): not 0/0 = nan at y = 0, where PyTorch's is (bce's
-        # gradient at a prediction of 0 for a target of 0 is 1, not nan); where y cannot be 0 it is x / y.
+        # gradient at a prediction of 0 for a target of 0 is 1, not nan). Both read y with its pole guarded
+        # (log_argument), so that they share one guard; where y cannot be 0 they are log(y) and x / y.
         x, y = self.args
-        if argindex == 2:
-            return x / y if positive_where_defined(y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (x / y, True))
-        return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, 0))), (sympy.log(y), True))
+        if positive_where_defined(y):
+            return x / y if argindex == 2 else sympy.Piecewise((0, _weightless_pole(x, y, 0)), (sympy.log(y), True))
+        arg = log_argument(0, 1, y, x)
+        return x / arg if argindex == 2 else sympy.log(arg)
 
 
 class xlog1py(StableFunction):  # noqa: N801
@@ -157,10 +159,37 @@ class xlog1py(StableFunction):  # noqa: N801
         # torch.special.xlog1py's own x-derivative: 0, not -inf, where x = 0 and y = -1; its y-derivative 0
         # where x = 0 (see xlogy).
         x, y = self.args
-        if argindex == 2:
-            quotient = x / (1 + y)
-            return quotient if positive_where_defined(1 + y) else sympy.Piecewise((0, sympy.Eq(x, 0)), (quotient, True))
-        return sympy.Piecewise((0, sympy.And(sympy.Eq(x, 0), sympy.Eq(y, -1))), (log1p(y), True))
+        if positive_where_defined(1 + y):
+            return x / (1 + y) if argindex == 2 else sympy.Piecewise((0, _weightless_pole(x, y, -1)), (log1p(y), True))
+        arg = log_argument(-1, 0, y, x)
+        return x / (1 + arg) if argindex == 2 else log1p(arg)
+
+
+def _weightless_pole(x: sympy.Expr, y: sympy.Expr, pole: int) -> sympy.Basic:
+    """Where x*log(y) (pole 0) or x*log1p(y) (pole -1) is 0 by convention, its log infinite."""
+    return sympy.And(sympy.Eq(x, 0), sympy.Eq(y, pole))
+
+
+class log_argument(sympy.Function):  # noqa: N801
+    """``log_argument(pole, safe, y, x)``: ``y``, but ``safe`` where the weight ``x`` is 0 and ``y`` is at the
+    log's ``pole``; the argument the derivatives of xlogy(x, y) (pole 0, safe 1) and xlog1py(x, y) (pole -1,
+    safe 0) read. Its log is the x-derivative, 0 at that point by the convention of x*log(y) = 0 where x = 0,
+    and x over it (over 1 plus it) the y-derivative, 0 wherever x is: both exact, and one guard, a
+    ``torch.where`` of two comparisons, where each derivative carried its own (binary cross-entropy's
+    backward: 1.76x plain autograd's time, 1.59x with one guarded argument per logarithm; 4M float32
+    elements, one CPU thread)."""
+
+    nargs = 4
+
+    def fdiff(self, argindex=1):
+        pole, _, y, x = self.args
+        return sympy.Piecewise((0, _weightless_pole(x, y, pole)), (1, True)) if argindex == 3 else sympy.S.Zero
+
+    def _eval_rewrite_as_Piecewise(self, pole, safe, y, x, **kwargs):  # noqa: N802 - sympy's name
+        return sympy.Piecewise((safe, _weightless_pole(x, y, pole)), (y, True))
+
+    def _eval_is_extended_real(self) -> bool | None:
+        return self.args[2].is_extended_real
 
 
 class xexpy(StableFunction):  # noqa: N801
@@ -1000,7 +1029,12 @@ class _Rewriter:
     def _xlogy(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
         """x * log(y) = xlogy(x, y): 0, not nan, where x = 0 and y = 0 ((1 - x)**(b - 1) * log(1 - x) at
         x = 1, b > 1); x * log1p(y) = xlog1py(x, y) likewise where y = -1."""
-        logs = [f for f in factors if isinstance(f, (sympy.log, log1p)) and self.is_tensor(f)]
+        # a log of a log_argument is a derivative of xlogy, its pole taken away where its own weight is 0
+        logs = [
+            f
+            for f in factors
+            if isinstance(f, (sympy.log, log1p)) and self.is_tensor(f) and not isinstance(f.args[0], log_argument)
+        ]
         tensor_factors = [f for f in factors if f not in logs and self.is_tensor(f)]
         if len(logs) != 1 or not tensor_factors:
             return None

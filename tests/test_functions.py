@@ -27,7 +27,7 @@ USER = [e for e in ENTRIES if not e.internal]
 SPELLINGS = [(e, s) for e in USER for s in e.spellings]
 SYMBOLS = {name: sympy.Symbol(name, real=True) for name in ["x", *(f"a{i}" for i in range(1, 17))]}
 #: Arguments where a symbol will not do: polygamma's order and Rational's parts are literal integers.
-LITERAL_ARGUMENTS = {"polygamma": ["1"], "Rational": ["1", "3"]}
+LITERAL_ARGUMENTS = {"polygamma": ["1"], "Rational": ["1", "3"], "log_argument": ["0", "1"]}
 #: What the entries without a sympy class parse to, and digamma, which sympy writes polygamma(0, x).
 PARSED_CLASS = {"sqrt": sympy.Pow, "cbrt": sympy.Pow, "Rational": sympy.Rational, "digamma": sympy.polygamma}
 
@@ -128,9 +128,10 @@ def test_torch_form_prints_and_exists_in_torch(entry):
         assert text.startswith(name + "("), text
 
 
-#: Functions printed with other kernels than their torch form: xlog1py as a product with log1p where x is not
-#: 0 (torch.special.xlog1py has no vectorized CPU kernel: 10 times log1p's time).
-PRINTED_OTHERWISE = {"xlog1py": "torch.log1p("}
+#: Functions printed with other kernels than their torch form: xlogy and xlog1py as a product with log or log1p
+#: where x is not 0 (torch.xlogy and torch.special.xlog1py have no vectorized CPU kernel: 3 and 10 times log's
+#: and log1p's time).
+PRINTED_OTHERWISE = {"xlogy": "torch.log(", "xlog1py": "torch.log1p("}
 
 
 @pytest.mark.parametrize("entry", [e for e in ENTRIES if e.math], ids=lambda e: e.name)

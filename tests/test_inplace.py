@@ -185,13 +185,13 @@ def test_a_converted_mask_is_a_fresh_float_tensor():
 
 
 def test_a_selection_that_cannot_fill_in_place_selects_without_cloning():
-    # bce's gradient in y guards log(p) where p = y = 0 (xlogy's own x-derivative): the mask, of p and y, may be
-    # larger than log(p), so log(p) is not filled in place; masked_fill would clone it and fill the clone, two
-    # passes over 4M float32 elements where torch.where makes one
+    # bce's gradients guard p where p = y = 0 (xlogy's derivatives read it with its pole taken away): the mask, of
+    # p and y, may be larger than p, and p is an input, so it is not filled in place; masked_fill would clone it
+    # and fill the clone, two passes over 4M float32 elements where torch.where makes one
     spec = make_spec("inplace_bce", "-(y*log(p) + (1 - y)*log(1 - p))", {"p": {}, "y": {"domain": [0.0, 1.0]}})
     text = generate_op(spec)["inplace_bce.py"]
     assert ".masked_fill(" not in text
-    assert "torch.where(tmp1 & (p == 0), 0, torch.log(p))" in text  # tmp1 = y == 0, which grad_p reads too
+    assert "tmp0 = torch.where((p == 0) & (y == 0), 1, p)" in text  # read by grad_p and grad_y
     assert ".masked_fill_(y == 1, 0)" in text  # the forward's fresh product is still filled in place
 
 

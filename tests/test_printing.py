@@ -194,6 +194,40 @@ def test_a_number_where_a_condition_holds_is_selected_by_where_not_a_cloning_mas
     assert eval(code, {"torch": torch}, {"x": xs.float(), "y": ys.float()}).dtype == torch.float32  # our own output
 
 
+def test_the_derivatives_of_xlogy_share_one_guarded_argument():
+    # Each derivative guarded on its own was a torch.where per derivative: binary cross-entropy's backward was
+    # 1.76x plain autograd's time, 1.59x with one guarded argument per logarithm (4M float32, one CPU thread).
+    for kind, pole, safe in ((stable.xlogy, 0, 1), (stable.xlog1py, -1, 0)):
+        expr = kind(x, y)
+        partials = [sympy.diff(expr, x), sympy.diff(expr, y)]
+        argument = stable.log_argument(pole, safe, y, x)
+        assert all(p.has(argument) and not p.has(Piecewise) for p in partials), partials
+        assert print_torch(argument, TENSORS, where="test").text == f"torch.where((x == 0) & (y == {pole}), {safe}, y)"
+        # exact: 0 where x = 0 and y is the pole (the convention); the log's pole where only y is at it
+        xs = torch.tensor([0.0, 0.0, 0.5, 2.0], dtype=torch.float64)
+        ys = torch.tensor([pole, 0.5, pole, 3.0], dtype=torch.float64)
+        log = torch.log if pole == 0 else torch.log1p
+        d_x = torch.where((xs == 0) & (ys == pole), 0, log(ys))
+        d_y = torch.where(xs == 0, 0, xs / (ys - pole))
+        for partial, expected in zip(partials, (d_x, d_y)):
+            torch.testing.assert_close(evaluate(partial, xs, ys), expected)
+
+
+def test_xlogy_is_computed_with_vectorized_kernels():
+    # torch.xlogy has no vectorized CPU kernel: 3x torch.log's time (binary cross-entropy's fwd+bwd 1.72x plain
+    # autograd's with it, 1.64x without)
+    expr = stable.xlogy(1 - y, x)
+    assert print_torch(expr, TENSORS, where="test").text == "torch.where(y == 1, 0, (1 - y) * torch.log(x))"
+    xs = torch.tensor([0.0, 0.5, 0.0, 0.0, 2.0], dtype=torch.float64)
+    ys = torch.tensor([0.5, 0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(evaluate(expr, xs, ys), torch.xlogy(1 - ys, xs))
+    assert evaluate(expr, xs, ys)[2] == 0  # 0 * log(0): 0, as xlogy gives, not nan
+    # where log(y) is finite the product is 0 where x is: no guard
+    assert print_torch(stable.xlogy(y, 1 + x**2), TENSORS, where="test").text == "y * torch.log(x**2 + 1)"
+    # a weight compared with 0 is printed twice: only a tensor, or one plus a number
+    assert print_torch(stable.xlogy(x * y, x), TENSORS, where="test").text == "torch.xlogy(x * y, x)"
+
+
 def test_xlog1py_is_computed_with_vectorized_kernels():
     # torch.special.xlog1py has no vectorized CPU kernel: binary cross-entropy's forward was 2.4x plain autograd's
     expr = stable.xlog1py(1 - y, -x)
