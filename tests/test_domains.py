@@ -340,8 +340,9 @@ def test_a_removable_singularity_is_a_special_point_where_the_limit_is_tested(tm
     spec = make_spec("planck", "x**3/(exp(x) - 1)", {"x": {}})
     files = generate_op(spec)
     assert _op_tests(files, tmp_path / "inspected", monkeypatch).inputs[0].special == (0.0,)
-    # The polynomial, up to x**10, inside a where (the formatter may break the line after the condition).
-    assert re.search(r"torch\.where\(\s*tmp1,\s*\(tmp2\*\*10\)\s*\.mul_\(-1 / 1209600\)", files["planck.py"])
+    # The polynomial, up to x**10, the branch of a where (named: the statement is long).
+    assert re.search(r"out_then = \(\s*\(tmp2\*\*10\)\s*\.mul_\(-1 / 1209600\)", files["planck.py"])
+    assert "return torch.where(tmp1, out_then, out_else)" in files["planck.py"]
     write_files(files, tmp_path / "generated")
     result = run_pytest(tmp_path / "generated")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
