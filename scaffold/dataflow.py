@@ -37,7 +37,7 @@ from . import structural
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
 from .plan import Step, straight_line
-from .printing import IMPORTS, POWER, PRODUCT, is_finite, print_torch
+from .printing import IMPORTS, POWER, PRODUCT, is_finite, math_text, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
 from .rules import (
@@ -570,10 +570,11 @@ class _Planner:
         reciprocal square root) computed once, where some gradient that reads them is needed."""
         partials = dict(self.graph.derivation.node(node.name).partials)
         if node.name in self.graph.hoisted:  # in terms of its own value, which backward has
-            partials = {read: p.subs(node.expr, sympy.Symbol(node.name, real=True)) for read, p in partials.items()}
+            own = sympy.Symbol(node.name, real=True)
+            partials = {read: _in_terms_of(p, node.expr, own) for read, p in partials.items()}
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
-        docs += [(f"d {node.name} / d {read}", sympy.sstr(partials[read])) for read in targets]
+        docs += [(f"d {node.name} / d {read}", math_text(partials[read])) for read in targets]
         targets = [read for read in targets if partials[read] != 0]  # a value only a condition reads
         for read in targets:
             partial = self._masked(partials[read])
@@ -1209,6 +1210,19 @@ class _Everything(_Requests):
 def _grad_of(code: str, upstream: dict[sympy.Symbol, sympy.Symbol]) -> sympy.Symbol:
     """The upstream gradient as the spec names it (``grad``) of its code in backward."""
     return next(grad for grad, symbol in upstream.items() if symbol.name == code)
+
+
+def _in_terms_of(partial: sympy.Expr, expr: sympy.Expr, value: sympy.Symbol) -> sympy.Expr:
+    """``partial`` with ``expr`` written as ``value`` (a hoisted part's derivative in terms of itself:
+    ``-rsqrt**3/2``), unless that divides by something ``partial`` does not: K**h's derivative h*K**(h - 1)
+    would be h*stat/K, 0/0 at K = 0 where it is 0."""
+    written = partial.subs(expr, value)
+    return written if _divisors(written) <= _divisors(partial) else partial
+
+
+def _divisors(expr: sympy.Expr) -> set[sympy.Expr]:
+    """The bases ``expr`` raises to a negative power."""
+    return {p.base for p in sympy.preorder_traversal(expr) if p.is_Pow and p.exp.is_negative}
 
 
 def _comments_with_their_code(lines: list[Line]) -> list[Line]:

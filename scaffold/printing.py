@@ -712,6 +712,18 @@ def _decimal(number: sympy.Rational) -> str | None:
     return f"{'-' if number.p < 0 else ''}{whole}.{fraction}"
 
 
+def math_text(expr: sympy.Basic) -> str:
+    """``expr`` for a docstring: derivative kernels (tanh_grad, ...) written as their formulas, and
+    xexpy(x, y) as x*exp(y), kept(w) as w and log_argument as its cases (implementation details)."""
+    expr = stable.expand_kernels(expr).replace(
+        lambda e: isinstance(e, stable.xexpy), lambda e: stable.xexpy.literal(*e.args)
+    )
+    expr = expr.replace(lambda e: isinstance(e, stable.log_argument), lambda e: e.rewrite(sympy.Piecewise))
+    expr = expr.replace(lambda e: isinstance(e, stable.kept), lambda e: e.args[0])
+    expr = expr.replace(lambda e: isinstance(e, stable.tanh_softplus), lambda e: sympy.tanh(stable.softplus(e.args[0])))
+    return sympy.sstr(expr)
+
+
 class Printed(NamedTuple):
     """Printed code, and what it refers to besides torch."""
 

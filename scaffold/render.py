@@ -40,11 +40,10 @@ from .plan import (
     one_derivative_kernel,
     straight_line,
 )
-from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
+from .printing import IMPORTS, NEG_ABS, is_finite, math_text, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
-from .stable import expand_kernels, kept, log_argument, softplus, tanh_softplus, xexpy
 from .temporaries import name_parts
 
 TEMPLATES = {
@@ -111,16 +110,6 @@ def _import_lines(aliases: set[str]) -> list[str]:
 def _docstring_text(text: str) -> str:
     """Make ``text`` safe inside a triple-quoted docstring."""
     return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
-
-
-def _math(expr: sympy.Basic) -> str:
-    """``expr`` for the docstring: derivative kernels (tanh_grad, ...) written as their formulas, and
-    xexpy(x, y) as x*exp(y), kept(w) as w and log_argument as its cases (implementation details)."""
-    expr = expand_kernels(expr).replace(lambda e: isinstance(e, xexpy), lambda e: xexpy.literal(*e.args))
-    expr = expr.replace(lambda e: isinstance(e, log_argument), lambda e: e.rewrite(sympy.Piecewise))
-    expr = expr.replace(lambda e: isinstance(e, kept), lambda e: e.args[0])
-    expr = expr.replace(lambda e: isinstance(e, tanh_softplus), lambda e: sympy.tanh(softplus(e.args[0])))
-    return sympy.sstr(expr)
 
 
 class _CodePrinter:
@@ -807,10 +796,10 @@ def _docstrings(spec: OpSpec, derivation: Derivation) -> dict:
         # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
         "forward_text": _docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
         "doc": _docstring_text(spec.doc.strip()),
-        "forward_math": [(o.name or "out", _docstring_text(_math(o.forward))) for o in derivation.outputs],
+        "forward_math": [(o.name or "out", _docstring_text(math_text(o.forward))) for o in derivation.outputs],
         "stable_note": _stable_note(derivation),
         "partials": [
-            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(_math(p.expr)))
+            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(math_text(p.expr)))
             for o in derivation.outputs
             for p in o.partials
         ],

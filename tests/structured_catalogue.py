@@ -321,4 +321,11 @@ STRUCTURED: list[CatalogueOp] = [
         lambda x, y, t, c: F.binary_cross_entropy_with_logits(((x - y) / c) ** 3, t, reduction="none").mean(-1),
         {"c": {"type": "float", "default": 0.5}},
     ),
+    _op(  # K**h is hoisted; its derivative in terms of itself, h*stat/K, was 0/0 at K = 0 (h*K**(h - 1) is 0)
+        "hill_rows",
+        "sum(x**h/(K**h + x**h), dim=-1)",
+        {"x": {"shape": [4, 5]}, "K": {"shape": [5], "learnable": True, "init": 1.0}},
+        lambda x, K, h: (x**h / (K**h + x**h)).sum(-1),
+        {"h": {"type": "float", "default": 2.5}},
+    ),
 ]

@@ -501,3 +501,12 @@ def test_a_flat_tensor_or_unused_scalar_of_a_structured_op_is_a_warning():
         "unused.toml: forward: the scalar argument 's' is not used in the forward; the op still takes it"
     ]
     assert messages["smooth"] == []
+
+
+def test_partial_derivatives_in_the_docstring_read_as_math():
+    """The Function's docstring writes derivative kernels and stable forms as their formulas, as an
+    elementwise op's does (tanh_grad(tanh(u)) is 1 - tanh(u)**2, xexpy(a, b) is a*exp(b))."""
+    texts = {name: _files(name)[f"{name}.py"] for name in ("matvec", "row_sum_times_exp", "cauchy_rows")}
+    assert "d out / d product = 1 - tanh(product)**2" in texts["matvec"]
+    assert "d out / d h = total*exp(h)" in texts["row_sum_times_exp"]
+    assert not any(kernel in text for text in texts.values() for kernel in ("tanh_grad", "xexpy", "log_argument"))
