@@ -325,7 +325,7 @@ STRUCTURED: list[CatalogueOp] = [
         "hill_rows",
         "sum(x**h/(K**h + x**h), dim=-1)",
         {"x": {"shape": [4, 5]}, "K": {"shape": [5], "learnable": True, "init": 1.0}},
-        lambda x, K, h: (x**h / (K**h + x**h)).sum(-1),
+        lambda x, k, h: (x**h / (k**h + x**h)).sum(-1),
         {"h": {"type": "float", "default": 2.5}},
     ),
 ]
