@@ -1469,19 +1469,19 @@ def _module_text(template: jinja2.Template, view: ModuleView | ProgramView) -> s
     return name_parts(template.render(view=view), _RETURNED)
 
 
-def _in_place(env: jinja2.Environment, view: ModuleView) -> str:
-    """The module's text, its forward and backward computing in place where they can (stage 6b; not in
-    fused mode, where the compiler plans the memory). Rendered with ``_out_of_place`` (torch.func runs an
-    in-place _backward functionalized) and with the forward as written in the Function's twin for
-    torch.compile first, and again without either where the forward or _backward has nothing to reuse."""
-    template = env.get_template(TEMPLATES["module"])
+def _in_place(template: jinja2.Template, view: ModuleView | ProgramView, forward_kinds: dict[str, Kind]) -> str:
+    """The module's text, its Function's forward and its _backward computing in place where they can (stage
+    6b; not in fused mode, where the compiler plans the memory), the forward's parameters of
+    ``forward_kinds``. Rendered with ``_out_of_place`` (torch.func runs an in-place _backward functionalized)
+    and with the forward as written in _forward for torch.compile's twin first, and again without either
+    where the forward or _backward has nothing to reuse."""
     if view.fuse:
         return _module_text(template, view)
 
     def rendered(backward: bool, forward: bool) -> tuple[str, str, str]:
         """The text as rendered, with its forward rewritten, and with its forward and _backward rewritten."""
         module = _module_text(template, dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
-        forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", view.parameter_kinds)
+        forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", forward_kinds)
         return module, forward_rewritten, reuse_temporaries(forward_rewritten, "_backward", view.parameter_kinds)
 
     module, forward, both = rendered(True, True)
@@ -1526,16 +1526,14 @@ def render_op(
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
     if isinstance(plan, ProgramPlan):
         view = program_module_view(spec, derivation.program, plan, domains, namespace)
-        view = dataclasses.replace(view, in_package=in_package)
-        module = (
-            _program_in_place(env, view) if in_place else _module_text(env.get_template(TEMPLATES["program"]), view)
-        )
+        template, forward_kinds = env.get_template(TEMPLATES["program"]), view.forward_kinds
         custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
     else:
         view = module_view(spec, derivation, plan, domains, namespace)
-        view = dataclasses.replace(view, in_package=in_package)
-        module = _in_place(env, view) if in_place else _module_text(env.get_template(TEMPLATES["module"]), view)
+        template, forward_kinds = env.get_template(TEMPLATES["module"]), view.parameter_kinds
         custom_op = spec.name if spec.target == "custom_op" else ""
+    view = dataclasses.replace(view, in_package=in_package)
+    module = _in_place(template, view, forward_kinds) if in_place else _module_text(template, view)
     tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op)
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
@@ -1809,27 +1807,6 @@ def _program_parameter_kinds(plan: ProgramPlan) -> dict[str, Kind]:
     for name in plan.backward_scalars:
         kinds[name] = Kind(NUMBER)
     return kinds
-
-
-def _program_in_place(env: jinja2.Environment, view: ProgramView) -> str:
-    """The module's text, its Function's forward and its _backward computing in place where they can
-    (stage 6b; not in fused mode), as :func:`_in_place` does: the forward in place is written out in the
-    Function, _forward as written stays for torch.compile's twin."""
-    template = env.get_template(TEMPLATES["program"])
-    if view.fuse:
-        return _module_text(template, view)
-
-    def rendered(backward: bool, forward: bool) -> tuple[str, str, str]:
-        module = _module_text(template, dataclasses.replace(view, backward_in_place=backward, forward_in_place=forward))
-        forward_rewritten = reuse_temporaries(module, f"{view.camel}Function.forward", view.forward_kinds)
-        return module, forward_rewritten, reuse_temporaries(forward_rewritten, "_backward", view.parameter_kinds)
-
-    module, forward, both = rendered(True, True)
-    forward_in_place, backward_in_place = forward != module, both != forward
-    if forward_in_place and backward_in_place:
-        return both
-    _, forward, both = rendered(backward_in_place, forward_in_place)
-    return both if backward_in_place else forward
 
 
 def _program_forward_kinds(spec: OpSpec) -> dict[str, Kind]:
