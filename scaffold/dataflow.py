@@ -531,16 +531,7 @@ class _Planner:
                     lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
                 continue
             shapes_read.add(name)
-            padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
-            larger = len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
-            smaller = len(have) < len(want) or any(h < w for h, w in zip(padded[-len(want) :] if want else (), want))
-            if larger and smaller:
-                fix = f"{g}.expand(torch.broadcast_shapes({g}.shape, {name}_shape)).sum_to_size({name}_shape)"
-            elif larger:
-                fix = f"{g}.sum_to_size({name}_shape)"
-            else:
-                fix = f"{g}.expand({name}_shape)"
-            lines.append(Line(f"{g} = {fix}", index))
+            lines.append(Line(f"{g} = {_brought_to(g, have, want, name)}", index))
         return shapes_read
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
@@ -813,14 +804,15 @@ class _Planner:
         g = grad_names[target]
         if target in grad_shapes and self.graph.values[target].kind == TENSOR and grad_shapes[target] != static:
             # an argument's shares are summed to its shape once, at the end; shares of different shapes (one per
-            # element beside one a hoisted part passed on, summed already) are summed first, each on its own,
-            # or the smaller would be added at every element of the larger
-            shape = lambda: self.emitter.shape(target)  # noqa: E731 - as _summed_to wants it
-            summed, have = _summed_to(g, grad_shapes[target], want, shape, self.graph.positional)
-            if summed != g:
-                lines.append(Line(f"{g} = {summed}", guard))
-            grad_shapes[target] = have
-            code, static = _summed_to(code, static, want, shape, self.graph.positional)
+            # element beside one a hoisted part passed on, summed already) are brought to its shape at call time
+            # first, each on its own, or the smaller would be added at every element of the larger
+            if _outgrows(grad_shapes[target], want):
+                self.emitter.shapes.add(target)
+                lines.append(Line(f"{g} = {_brought_to(g, grad_shapes[target], want, target)}", guard))
+                grad_shapes[target] = want
+            if _outgrows(static, want):
+                self.emitter.shapes.add(target)
+                code, static = _brought_to(code, static, want, target), want
         if target in grad_shapes:
             total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
             lines.append(Line(f"{g} = {total}", guard))
@@ -1297,6 +1289,26 @@ def _summed_to(
         code = f"{_atom(code)}.sum(dim={_dims(keep)}, keepdim=True)"
         have = tuple(1 if d - len(have) in keep else h for d, h in enumerate(have))
     return code, have
+
+
+def _outgrows(have: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Whether a gradient of example shape ``have`` runs along a dimension that an argument of shape ``want``
+    has not (one it must be summed over), rather than only broadcasting to it."""
+    padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
+    return len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
+
+
+def _brought_to(code: str, have: tuple[int, ...], want: tuple[int, ...], name: str) -> str:
+    """``code``, a gradient of example shape ``have``, brought to the argument ``name``'s shape at call time
+    (``want`` in the example): summed where it runs along more, expanded where it broadcasts, both where both."""
+    padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
+    smaller = len(have) < len(want) or any(h < w for h, w in zip(padded[-len(want) :] if want else (), want))
+    code = _atom(code)
+    if _outgrows(have, want) and smaller:
+        return f"{code}.expand(torch.broadcast_shapes({code}.shape, {name}_shape)).sum_to_size({name}_shape)"
+    if _outgrows(have, want):
+        return f"{code}.sum_to_size({name}_shape)"
+    return f"{code}.expand({name}_shape)"
 
 
 def _summed_dims(have: tuple[int, ...], want: tuple[int, ...]) -> tuple[int, ...]:

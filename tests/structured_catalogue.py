@@ -328,4 +328,12 @@ STRUCTURED: list[CatalogueOp] = [
         lambda x, k, h: (x**h / (k**h + x**h)).sum(-1),
         {"h": {"type": "float", "default": 2.5}},
     ),
+    _op(  # a learnable per-feature log-variance: its per-row share (a mean's spread gradient) and exp(-logv)'s,
+        # summed already, were added before summing (the latter counted once per row), then at the second
+        # shape summed over the example's leading dims only
+        "gaussian_nll_rows",
+        "mean(0.5*(logv + (x - mu)**2*exp(-logv)), dim=-1)",
+        {"x": {"shape": [6, 16]}, "mu": {"shape": [6, 16]}, "logv": {"shape": [16], "learnable": True, "init": 0.0}},
+        lambda x, mu, logv: (0.5 * (logv + (x - mu) ** 2 * torch.exp(-logv))).mean(-1),
+    ),
 ]
