@@ -862,7 +862,9 @@ class _Planner:
         guards: dict[str, frozenset[int]] = {}
         for name in reversed(recomputed):
             readers = [line.guard for line in lines if re.search(rf"\b{name}\b", line.text.split("#")[0])]
-            readers += [guards[r] for r in guards if name in self.graph.values[r].reads]
+            # and the recomputed values computed from it: what it reads, or a softmax as exp of its log_softmax
+            made = [r for r in guards if name in self.graph.values[r].reads or self.graph.exp_of.get(r) == name]
+            readers += [guards[r] for r in made]
             if self.graph.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
                 guards[name] = frozenset().union(*readers)
             else:

@@ -336,4 +336,16 @@ STRUCTURED: list[CatalogueOp] = [
         {"x": {"shape": [6, 16]}, "mu": {"shape": [6, 16]}, "logv": {"shape": [16], "learnable": True, "init": 0.0}},
         lambda x, mu, logv: (0.5 * (logv + (x - mu) ** 2 * torch.exp(-logv))).mean(-1),
     ),
+    _op(  # distillation's KL with a learnable temperature: softmax recomputed as exp(log_softmax) where y's
+        # gradient alone is needed, its log_softmax was computed only for x's (an UnboundLocalError); the same
+        # in kl_softmax with fuse = true
+        "distillation_kl",
+        "sum(softmax(x/T, dim=-1)*(log_softmax(x/T, dim=-1) - log_softmax(y/T, dim=-1)), dim=-1)*T**2",
+        {
+            "x": {"shape": [4, 6]},
+            "y": {"shape": [4, 6]},
+            "T": {"shape": [], "learnable": True, "init": 2.0, "domain": [0.5, 4.0]},
+        },
+        lambda x, y, t: _kl(x / t, y / t) * t**2,
+    ),
 ]
