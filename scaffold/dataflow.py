@@ -1296,21 +1296,24 @@ def _summed_to(
 def _outgrows(have: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """Whether a gradient of example shape ``have`` runs along a dimension that an argument of shape ``want``
     has not (one it must be summed over), rather than only broadcasting to it."""
-    padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
-    return len(have) > len(want) or any(h > w for h, w in zip(padded[-len(want) :] if want else (), want))
+    return len(have) > len(want) or any(h > w for h, w in _aligned_sizes(have, want))
 
 
 def _brought_to(code: str, have: tuple[int, ...], want: tuple[int, ...], name: str) -> str:
     """``code``, a gradient of example shape ``have``, brought to the argument ``name``'s shape at call time
     (``want`` in the example): summed where it runs along more, expanded where it broadcasts, both where both."""
-    padded = (1,) * (len(want) - len(have)) + have if len(have) < len(want) else have
-    smaller = len(have) < len(want) or any(h < w for h, w in zip(padded[-len(want) :] if want else (), want))
+    smaller = len(have) < len(want) or any(h < w for h, w in _aligned_sizes(have, want))
     code = _atom(code)
     if _outgrows(have, want) and smaller:
         return f"{code}.expand(torch.broadcast_shapes({code}.shape, {name}_shape)).sum_to_size({name}_shape)"
     if _outgrows(have, want):
         return f"{code}.sum_to_size({name}_shape)"
     return f"{code}.expand({name}_shape)"
+
+
+def _aligned_sizes(have: tuple[int, ...], want: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The sizes of ``have`` and ``want`` in the dimensions they share, aligned from the right."""
+    return list(zip(have[-len(want) :], want[-len(have) :])) if have and want else []
 
 
 def _summed_dims(have: tuple[int, ...], want: tuple[int, ...]) -> tuple[int, ...]:

@@ -725,8 +725,7 @@ class OpTests:
         # Where two inputs are equal or opposite, a kink between them (Max, Min, Abs, a comparison) may sit,
         # whose derivative is a convention (torch.maximum splits the gradient at a tie): only finiteness is
         # checked there.
-        magnitudes = torch.stack(inputs).detach().abs().sort(dim=0).values
-        tie = (magnitudes[1:] == magnitudes[:-1]).any(dim=0)
+        tie = _tie(inputs, inputs[0].shape)
         compare = [~tie] * (count + len(inputs))
         if accurate is not None:
             compare = [~tie & accurate.to(tie.device)] * count + [torch.zeros_like(tie)] * len(inputs)
@@ -1116,15 +1115,15 @@ def _ties(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         shape = torch.broadcast_shapes(*(x.shape for x in inputs))
     except RuntimeError:
         return None
+    tie = _tie(inputs, shape).double()
+    return [tie.sum_to_size(x.shape) > 0 for x in inputs]
+
+
+def _tie(inputs: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """Where two of ``inputs``, broadcast to ``shape``, are equal or opposite: where a kink between them (Max,
+    Min, Abs of a difference) may sit."""
     magnitudes = torch.stack([x.detach().abs().expand(shape) for x in inputs]).sort(dim=0).values
-    tie = (magnitudes[1:] == magnitudes[:-1]).any(dim=0)
-    masks = []
-    for x in inputs:
-        summed = tuple(range(len(shape) - x.dim())) + tuple(
-            len(shape) - x.dim() + d for d in range(x.dim()) if x.shape[d] == 1 and shape[len(shape) - x.dim() + d] > 1
-        )
-        masks.append((tie.sum(dim=summed, keepdim=True) > 0).reshape(x.shape) if summed else tie)
-    return masks
+    return (magnitudes[1:] == magnitudes[:-1]).any(dim=0)
 
 
 def _other_sizes(sizes: Mapping[str, int]) -> dict[str, int]:
