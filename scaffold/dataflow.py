@@ -288,6 +288,7 @@ class _Planner:
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
+        self.named = frozenset(self.taken)  # the names every function of the module may not take
 
     # -- printing ----------------------------------------------------------------------------------------
 
@@ -311,24 +312,52 @@ class _Planner:
         return printed.text
 
     def forward_expr(self, v: Value) -> str:
+        """``v``'s forward as one expression, as written (no shared steps): what jvp and a restated softmax
+        compute again."""
         if v.kind == ELEMENTWISE:
-            code = self.print(self.graph.derivation.node(v.name).forward)
-            # A value that may be another one itself (an input, or a case between values on a bool scalar)
-            # is a view of it: forward may not return one tensor twice, nor an input as it is.
-            return f"{_atom(code)}[...]" if _may_alias(code) else code
+            return self._unaliased(self.print(self.graph.derivation.node(v.name).forward))
         operands = [str(o) for o in v.expr.operand_exprs]
         return forward_code(v.expr, operands)
+
+    def forward_statements(self, v: Value, taken: set[str]) -> list[str]:
+        """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
+        eager forms the elementwise plan computes (mish from one sigmoid, a guarded branch) and its repeated
+        subexpressions computed once (:func:`.plan.straight_line`), in temporaries not in ``taken`` (which
+        gains them)."""
+        if v.kind != ELEMENTWISE:
+            return [f"{v.name} = {self.forward_expr(v)}"]
+        formula = self.graph.derivation.node(v.name).forward
+        steps, (reduced,) = straight_line([formula], taken, self.scalars)
+        taken |= {step.name for step in steps}
+        temporaries = {step.name for step in steps}
+        lines = [f"{step.name} = {self.print(step.expr, extra=temporaries)}" for step in steps]
+        return lines + [f"{v.name} = {self._unaliased(self.print(reduced, extra=temporaries))}"]
+
+    @staticmethod
+    def _unaliased(code: str) -> str:
+        """A value that may be another one itself (an input, or a case between values on a bool scalar) is a
+        view of it: forward may not return one tensor twice, nor an input as it is."""
+        return f"{_atom(code)}[...]" if _may_alias(code) else code
+
+    @property
+    def scalars(self) -> frozenset[sympy.Symbol]:
+        """The non-tensor arguments' symbols, as the lowering rewrites tell them from tensors."""
+        return frozenset(sympy.Symbol(n, real=True) for n in self.graph.scalars) | frozenset(
+            self.graph.program.parsed.symbols[n] for n in self.graph.scalars
+        )
 
     def _forward_lines(self) -> list[str]:
         """forward's statements. A log_softmax and a logsumexp of the same value along the same dimension
         share their work, as torch computes each: the maximum, and the log of the sum of exponentials of the
         value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that)."""
         lines, shared = [], {}
+        # forward's temporaries are its own (backward's may take the same names), besides the statistics kept
+        taken = set(self.named) | {stat for stats in self.restated.values() for stat in stats}
         for v in self.graph.nodes:
             if v.name in self.restated:  # the statistics backward keeps, then the softmax from them
                 largest, log_sum = self.restated[v.name]
                 operand, dim = str(v.expr.args[0]), v.expr.dim
-                shifted = self._temporary()
+                shifted = _fresh(taken)
                 log_probs = f"{shifted} - {log_sum}"
                 lines += _log_normalizer_lines(operand, dim, largest, shifted, log_sum)
                 lines.append(f"{v.name} = {log_probs if isinstance(v.expr, LogSoftmax) else f'torch.exp({log_probs})'}")
@@ -336,11 +365,11 @@ class _Planner:
             key = _log_normalizer(v)
             partners = [w for w in self.graph.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
-                lines.append(f"{v.name} = {self.forward_expr(v)}")
+                lines += self.forward_statements(v, taken)
                 continue
             operand, dim = key
             if key not in shared:
-                names = [self._temporary() for _ in range(3)]
+                names = [_fresh(taken) for _ in range(3)]
                 lines += _log_normalizer_lines(operand, dim, *names)
                 shared[key] = names
             largest, shifted, log_sum = shared[key]
@@ -352,9 +381,7 @@ class _Planner:
         return lines
 
     def _temporary(self) -> str:
-        name = next(f"tmp{k}" for k in range(10**6) if f"tmp{k}" not in self.taken)
-        self.taken.add(name)
-        return name
+        return _fresh(self.taken)
 
     # -- backward ------------------------------------------------------------------------------------------
 
@@ -553,7 +580,7 @@ class _Planner:
             elif v in self.restated:
                 lines.append(Line(f"{v} = {self._restated(v)}", guards[v]))
             else:
-                lines.append(Line(f"{v} = {self.forward_expr(self.graph.values[v])}", guards[v]))
+                lines += [Line(line, guards[v]) for line in self.forward_statements(self.graph.values[v], self.taken)]
         return lines
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
@@ -571,10 +598,7 @@ class _Planner:
             partial = self._masked(partials[read])
             emitter.request_symbols(partial)
             exprs.append(grad_symbol * partial)
-        scalars = frozenset(sympy.Symbol(n, real=True) for n in self.graph.scalars) | frozenset(
-            self.graph.program.parsed.symbols[n] for n in self.graph.scalars
-        )
-        steps, reduced = straight_line(exprs, self.taken, scalars)
+        steps, reduced = straight_line(exprs, self.taken, self.scalars, cheapest=True)
         temporaries = {step.name: step.expr for step in steps}
         tensors, finite = self._temporaries(steps, dict(zip(targets, reduced)), g, lines)
 
@@ -1255,6 +1279,13 @@ def _resolved(temporaries: dict[str, sympy.Expr]) -> dict[sympy.Symbol, sympy.Ex
     for name, expr in temporaries.items():
         resolved[sympy.Symbol(name, real=True)] = expr.xreplace(resolved)
     return resolved
+
+
+def _fresh(taken: set[str]) -> str:
+    """The first temporary name ``tmpK`` not in ``taken``, which gains it."""
+    name = next(f"tmp{k}" for k in range(10**6) if f"tmp{k}" not in taken)
+    taken.add(name)
+    return name
 
 
 def returned_grad(hidden: str) -> str:

@@ -377,13 +377,21 @@ def _code_operations(steps: Replacements, exprs: list[sympy.Expr], scalars: froz
 
 
 def straight_line(
-    exprs: list[sympy.Expr], taken: set[str], scalars: frozenset[sympy.Symbol] | None = None, fused: bool = False
+    exprs: list[sympy.Expr],
+    taken: set[str],
+    scalars: frozenset[sympy.Symbol] | None = None,
+    fused: bool = False,
+    *,
+    cheapest: bool = False,
 ) -> tuple[tuple[Step, ...], tuple[sympy.Expr, ...]]:
     """``exprs`` as assignments of their repeated subexpressions and final expressions over them.
 
     ``scalars``: the symbols that are not tensors; None for the expressions as written (a test's
-    reference), without the :mod:`.lowering` rewrites. ``fused``: code that runs through torch.compile."""
-    replacements, reduced = _eliminate(list(exprs), taken, scalars, fused)
+    reference), without the :mod:`.lowering` rewrites. ``fused``: code that runs through torch.compile.
+    ``cheapest``: the exprs as they are or with their products distributed or silu unfused, whichever
+    costs less (:func:`_cheapest_elimination`: a backward's gradients, which share a factor that way)."""
+    eliminate = _cheapest_elimination if cheapest else _eliminate
+    replacements, reduced = eliminate(list(exprs), taken, scalars, fused)
     return tuple(Step(str(s), e) for s, e in replacements), tuple(reduced)
 
 

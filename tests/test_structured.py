@@ -256,6 +256,19 @@ def test_a_norms_statistic_is_hoisted_and_saved():
     assert [v.name for v in program.values if v.name in program.hoisted] == ["rsqrt"]
 
 
+def test_elementwise_steps_share_their_work_as_elementwise_ops_do():
+    """A structured op's elementwise steps get the elementwise plan's code: a repeated subexpression in
+    forward computed once, mish from one sigmoid (not PyTorch's mish, two sigmoids' worth on a CPU), and
+    backward's products distributed where the gradients then share a factor with grad_output."""
+    forward = _files("linear_gelu_learned")["linear_gelu_learned.py"].split("def _backward(", 1)[0]
+    assert "tmp0 = bias + product" in forward and "out = tmp0 * torch.sigmoid(1.702 * tmp0)" in forward, forward
+    spec = make_spec("mean_mish", "mean(x*tanh(softplus(x)), dim=-1)", {"x": {"shape": [4, 8]}})
+    source = generate_op(spec)["mean_mish.py"]
+    forward = source.split("def _backward(", 1)[0]
+    assert forward.count("torch.sigmoid(x)") == 1 and "functional.mish" not in forward, forward
+    assert "tmp0 = grad_output * torch.sigmoid(h)" in _backward_source("swiglu")
+
+
 def test_a_centred_value_is_not_summed_in_backward():
     """sum(mean(x) - x) over the mean's dimensions is zero: the variance's share of the mean's gradient is not
     computed (values and second derivatives against torch: test_matches_pytorch)."""
