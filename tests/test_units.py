@@ -9,15 +9,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "scaffold"
 MAX_FUNCTION_LINES = 80
 #: A class is one job: its methods read together. 200 lines is a few screens, and each of the classes that
-#: issue 33 split by job (printing.TorchPrinter, 513 lines; stable._Rewriter, 510; expression._Builder, 301)
-#: now has parts of at most about 150 lines, each one kind of node: a longer class is most likely several jobs.
+#: issue 33 split by job (printing.TorchPrinter, 513 lines; stable._Rewriter, 510; expression._Builder, 301;
+#: spec.OpSpec, 275) now has parts of at most about 150 lines: a longer class is most likely several jobs.
 MAX_CLASS_LINES = 200
 #: Classes still over the limit, each with the size it may not grow beyond until it is split (issue 33
-#: item 4): the generated tests' library, the structured planner, the spec model.
+#: item 4): the generated tests' library and the structured planner.
 OVER_THE_LIMIT = {
     ("testing.py", "OpTests"): 850,
     ("dataflow.py", "_Planner"): 649,
-    ("spec.py", "OpSpec"): 275,
 }
 
 
