@@ -448,7 +448,11 @@ def _tree_measure(exprs: tuple[sympy.Basic, ...]) -> tuple[int, int]:
     return sum(sizes[e] for e in exprs), max((depths[e] for e in exprs), default=0)
 
 
-class _Builder:
+class _BuilderBase:
+    """The walk over Python's syntax tree: each allowed node has a ``build_<node type>`` method (in the
+    classes below), any other node is refused; errors quote the part of the text at fault. A value is checked
+    to be a number or a condition where the context needs one."""
+
     def __init__(self, text: str, symbols: dict[str, sympy.Symbol], where: str) -> None:
         self.text = text
         self.symbols = symbols
@@ -477,6 +481,31 @@ class _Builder:
                 f"this is not defined for real numbers ({exc})",
                 hint="constants must be finite real numbers: log(-1), asin(2) or atan2(0, 0) are not",
             ) from None
+
+    def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            raise self.fail(
+                node,
+                "a condition is used as a number",
+                hint="use conditions only inside Piecewise((value, condition), ...)",
+            )
+        return value
+
+    def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:
+        # A bool scalar's symbol carries no assumptions; tensors and numeric scalars are real.
+        if isinstance(value, sympy.Symbol) and value.is_real is None:
+            return value
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            return value
+        raise self.fail(
+            node,
+            "expected a condition such as x > 0",
+            hint="conditions are comparisons, True/False, bool scalars, and &, |, ~ of those",
+        )
+
+
+class _AtomBuilder(_BuilderBase):
+    """Literals and names: exact numbers (0.1 is 1/10), the declared arguments and steps, the constants."""
 
     def build_Constant(self, node: ast.Constant, depth: int) -> sympy.Basic:
         value = node.value
@@ -514,6 +543,10 @@ class _Builder:
             f"unknown name {name!r} (declared arguments: {declared})",
             hint=f"declare it with --tensor {name} or --scalar {name}=VALUE, or [tensors.{name}] in the spec",
         )
+
+
+class _ArithmeticBuilder(_BuilderBase):
+    """Operators: signs, ``+ - * / ** @``, a long sum or product built in one step, powers bounded in size."""
 
     def build_UnaryOp(self, node: ast.UnaryOp, depth: int) -> sympy.Basic:
         operand = self.build(node.operand, depth)
@@ -588,6 +621,10 @@ class _Builder:
                 raise self.fail(node, f"the power has more than {MAX_POWER_DIGITS} digits")
         return sympy.Pow(base, exponent)
 
+
+class _ConditionBuilder(_BuilderBase):
+    """Comparisons, ``and``/``or`` and ``Piecewise``'s (value, condition) pairs."""
+
     def build_Compare(self, node: ast.Compare, depth: int) -> sympy.Basic:
         operands = [self._expr(self.build(n, depth), n) for n in [node.left, *node.comparators]]
         parts = []
@@ -601,6 +638,29 @@ class _Builder:
     def build_BoolOp(self, node: ast.BoolOp, depth: int) -> sympy.Basic:
         values = [self._condition(self.build(v, depth), v) for v in node.values]
         return sympy.And(*values) if isinstance(node.op, ast.And) else sympy.Or(*values)
+
+    def _piecewise(self, node: ast.Call, depth: int) -> sympy.Basic:
+        pairs = []
+        for arg in node.args:
+            if not (isinstance(arg, ast.Tuple) and len(arg.elts) == 2):
+                raise self.fail(arg, "Piecewise takes (value, condition) pairs, e.g. Piecewise((x, x > 0), (0, True))")
+            value = self._expr(self.build(arg.elts[0], depth), arg.elts[0])
+            condition = self._condition(self.build(arg.elts[1], depth), arg.elts[1])
+            pairs.append((value, condition))
+        if not pairs:
+            raise self.fail(node, "Piecewise needs at least one (value, condition) pair")
+        if pairs[-1][1] is not sympy.true:
+            raise self.fail(
+                node,
+                "Piecewise needs a last pair whose condition is True, so every input has a value",
+                hint="add an 'otherwise' pair such as (0, True)",
+            )
+        return sympy.Piecewise(*pairs)
+
+
+class _CallBuilder(_BuilderBase):
+    """Calls: the registry's functions (:mod:`.functions`) with their arities, and the structural
+    nodes (reductions, softmax, transpose) with their literal dimensions."""
 
     def build_Call(self, node: ast.Call, depth: int) -> sympy.Basic:
         if not isinstance(node.func, ast.Name):
@@ -711,44 +771,9 @@ class _Builder:
             raise self.fail(node, f"the dimension {sign * node.value} is out of range")
         return sympy.Integer(sign * node.value)
 
-    def _piecewise(self, node: ast.Call, depth: int) -> sympy.Basic:
-        pairs = []
-        for arg in node.args:
-            if not (isinstance(arg, ast.Tuple) and len(arg.elts) == 2):
-                raise self.fail(arg, "Piecewise takes (value, condition) pairs, e.g. Piecewise((x, x > 0), (0, True))")
-            value = self._expr(self.build(arg.elts[0], depth), arg.elts[0])
-            condition = self._condition(self.build(arg.elts[1], depth), arg.elts[1])
-            pairs.append((value, condition))
-        if not pairs:
-            raise self.fail(node, "Piecewise needs at least one (value, condition) pair")
-        if pairs[-1][1] is not sympy.true:
-            raise self.fail(
-                node,
-                "Piecewise needs a last pair whose condition is True, so every input has a value",
-                hint="add an 'otherwise' pair such as (0, True)",
-            )
-        return sympy.Piecewise(*pairs)
 
-    def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
-        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
-            raise self.fail(
-                node,
-                "a condition is used as a number",
-                hint="use conditions only inside Piecewise((value, condition), ...)",
-            )
-        return value
-
-    def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:
-        # A bool scalar's symbol carries no assumptions; tensors and numeric scalars are real.
-        if isinstance(value, sympy.Symbol) and value.is_real is None:
-            return value
-        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
-            return value
-        raise self.fail(
-            node,
-            "expected a condition such as x > 0",
-            hint="conditions are comparisons, True/False, bool scalars, and &, |, ~ of those",
-        )
+class _Builder(_CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
+    """Builds the sympy expression a Python expression's syntax tree spells, refusing anything else."""
 
 
 def _log10(number: sympy.Number) -> float:

@@ -31,6 +31,10 @@ translation is an error naming that node; nothing is printed half-right. It fixe
 
 The printer records the modules besides torch that its output refers to, so the generated file imports
 exactly those.
+
+:class:`TorchPrinter` is one small class per kind of node, each over :class:`_PrinterBase` (the printer's
+state and parenthesizing): atoms, arithmetic, masks in products, case distinctions, conditions, the
+registry's functions, the stable primitives and the structural nodes.
 """
 
 from __future__ import annotations
@@ -177,11 +181,11 @@ def _boolean_symbols(expr: sympy.Basic) -> set[sympy.Symbol]:
     return {c for c in used if isinstance(c, sympy.Symbol)}
 
 
-class TorchPrinter(StrPrinter):
-    """Prints sympy expressions as torch code.
+class _PrinterBase(StrPrinter):
+    """What every part of the printer shares: which symbols are tensors (and which of those are bool
+    masks or known finite), the modules the text refers to, and operands parenthesized by what they print as.
 
-    ``tensors`` are the names of tensor-valued symbols (arguments, temporaries, ``grad_output``); every
-    other symbol is a Python number, and expressions over those alone are printed as plain Python.
+    Each class below prints one kind of node; :class:`TorchPrinter` is all of them.
     """
 
     def __init__(
@@ -203,8 +207,6 @@ class TorchPrinter(StrPrinter):
         self._dtype_anchored = False
         self._tensor_argument = False  # printing a torch function's argument, which must be a tensor
 
-    # -- helpers ----------------------------------------------------------------------------------
-
     def is_tensor(self, expr: sympy.Basic) -> bool:
         return any(s.name in self.tensors for s in expr.free_symbols)
 
@@ -215,13 +217,32 @@ class TorchPrinter(StrPrinter):
             self.imports.add(alias)
         return name
 
+    def _argument(self, item: sympy.Basic) -> str:
+        """``item`` as a torch function's tensor argument (a case picked in Python gives a tensor)."""
+        self._tensor_argument = isinstance(item, sympy.Piecewise)
+        try:
+            return self._print(item)
+        finally:
+            self._tensor_argument = False
+
+    def _operand(self, item: sympy.Basic, tightest: int) -> str:
+        """``item`` printed as an operand that must bind at least as tightly as ``tightest``."""
+        return operand(self._print(item), tightest)
+
+    def parenthesize(self, item: sympy.Basic, level: int, strict: bool = False) -> str:
+        """sympy's hook, for the methods inherited from StrPrinter: by what ``item`` prints as."""
+        tightest = _PYTHON_LEVEL[max(k for k in _PYTHON_LEVEL if k <= level)]
+        return self._operand(item, tightest if strict else tightest + 1)
+
     def emptyPrinter(self, expr: object) -> str:
         raise _unsupported(expr) if isinstance(expr, sympy.Basic) else TypeError(expr)
 
     def _print_Basic(self, expr: sympy.Basic) -> str:
         raise _unsupported(expr)
 
-    # -- atoms ------------------------------------------------------------------------------------
+
+class _AtomPrinter(_PrinterBase):
+    """Symbols, numbers and the constants: a fraction as the decimal the spec most likely wrote."""
 
     def _print_Symbol(self, expr: sympy.Symbol) -> str:
         return expr.name
@@ -249,7 +270,23 @@ class TorchPrinter(StrPrinter):
     def _print_BooleanFalse(self, expr: sympy.Basic) -> str:
         return "False"
 
-    # -- arithmetic -------------------------------------------------------------------------------
+
+class _ArithmeticPrinter(_PrinterBase):
+    """Sums, powers and products: minus signs as subtractions, reciprocals as divisions, each tensor
+    touched once. A product's steps, case distinctions and derivative kernels go to the printers of those."""
+
+    def _print_Add(self, expr: sympy.Add, order: str | None = None) -> str:
+        """A sum, its terms' leading minus signs made subtractions: x - y, x - (1 - s), never x - 1 - s."""
+        text = ""
+        for term in self._as_ordered_terms(expr, order=order):
+            printed = self._print(term)
+            if text and printed.startswith("-") and binding(printed) >= PRODUCT:  # -a * b: (-a) * b
+                text += f" - {operand(printed[1:], PRODUCT)}"
+            elif text:
+                text += f" + {operand(printed, SUM)}"
+            else:
+                text = operand(printed, SUM)
+        return text
 
     def _print_Pow(self, expr: sympy.Pow, rational: bool = False) -> str:  # StrPrinter passes `rational`
         base, exponent = expr.args
@@ -286,47 +323,6 @@ class TorchPrinter(StrPrinter):
         if kernel is not None and any(self.is_tensor(f) for f in factors if f is not kernel):
             return self._mul_fused_kernel(expr, kernel)
         return self._mul_product(expr, masks)
-
-    def _dtype_free_factors(self, factors: tuple[sympy.Basic, ...]) -> list[sympy.Basic]:
-        """The steps and case distinctions between numbers among ``factors``, where a float tensor
-        multiplies them: printed as a boolean mask or a plain torch.where, since that factor fixes the
-        result's dtype."""
-        masks = [f for f in factors if self._is_dtype_free(f)]
-        return masks if any(self.is_tensor(f) for f in factors if f not in masks) else []
-
-    def _mul_selection(self, expr: sympy.Mul, steps: list[sympy.Basic]) -> str:
-        """A step multiplies as a bool mask, ``grad_output * (x > 0)``, where the rest of the product is
-        finite. Elsewhere it selects: where() keeps an overflowing factor it zeroes (exp(x) * (x < 0) at
-        x = 100) from making inf * 0 = nan, and the factor's input is kept where the step is 1, so that its
-        gradient is not 0 * inf = nan either (double backward)."""
-        rest = sympy.Mul(*[f for f in expr.args if f not in steps])
-        conditions = [step_relational(m) for m in steps]
-        kept_inside = guard_value(rest, sympy.And(*conditions), self.is_tensor) != rest
-        if is_finite(rest, self.finite | self.bools, self.tensors) and not kept_inside:
-            mask = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
-            return f"{self._operand(rest, PRODUCT)} * {operand(mask, PRODUCT + 1)}"
-        if len(conditions) == 1:
-            return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
-        condition = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
-        return f"torch.where({condition}, {self._print(rest)}, 0)"
-
-    def _mul_scaled_cases(self, expr: sympy.Mul, case: sympy.Piecewise) -> str | None:
-        """A case distinction between numbers times a tensor, as each case scaling the tensor, so that the
-        numbers keep its dtype (torch.where(c, 1, 0.01) would be float32 next to float64); None where the
-        rest is too costly to print once per case."""
-        others = list(expr.args)
-        others.remove(case)  # by equality: as_coeff_mul may hand out an equal, not the same, object
-        rest = sympy.Mul(*others)
-        if sympy.count_ops(rest) > 2:
-            return None
-        return self._print(sympy.Piecewise(*[(p.expr * rest, p.cond) for p in case.args]))
-
-    def _mul_fused_kernel(self, expr: sympy.Mul, kernel: stable.DerivativeKernel) -> str:
-        """grad * tanh_grad(t) as one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)."""
-        others = list(expr.args)
-        others.remove(kernel)
-        fused = functions.by_class(type(kernel)).kernel
-        return f"{fused}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
 
     def _mul_product(self, expr: sympy.Mul, masks: list[sympy.Basic]) -> str:
         """The factors multiplied out: numbers first, then tensors, a denominator for reciprocals, and
@@ -388,6 +384,18 @@ class TorchPrinter(StrPrinter):
             return False
         return all(abs(t.as_coeff_Mul()[0]) != 1 for t in factor.args if self.is_tensor(t))
 
+
+class _MaskPrinter(_PrinterBase):
+    """A step or a case distinction between numbers that multiplies a float tensor: a bool mask where the
+    rest is finite, else a selection; the tensor fixes the product's dtype."""
+
+    def _dtype_free_factors(self, factors: tuple[sympy.Basic, ...]) -> list[sympy.Basic]:
+        """The steps and case distinctions between numbers among ``factors``, where a float tensor
+        multiplies them: printed as a boolean mask or a plain torch.where, since that factor fixes the
+        result's dtype."""
+        masks = [f for f in factors if self._is_dtype_free(f)]
+        return masks if any(self.is_tensor(f) for f in factors if f not in masks) else []
+
     def _is_dtype_free(self, factor: sympy.Basic) -> bool:
         if isinstance(factor, sympy.Heaviside):
             return factor.args[1] in (0, 1) and self.is_tensor(factor.args[0])
@@ -395,215 +403,37 @@ class TorchPrinter(StrPrinter):
             return self.is_tensor(factor) and not any(self.is_tensor(p.expr) for p in factor.args)
         return False
 
-    # -- functions --------------------------------------------------------------------------------
+    def _mul_selection(self, expr: sympy.Mul, steps: list[sympy.Basic]) -> str:
+        """A step multiplies as a bool mask, ``grad_output * (x > 0)``, where the rest of the product is
+        finite. Elsewhere it selects: where() keeps an overflowing factor it zeroes (exp(x) * (x < 0) at
+        x = 100) from making inf * 0 = nan, and the factor's input is kept where the step is 1, so that its
+        gradient is not 0 * inf = nan either (double backward)."""
+        rest = sympy.Mul(*[f for f in expr.args if f not in steps])
+        conditions = [step_relational(m) for m in steps]
+        kept_inside = guard_value(rest, sympy.And(*conditions), self.is_tensor) != rest
+        if is_finite(rest, self.finite | self.bools, self.tensors) and not kept_inside:
+            mask = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
+            return f"{self._operand(rest, PRODUCT)} * {operand(mask, PRODUCT + 1)}"
+        if len(conditions) == 1:
+            return f"torch.where({self._print(conditions[0])}, {self._print_branch(rest, conditions[0])}, 0)"
+        condition = " & ".join(self._operand(c, BIT_AND + 1) for c in conditions)
+        return f"torch.where({condition}, {self._print(rest)}, 0)"
 
-    def _print_Function(self, expr: sympy.Function) -> str:
-        if isinstance(expr, stable.DerivativeKernel):  # nothing to fuse it with: its formula
-            return self._print(type(expr).expanded(*expr.args))
-        function = functions.by_class(type(expr))
-        if function is not None and function.reciprocal_of is not None:  # torch has no cot: 1 / tan
-            reciprocal = function.reciprocal_of(*expr.args, evaluate=False)
-            return f"(1 / {self._print(reciprocal)})"
-        if function is None or function.torch is None:
-            raise _unsupported(expr)
-        if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
-            return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
-        torch_name, math_name = function.torch, function.math
-        if self.is_tensor(expr):
-            args = ", ".join(self._argument(a) if self.is_tensor(a) else self._print(a) for a in expr.args)
-        else:
-            args = ", ".join(self._print(a) for a in expr.args)
-        if self.is_tensor(expr):
-            if function.tensor_only and not all(self.is_tensor(a) for a in expr.args):
-                # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
-                anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
-                args = ", ".join(
-                    self._print(a) if self.is_tensor(a) else f"{anchor}.new_tensor({self._print(a)})" for a in expr.args
-                )
-            return f"{self._qualified(torch_name)}({args})"
-        if isinstance(expr, sympy.sign):
-            (arg,) = expr.args
-            return f"(({self._print(arg)} > 0) - ({self._print(arg)} < 0))"
-        if math_name is None:
-            raise DerivationError(
-                f"{sympy.sstr(expr)} has only non-tensor arguments and Python's math module has no "
-                f"{type(expr).__name__}",
-                hint="declare the argument as a tensor",
-            )
-        return f"{self._qualified(math_name)}({args})"
+    def _mul_scaled_cases(self, expr: sympy.Mul, case: sympy.Piecewise) -> str | None:
+        """A case distinction between numbers times a tensor, as each case scaling the tensor, so that the
+        numbers keep its dtype (torch.where(c, 1, 0.01) would be float32 next to float64); None where the
+        rest is too costly to print once per case."""
+        others = list(expr.args)
+        others.remove(case)  # by equality: as_coeff_mul may hand out an equal, not the same, object
+        rest = sympy.Mul(*others)
+        if sympy.count_ops(rest) > 2:
+            return None
+        return self._print(sympy.Piecewise(*[(p.expr * rest, p.cond) for p in case.args]))
 
-    def _print_finite_at_zero(self, expr: stable.finite_at_zero) -> str:
-        value, x = expr.args
-        text = self._operand(value, ATOM)
-        return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
 
-    def _print_xlogy(self, expr: stable.xlogy) -> str:
-        """``x * log(y)``, 0 where x is: torch.xlogy has no vectorized CPU kernel (4M float32 elements, one
-        thread: 3x the time of torch.log; binary cross-entropy's fwd+bwd 1.72x plain autograd's with it,
-        1.64x with log, a multiply and a fill). Only where x is a tensor, or one plus a number (1 - y), as
-        its comparison with 0 prints it again."""
-        terms = sympy.Add.make_args(expr.args[0])
-        if len(terms) > 2 or not all(t.is_Number or t.is_Symbol or (-t).is_Symbol for t in terms):
-            return self._print_Function(expr)
-        return self._zero_where_weightless(expr, "torch.log", expr.args[1])
-
-    def _print_xlog1py(self, expr: stable.xlog1py) -> str:
-        """``x * log1p(y)``, 0 where x is: torch.special.xlog1py has no vectorized CPU kernel (4M float32
-        elements, one thread: 8x the time of torch.log1p, and more than where, log1p and a multiply)."""
-        return self._zero_where_weightless(expr, "torch.log1p", 1 + expr.args[1])
-
-    def _zero_where_weightless(self, expr: stable.xlogy | stable.xlog1py, log: str, log_argument: sympy.Expr) -> str:
-        """``x * log(...)`` with its product 0 where x is, unless the log's argument is positive."""
-        x, y = expr.args
-        if not self.is_tensor(expr):
-            return self._print_Function(expr)
-        product = f"{self._operand(x, PRODUCT)} * {self._qualified(log)}({self._argument(y)})"
-        # the log is finite (symlog's sign(x) * log1p(|x|)): the product is 0 where x is
-        if stable.positive_where_defined(log_argument):
-            return product
-        return f"torch.where({self._print_is_zero(x)}, 0, {product})"
-
-    def _print_log_argument(self, expr: stable.log_argument) -> str:
-        """``torch.where((x == 0) & (y == pole), safe, y)``: y, its pole taken away where its weight is 0."""
-        return self._print(expr.rewrite(sympy.Piecewise))
-
-    def _print_neg_abs(self, expr: stable.neg_abs) -> str:
-        self.helpers.add(NEG_ABS)
-        return f"{NEG_ABS}({self._print(expr.args[0])})"
-
-    def _print_kept(self, expr: stable.kept) -> str:
-        return self._print(expr.args[0])
-
-    def _argument(self, item: sympy.Basic) -> str:
-        """``item`` as a torch function's tensor argument (a case picked in Python gives a tensor)."""
-        self._tensor_argument = isinstance(item, sympy.Piecewise)
-        try:
-            return self._print(item)
-        finally:
-            self._tensor_argument = False
-
-    def _operand(self, item: sympy.Basic, tightest: int) -> str:
-        """``item`` printed as an operand that must bind at least as tightly as ``tightest``."""
-        return operand(self._print(item), tightest)
-
-    def parenthesize(self, item: sympy.Basic, level: int, strict: bool = False) -> str:
-        """sympy's hook, for the methods inherited from StrPrinter: by what ``item`` prints as."""
-        tightest = _PYTHON_LEVEL[max(k for k in _PYTHON_LEVEL if k <= level)]
-        return self._operand(item, tightest if strict else tightest + 1)
-
-    def _print_Add(self, expr: sympy.Add, order: str | None = None) -> str:
-        """A sum, its terms' leading minus signs made subtractions: x - y, x - (1 - s), never x - 1 - s."""
-        text = ""
-        for term in self._as_ordered_terms(expr, order=order):
-            printed = self._print(term)
-            if text and printed.startswith("-") and binding(printed) >= PRODUCT:  # -a * b: (-a) * b
-                text += f" - {operand(printed[1:], PRODUCT)}"
-            elif text:
-                text += f" + {operand(printed, SUM)}"
-            else:
-                text = operand(printed, SUM)
-        return text
-
-    def _print_log_ndtr_grad(self, expr: stable.log_ndtr_grad) -> str:
-        return self._print(stable.log_ndtr_grad.expanded(*expr.args))
-
-    def _print_log_softplus(self, expr: stable.log_softplus) -> str:
-        return self._print(stable.log_softplus.expanded(*expr.args))
-
-    def _print_tanh_softplus(self, expr: stable.tanh_softplus) -> str:
-        return self._print(stable.tanh_softplus.expanded(*expr.args))
-
-    def _print_polygamma(self, expr: sympy.polygamma) -> str:
-        order, arg = expr.args
-        if not self.is_tensor(arg) or not order.is_Integer:
-            raise _unsupported(expr)
-        if order == 0:
-            return f"{functions.by_class(sympy.digamma).torch}({self._print(arg)})"
-        return f"{functions.by_class(sympy.polygamma).torch}({int(order)}, {self._print(arg)})"
-
-    def _print_digamma(self, expr: sympy.Basic) -> str:
-        return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
-
-    def _print_Heaviside(self, expr: sympy.Heaviside) -> str:
-        """A comparison in the dtype of a float tensor of the argument, with the step's value at 0 kept:
-        ``(x > 0)`` (0 at 0), ``(x >= 0)`` (1 at 0), ``torch.where(x == 0, 0.5, (x > 0).to(...))``
-        otherwise. torch.heaviside has no derivative, which breaks double backward and the reference
-        test; a comparison's result needs none (the step is flat)."""
-        arg, at_zero = expr.args
-        if not self.is_tensor(arg):
-            text = self._print(arg)
-            return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
-        floats = sorted(s.name for s in arg.free_symbols if s.name in self.tensors - self.bools)
-        dtype = f"{floats[0]}.dtype" if floats else f"{self.anchor_text}.dtype"
-        if at_zero in (0, 1):
-            return f"({self._print(step_relational(expr))}).to({dtype})"
-        step = f"({self._print(step_relational(sympy.Heaviside(arg, 0)))}).to({dtype})"
-        return f"torch.where({self._print_is_zero(arg)}, {self._print(at_zero)}, {step})"
-
-    def _print_is_zero(self, arg: sympy.Expr) -> str:
-        """``arg == 0``, its constant moved to the right: ``1 - |x| == 0`` reads better as ``|x| == 1``."""
-        constant, terms = arg.as_coeff_add()
-        lhs, rhs = sympy.Add(*terms), -constant
-        if lhs.could_extract_minus_sign():
-            lhs, rhs = -lhs, -rhs
-        return self._print(sympy.Eq(lhs, rhs, evaluate=False))
-
-    def _minmax(self, expr: sympy.Basic, torch_name: str, clamp_side: str, builtin: str) -> str:
-        tensors = [a for a in expr.args if self.is_tensor(a)]
-        numbers = [a for a in expr.args if not self.is_tensor(a)]
-        if not tensors:
-            return f"{builtin}({', '.join(self._print(a) for a in numbers)})"
-        text = self._argument(tensors[0])
-        for other in tensors[1:]:
-            text = f"{torch_name}({text}, {self._argument(other)})"
-        if numbers:
-            bound = (
-                self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
-            )
-            text = f"torch.clamp({text}, {clamp_side}={bound})"
-        return text
-
-    def _print_Max(self, expr: sympy.Max) -> str:
-        function = functions.by_class(sympy.Max)
-        return self._minmax(expr, function.torch, "min", function.math)
-
-    def _print_Min(self, expr: sympy.Min) -> str:
-        function = functions.by_class(sympy.Min)
-        return self._minmax(expr, function.torch, "max", function.math)
-
-    # -- conditions -------------------------------------------------------------------------------
-
-    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
-        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
-        # comparisons chain in Python (a < b < c) and bind more loosely than & and |: both sides bind tighter
-        return f"{self._operand(expr.lhs, BIT_OR)} {op} {self._operand(expr.rhs, BIT_OR)}"
-
-    def _print_And(self, expr: sympy.And) -> str:
-        return self._boolean(expr, "&", "and")
-
-    def _print_Or(self, expr: sympy.Or) -> str:
-        return self._boolean(expr, "|", "or")
-
-    def _print_Not(self, expr: sympy.Not) -> str:
-        (arg,) = expr.args
-        return f"~({self._print(arg)})" if self.is_tensor(arg) else f"not ({self._print(arg)})"
-
-    def _print_ITE(self, expr: sympy.ITE) -> str:
-        # if-then-else between conditions: sympy folds Abs(Piecewise(...) - t) <= delta into one
-        condition, then, otherwise = expr.args
-        if self.is_tensor(condition):
-            return f"torch.where({self._print(condition)}, {self._print(then)}, {self._print(otherwise)})"
-        if self.is_tensor(expr):  # a Python bool picks a condition on tensors: both, each with its case
-            return self._print(expr.to_nnf(simplify=False))
-        return f"(({self._print(then)}) if ({self._print(condition)}) else ({self._print(otherwise)}))"
-
-    def _boolean(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
-        args = sorted(expr.args, key=sympy.default_sort_key)
-        if not self.is_tensor(expr):
-            return f" {python_op} ".join(f"({self._print(a)})" for a in args)
-        # & and | bind tighter than comparisons: (x > 0) & mask
-        tightest = BIT_AND + 1 if tensor_op == "&" else BIT_OR + 1
-        return f" {tensor_op} ".join(self._operand(a, tightest) for a in args)
+class _CasePrinter(_PrinterBase):
+    """Case distinctions: ``Piecewise`` as nested ``torch.where`` (or a Python conditional where its
+    conditions are on scalars alone), ``Heaviside`` as a comparison, lowering's ``within`` as a ``where``."""
 
     def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
         pairs = list(expr.args)
@@ -661,7 +491,215 @@ class TorchPrinter(StrPrinter):
             value = guard_value(value, region, self.is_tensor)
         return self._print(value)
 
-    # -- reductions, softmax, products (the forward as written, in the generated test's reference) ------
+    def _print_within(self, expr: within) -> str:
+        value, condition, inside = expr.args
+        return f"torch.where({self._print(condition)}, {self._print(value)}, {self._print(inside)})"
+
+    def _print_Heaviside(self, expr: sympy.Heaviside) -> str:
+        """A comparison in the dtype of a float tensor of the argument, with the step's value at 0 kept:
+        ``(x > 0)`` (0 at 0), ``(x >= 0)`` (1 at 0), ``torch.where(x == 0, 0.5, (x > 0).to(...))``
+        otherwise. torch.heaviside has no derivative, which breaks double backward and the reference
+        test; a comparison's result needs none (the step is flat)."""
+        arg, at_zero = expr.args
+        if not self.is_tensor(arg):
+            text = self._print(arg)
+            return f"(1.0 if {text} > 0 else 0.0 if {text} < 0 else {self._print(at_zero)})"
+        floats = sorted(s.name for s in arg.free_symbols if s.name in self.tensors - self.bools)
+        dtype = f"{floats[0]}.dtype" if floats else f"{self.anchor_text}.dtype"
+        if at_zero in (0, 1):
+            return f"({self._print(step_relational(expr))}).to({dtype})"
+        step = f"({self._print(step_relational(sympy.Heaviside(arg, 0)))}).to({dtype})"
+        return f"torch.where({self._print_is_zero(arg)}, {self._print(at_zero)}, {step})"
+
+    def _print_is_zero(self, arg: sympy.Expr) -> str:
+        """``arg == 0``, its constant moved to the right: ``1 - |x| == 0`` reads better as ``|x| == 1``."""
+        constant, terms = arg.as_coeff_add()
+        lhs, rhs = sympy.Add(*terms), -constant
+        if lhs.could_extract_minus_sign():
+            lhs, rhs = -lhs, -rhs
+        return self._print(sympy.Eq(lhs, rhs, evaluate=False))
+
+
+class _ConditionPrinter(_PrinterBase):
+    """Conditions: comparisons, ``&``, ``|`` and ``~`` between tensors, ``and``, ``or`` and ``not``
+    between Python bools, and sympy's if-then-else between conditions."""
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        # comparisons chain in Python (a < b < c) and bind more loosely than & and |: both sides bind tighter
+        return f"{self._operand(expr.lhs, BIT_OR)} {op} {self._operand(expr.rhs, BIT_OR)}"
+
+    def _print_And(self, expr: sympy.And) -> str:
+        return self._boolean(expr, "&", "and")
+
+    def _print_Or(self, expr: sympy.Or) -> str:
+        return self._boolean(expr, "|", "or")
+
+    def _print_Not(self, expr: sympy.Not) -> str:
+        (arg,) = expr.args
+        return f"~({self._print(arg)})" if self.is_tensor(arg) else f"not ({self._print(arg)})"
+
+    def _boolean(self, expr: sympy.Basic, tensor_op: str, python_op: str) -> str:
+        args = sorted(expr.args, key=sympy.default_sort_key)
+        if not self.is_tensor(expr):
+            return f" {python_op} ".join(f"({self._print(a)})" for a in args)
+        # & and | bind tighter than comparisons: (x > 0) & mask
+        tightest = BIT_AND + 1 if tensor_op == "&" else BIT_OR + 1
+        return f" {tensor_op} ".join(self._operand(a, tightest) for a in args)
+
+    def _print_ITE(self, expr: sympy.ITE) -> str:
+        # if-then-else between conditions: sympy folds Abs(Piecewise(...) - t) <= delta into one
+        condition, then, otherwise = expr.args
+        if self.is_tensor(condition):
+            return f"torch.where({self._print(condition)}, {self._print(then)}, {self._print(otherwise)})"
+        if self.is_tensor(expr):  # a Python bool picks a condition on tensors: both, each with its case
+            return self._print(expr.to_nnf(simplify=False))
+        return f"(({self._print(then)}) if ({self._print(condition)}) else ({self._print(otherwise)}))"
+
+
+class _FunctionPrinter(_PrinterBase):
+    """The registry's functions (:mod:`.functions`): each call spelled as its torch form, or its
+    :mod:`math` form where no argument is a tensor; ``Max``/``Min`` with numbers as ``torch.clamp``."""
+
+    def _print_Function(self, expr: sympy.Function) -> str:
+        if isinstance(expr, stable.DerivativeKernel):  # nothing to fuse it with: its formula
+            return self._print(type(expr).expanded(*expr.args))
+        function = functions.by_class(type(expr))
+        if function is not None and function.reciprocal_of is not None:  # torch has no cot: 1 / tan
+            reciprocal = function.reciprocal_of(*expr.args, evaluate=False)
+            return f"(1 / {self._print(reciprocal)})"
+        if function is None or function.torch is None:
+            raise _unsupported(expr)
+        if isinstance(expr, stable.StableFunction) and not self.is_tensor(expr):
+            return self._print(type(expr).literal(*expr.args))  # a number: its formula, in math
+        torch_name, math_name = function.torch, function.math
+        if self.is_tensor(expr):
+            args = ", ".join(self._argument(a) if self.is_tensor(a) else self._print(a) for a in expr.args)
+        else:
+            args = ", ".join(self._print(a) for a in expr.args)
+        if self.is_tensor(expr):
+            if function.tensor_only and not all(self.is_tensor(a) for a in expr.args):
+                # torch.hypot(x, 0.1) is refused: the number becomes a 0-dim tensor of x's dtype and device
+                anchor = sorted(s.name for s in expr.free_symbols if s.name in self.tensors)[0]
+                args = ", ".join(
+                    self._print(a) if self.is_tensor(a) else f"{anchor}.new_tensor({self._print(a)})" for a in expr.args
+                )
+            return f"{self._qualified(torch_name)}({args})"
+        if isinstance(expr, sympy.sign):
+            (arg,) = expr.args
+            return f"(({self._print(arg)} > 0) - ({self._print(arg)} < 0))"
+        if math_name is None:
+            raise DerivationError(
+                f"{sympy.sstr(expr)} has only non-tensor arguments and Python's math module has no "
+                f"{type(expr).__name__}",
+                hint="declare the argument as a tensor",
+            )
+        return f"{self._qualified(math_name)}({args})"
+
+    def _print_polygamma(self, expr: sympy.polygamma) -> str:
+        order, arg = expr.args
+        if not self.is_tensor(arg) or not order.is_Integer:
+            raise _unsupported(expr)
+        if order == 0:
+            return f"{functions.by_class(sympy.digamma).torch}({self._print(arg)})"
+        return f"{functions.by_class(sympy.polygamma).torch}({int(order)}, {self._print(arg)})"
+
+    def _print_digamma(self, expr: sympy.Basic) -> str:
+        return self._print_polygamma(sympy.polygamma(0, expr.args[0], evaluate=False))
+
+    def _minmax(self, expr: sympy.Basic, torch_name: str, clamp_side: str, builtin: str) -> str:
+        tensors = [a for a in expr.args if self.is_tensor(a)]
+        numbers = [a for a in expr.args if not self.is_tensor(a)]
+        if not tensors:
+            return f"{builtin}({', '.join(self._print(a) for a in numbers)})"
+        text = self._argument(tensors[0])
+        for other in tensors[1:]:
+            text = f"{torch_name}({text}, {self._argument(other)})"
+        if numbers:
+            bound = (
+                self._print(numbers[0]) if len(numbers) == 1 else f"{builtin}({', '.join(map(self._print, numbers))})"
+            )
+            text = f"torch.clamp({text}, {clamp_side}={bound})"
+        return text
+
+    def _print_Max(self, expr: sympy.Max) -> str:
+        function = functions.by_class(sympy.Max)
+        return self._minmax(expr, function.torch, "min", function.math)
+
+    def _print_Min(self, expr: sympy.Min) -> str:
+        function = functions.by_class(sympy.Min)
+        return self._minmax(expr, function.torch, "max", function.math)
+
+
+class _StablePrinter(_PrinterBase):
+    """The primitives of :mod:`.stable` that print as more than the registry's torch name: a derivative
+    kernel fused with what it multiplies, ``xlogy`` and ``xlog1py`` as a log and a multiply (faster than
+    torch's own on the CPU), the guards' ``where``, fused code's ``-|t|``, and the primitives torch has no
+    kernel for (:data:`EXPANDED`), as their formulas."""
+
+    def _mul_fused_kernel(self, expr: sympy.Mul, kernel: stable.DerivativeKernel) -> str:
+        """grad * tanh_grad(t) as one fused kernel, tanh_backward(grad, t), not grad * (1 - t**2)."""
+        others = list(expr.args)
+        others.remove(kernel)
+        fused = functions.by_class(type(kernel)).kernel
+        return f"{fused}({self._print(sympy.Mul(*others))}, {self._print(kernel.args[0])})"
+
+    def _print_xlogy(self, expr: stable.xlogy) -> str:
+        """``x * log(y)``, 0 where x is: torch.xlogy has no vectorized CPU kernel (4M float32 elements, one
+        thread: 3x the time of torch.log; binary cross-entropy's fwd+bwd 1.72x plain autograd's with it,
+        1.64x with log, a multiply and a fill). Only where x is a tensor, or one plus a number (1 - y), as
+        its comparison with 0 prints it again."""
+        terms = sympy.Add.make_args(expr.args[0])
+        if len(terms) > 2 or not all(t.is_Number or t.is_Symbol or (-t).is_Symbol for t in terms):
+            return self._print_Function(expr)
+        return self._zero_where_weightless(expr, "torch.log", expr.args[1])
+
+    def _print_xlog1py(self, expr: stable.xlog1py) -> str:
+        """``x * log1p(y)``, 0 where x is: torch.special.xlog1py has no vectorized CPU kernel (4M float32
+        elements, one thread: 8x the time of torch.log1p, and more than where, log1p and a multiply)."""
+        return self._zero_where_weightless(expr, "torch.log1p", 1 + expr.args[1])
+
+    def _zero_where_weightless(self, expr: stable.xlogy | stable.xlog1py, log: str, log_argument: sympy.Expr) -> str:
+        """``x * log(...)`` with its product 0 where x is, unless the log's argument is positive."""
+        x, y = expr.args
+        if not self.is_tensor(expr):
+            return self._print_Function(expr)
+        product = f"{self._operand(x, PRODUCT)} * {self._qualified(log)}({self._argument(y)})"
+        # the log is finite (symlog's sign(x) * log1p(|x|)): the product is 0 where x is
+        if stable.positive_where_defined(log_argument):
+            return product
+        return f"torch.where({self._print_is_zero(x)}, 0, {product})"
+
+    def _print_log_argument(self, expr: stable.log_argument) -> str:
+        """``torch.where((x == 0) & (y == pole), safe, y)``: y, its pole taken away where its weight is 0."""
+        return self._print(expr.rewrite(sympy.Piecewise))
+
+    def _print_finite_at_zero(self, expr: stable.finite_at_zero) -> str:
+        value, x = expr.args
+        text = self._operand(value, ATOM)
+        return f"torch.where({self._print(x)} == 0, {text}.nan_to_num(), {text})"
+
+    def _print_neg_abs(self, expr: stable.neg_abs) -> str:
+        self.helpers.add(NEG_ABS)
+        return f"{NEG_ABS}({self._print(expr.args[0])})"
+
+    def _print_kept(self, expr: stable.kept) -> str:
+        return self._print(expr.args[0])
+
+    def _print_expanded(self, expr: sympy.Function) -> str:
+        """One of :data:`EXPANDED`, as its formula in the other primitives."""
+        return self._print(type(expr).expanded(*expr.args))
+
+
+#: Stable primitives that torch has no kernel for, printed as their formulas in the others (``expanded``).
+EXPANDED = (stable.log_ndtr_grad, stable.log_softplus, stable.tanh_softplus)
+for _class in EXPANDED:
+    setattr(_StablePrinter, f"_print_{_class.__name__}", _StablePrinter._print_expanded)
+
+
+class _StructuralPrinter(_PrinterBase):
+    """Reductions, softmax and products of :mod:`.structural`, as the forward wrote them (the generated
+    test's reference)."""
 
     def _print_Reduction(self, expr: Reduction) -> str:
         receiver = self._operand(expr.args[0], ATOM)
@@ -687,14 +725,27 @@ class TorchPrinter(StrPrinter):
     def _print_Transposed(self, expr: Transposed) -> str:
         return f"{self._operand(expr.args[0], ATOM)}.transpose({expr.dims[0]}, {expr.dims[1]})"
 
-    def _print_within(self, expr: within) -> str:
-        value, condition, inside = expr.args
-        return f"torch.where({self._print(condition)}, {self._print(value)}, {self._print(inside)})"
-
 
 for _class in REDUCTIONS.values():
-    setattr(TorchPrinter, f"_print_{_class.__name__}", TorchPrinter._print_Reduction)
-TorchPrinter._print_LogSoftmax = TorchPrinter._print_Softmax
+    setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
+_StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
+
+
+class TorchPrinter(
+    _StablePrinter,
+    _FunctionPrinter,
+    _MaskPrinter,
+    _CasePrinter,
+    _ConditionPrinter,
+    _ArithmeticPrinter,
+    _AtomPrinter,
+    _StructuralPrinter,
+):
+    """Prints sympy expressions as torch code.
+
+    ``tensors`` are the names of tensor-valued symbols (arguments, temporaries, ``grad_output``); every
+    other symbol is a Python number, and expressions over those alone are printed as plain Python.
+    """
 
 
 #: The most digits after the point a fraction is printed with as a decimal.

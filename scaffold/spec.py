@@ -296,58 +296,9 @@ class ScalarArg:
             object.__setattr__(self, "default", float(value))
 
 
-@dataclass(frozen=True)
-class OpSpec:
-    """A validated op: its name, forward expression and arguments, in declaration order."""
-
-    name: str
-    forward: str
-    tensors: tuple[TensorArg, ...]
-    scalars: tuple[ScalarArg, ...] = ()
-    doc: str = ""
-    #: Run the pointwise math of forward and backward through torch.compile (with an eager fallback).
-    fuse: bool = False
-    #: What the backward plan favours when saving costs memory and recomputing costs time.
-    policy: str = "memory"
-    #: "function": the op is a torch.autograd.Function; "custom_op": a torch.library custom op (NAMESPACE::NAME).
-    target: str = "function"
-    #: The custom op's namespace; empty: the project's package, or "scaffold" outside a project.
-    namespace: str = ""
-    #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
-    source: str = "command-line flags"
-    #: Custom gradients: (tensor name, the expression backward returns for it, over the forward's names
-    #: and ``grad``, the upstream gradient), in place of the derived one.
-    gradients: tuple[tuple[str, str], ...] = ()
-    #: The names of the forward's values the op returns, in order (several: a tuple); empty: the forward's
-    #: last line.
-    outputs: tuple[str, ...] = ()
-    #: The size names the tensors' shapes use, with their example values, in declaration order ([sizes]).
-    sizes: tuple[tuple[str, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        where = self.source
-        self._check_name(where)
-        self._check_options(where)
-        if not isinstance(self.forward, str) or not self.forward.strip():
-            raise SpecError(
-                "the forward expression is empty",
-                where=f"{where}: forward",
-                hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
-            )
-        _check_length(self.forward, "the forward", f"{where}: forward")
-        arguments = self._check_arguments(where)
-        if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
-            _check_broadcasting(self.tensors, where)
-        self._check_gradients(where)
-        self._check_outputs(where, arguments)
-        self._check_sizes(where, arguments)
-        object.__setattr__(self, "tensors", _broadcast_names(self.tensors))
-        if not self.structured:
-            _check_broadcast_names(self.tensors, where)
-        for t in self.tensors:
-            scheme = t.scheme
-            if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
-                linear_weight(self, t)
+class _ArgumentChecks:
+    """The checks of an op's name, options, arguments, custom gradients and outputs that
+    :meth:`OpSpec.__post_init__` makes: identifiers, no reserved names, each given once."""
 
     def _check_name(self, where: str) -> None:
         """A valid identifier that shadows none of the names the generated files and their tests import."""
@@ -457,6 +408,28 @@ class OpSpec:
             _check_length(text, "the gradient", key)
             given.add(name)
 
+    def _check_outputs(self, where: str, arguments: set[str]) -> None:
+        if not isinstance(self.outputs, tuple) or not all(isinstance(o, str) for o in self.outputs):
+            raise SpecError(
+                "outputs must be a list of names", where=f"{where}: outputs", hint='e.g. outputs = ["y", "s"]'
+            )
+        seen: set[str] = set()
+        for name in self.outputs:
+            check_identifier(name, what="output name", where=f"{where}: outputs")
+            if name in arguments:
+                raise SpecError(
+                    f"output {name!r} is an argument of the op: an op returns values it computes",
+                    where=f"{where}: outputs",
+                    hint=f"compute it in the forward, e.g. a line {name}_out = ..., and name that",
+                )
+            if name in seen:
+                raise SpecError(f"output {name!r} is listed twice", where=f"{where}: outputs")
+            seen.add(name)
+
+
+class _SizeChecks:
+    """The check of an op's [sizes] that :meth:`OpSpec.__post_init__` makes."""
+
     def _check_sizes(self, where: str, arguments: set[str]) -> None:
         """[sizes]: names that are no other name of the op, positive example values, each declared size used
         by some shape and each size a shape uses declared, with its value."""
@@ -530,6 +503,60 @@ class OpSpec:
                     hint=f'use it in a shape, e.g. shape = [4, "{name}"], or remove it',
                 )
 
+
+@dataclass(frozen=True)
+class OpSpec(_ArgumentChecks, _SizeChecks):
+    """A validated op: its name, forward expression and arguments, in declaration order."""
+
+    name: str
+    forward: str
+    tensors: tuple[TensorArg, ...]
+    scalars: tuple[ScalarArg, ...] = ()
+    doc: str = ""
+    #: Run the pointwise math of forward and backward through torch.compile (with an eager fallback).
+    fuse: bool = False
+    #: What the backward plan favours when saving costs memory and recomputing costs time.
+    policy: str = "memory"
+    #: "function": the op is a torch.autograd.Function; "custom_op": a torch.library custom op (NAMESPACE::NAME).
+    target: str = "function"
+    #: The custom op's namespace; empty: the project's package, or "scaffold" outside a project.
+    namespace: str = ""
+    #: Where the spec came from, for messages and the generated header: a file name or "command-line flags".
+    source: str = "command-line flags"
+    #: Custom gradients: (tensor name, the expression backward returns for it, over the forward's names
+    #: and ``grad``, the upstream gradient), in place of the derived one.
+    gradients: tuple[tuple[str, str], ...] = ()
+    #: The names of the forward's values the op returns, in order (several: a tuple); empty: the forward's
+    #: last line.
+    outputs: tuple[str, ...] = ()
+    #: The size names the tensors' shapes use, with their example values, in declaration order ([sizes]).
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        where = self.source
+        self._check_name(where)
+        self._check_options(where)
+        if not isinstance(self.forward, str) or not self.forward.strip():
+            raise SpecError(
+                "the forward expression is empty",
+                where=f"{where}: forward",
+                hint='give the math of the op, e.g. forward = "x / (1 + exp(-x))"',
+            )
+        _check_length(self.forward, "the forward", f"{where}: forward")
+        arguments = self._check_arguments(where)
+        if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
+            _check_broadcasting(self.tensors, where)
+        self._check_gradients(where)
+        self._check_outputs(where, arguments)
+        self._check_sizes(where, arguments)
+        object.__setattr__(self, "tensors", _broadcast_names(self.tensors))
+        if not self.structured:
+            _check_broadcast_names(self.tensors, where)
+        for t in self.tensors:
+            scheme = t.scheme
+            if scheme is not None and scheme.scheme == "linear" and len(t.shape) < 2:
+                linear_weight(self, t)
+
     @property
     def module_sizes(self) -> tuple[tuple[str, int], ...]:
         """The sizes the Module's constructor takes: those its learnable tensors use, in order of first
@@ -539,24 +566,6 @@ class OpSpec:
         learned = {n for t in self.tensors if t.learnable for n in t.size_names}
         names = [n for t in self.tensors for n in t.size_names if n is not None and n in learned]
         return tuple((n, values[n]) for n in dict.fromkeys(names))
-
-    def _check_outputs(self, where: str, arguments: set[str]) -> None:
-        if not isinstance(self.outputs, tuple) or not all(isinstance(o, str) for o in self.outputs):
-            raise SpecError(
-                "outputs must be a list of names", where=f"{where}: outputs", hint='e.g. outputs = ["y", "s"]'
-            )
-        seen: set[str] = set()
-        for name in self.outputs:
-            check_identifier(name, what="output name", where=f"{where}: outputs")
-            if name in arguments:
-                raise SpecError(
-                    f"output {name!r} is an argument of the op: an op returns values it computes",
-                    where=f"{where}: outputs",
-                    hint=f"compute it in the forward, e.g. a line {name}_out = ..., and name that",
-                )
-            if name in seen:
-                raise SpecError(f"output {name!r} is listed twice", where=f"{where}: outputs")
-            seen.add(name)
 
     @property
     def camel(self) -> str:

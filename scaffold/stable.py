@@ -569,59 +569,56 @@ def expand_kernels(expr: sympy.Basic) -> sympy.Basic:
 # -- the rewrites ---------------------------------------------------------------------------------
 
 
-class _Rewriter:
-    """Rebuilds an expression bottom-up, applying the rewrites to each node whose children are done."""
+class _Matching:
+    """What the rules share: which symbols are tensors, and the shapes several rules look for (the
+    exponentials of a tensor, a term that is a square, one plus a square that can overflow float32). Each
+    class below holds the rules for one kind of node; :class:`_Rewriter` holds their table and applies them."""
 
-    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
-        self.tensors = tensors
-        self.check = _Float32Check(tensors)
-        self.rules: dict[type, Callable[[sympy.Basic], sympy.Basic | None]] = {
-            sympy.log: self._log,
-            log1p: self._log1p,
-            sympy.Pow: self._pow,
-            sympy.Add: self._add,
-            sympy.Mul: self._mul,
-            xexpy: self._xexpy,
-        }
-        # The rewrites of a product, tried in this order (see _mul): each takes the numeric coefficient and
-        # the other factors, and returns the rewritten product or None.
-        self.product_rules: tuple[Callable[[sympy.Expr, list[sympy.Expr]], sympy.Expr | None], ...] = (
-            self._merged_xexpy,
-            self._softplus_ratio,
-            self._merged_exps,
-            self._tanh_of_half,
-            self._exp_over_expm1,
-            self._sigmoid_of_exp,
-            self._exp_times_bounded,
-            self._exp_times_density,
-            self._exp_times_density_sum,
-            self._softmax_of_exps,
-            self._erfcx,
-            self._silu_gelu,
-            self._xlogy,
-            self._exp_times_sum,
-            self._exp_times_tensor,
-        )
+    tensors: frozenset[sympy.Symbol]
 
     def is_tensor(self, expr: sympy.Basic) -> bool:
         return bool(expr.free_symbols & self.tensors)
 
-    def __call__(self, expr: sympy.Basic) -> sympy.Basic:
-        if expr.is_Atom or not expr.args:
-            return expr
-        args = tuple(self(a) for a in expr.args)
-        node = expr.func(*args) if args != expr.args else expr
-        rule = self.rules.get(type(node))
-        rewritten = rule(node) if rule is not None and self.is_tensor(node) else None
-        if rewritten is None and node is expr:
-            return node
-        # What the rewrites made of this node is taken only where it is finite wherever the written form is
-        # (in float32, at each input's tails and at ordinary points); else the node as its rewritten children
-        # make it, else the written form.
-        candidates = [c for c in (rewritten, node) if c is not None]
-        return next((c for c in candidates if self.check.holds(expr, c)), expr)
+    def _tensor_exps(self, factors: list[sympy.Expr]) -> list[sympy.Expr]:
+        """The exponentials of a tensor among ``factors``."""
+        return [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
 
-    # log(...) -------------------------------------------------------------------------------------
+    def _square_root(self, term: sympy.Expr) -> sympy.Expr | None:
+        """``sqrt(k) * t`` for a term ``k * t**2`` with k > 0, else None."""
+        coefficient, factors = term.as_coeff_mul()
+        if len(factors) == 1 and factors[0].is_Pow and factors[0].exp == 2 and coefficient.is_positive:
+            return sympy.sqrt(coefficient) * factors[0].base
+        return None
+
+    def _one_plus_square(self, arg: sympy.Add) -> tuple[sympy.Expr, kept] | None:
+        """``(s, kept(w))`` for ``arg`` = ``1 + s*w**2`` with s > 0 free of tensors and ``w`` a value that can
+        pass 1e19 at inputs of 1e4 (its square overflows float32), else None. ``w`` is kept as one value:
+        sympy would merge w = a**3 with the a**2 of its derivative into a**5, which overflows where
+        w * (1 + w**2)**-4 does not (a soft Lennard-Jones of a cube)."""
+        constant, terms = arg.as_coeff_add()
+        if constant != 1 or len(terms) != 1:
+            return None
+        coefficient, factors = terms[0].as_coeff_mul()
+        tensor_factors = [f for f in factors if self.is_tensor(f)]
+        # sympy writes (x**3/c)**2 as x**6/c**2: w is the product of the tensor factors' square roots
+        if not tensor_factors or not coefficient.is_positive:
+            return None
+        if not all(f.is_Pow and (f.exp / 2).as_coeff_Mul()[0].is_Integer for f in tensor_factors):
+            return None
+        w = sympy.Mul(*[f.base ** (f.exp / 2) for f in tensor_factors])
+        scale = terms[0] / sympy.Mul(*tensor_factors)
+        positive = all(
+            f.is_positive or (f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.base.is_extended_real)
+            for f in sympy.Mul.make_args(scale)
+        )
+        if not positive or self.is_tensor(scale) or not _can_overflow(w, self.tensors):
+            return None
+        return scale, kept(w)
+
+
+class _LogRules(_Matching):
+    """``log(...)`` and ``log1p(...)``: of a sigmoid, ndtr, erfc, softplus or cosh, of a product (a sum of
+    logs), of a sum of exponentials (softplus, logaddexp), of one plus a square that can overflow."""
 
     def _log(self, node: sympy.log) -> sympy.Expr | None:
         (arg,) = node.args
@@ -708,31 +705,6 @@ class _Rewriter:
             (sympy.log(scale) + 2 * sympy.log(sympy.Abs(w)) + log1p(w**-2 / scale), True),
         )
 
-    def _one_plus_square(self, arg: sympy.Add) -> tuple[sympy.Expr, kept] | None:
-        """``(s, kept(w))`` for ``arg`` = ``1 + s*w**2`` with s > 0 free of tensors and ``w`` a value that can
-        pass 1e19 at inputs of 1e4 (its square overflows float32), else None. ``w`` is kept as one value:
-        sympy would merge w = a**3 with the a**2 of its derivative into a**5, which overflows where
-        w * (1 + w**2)**-4 does not (a soft Lennard-Jones of a cube)."""
-        constant, terms = arg.as_coeff_add()
-        if constant != 1 or len(terms) != 1:
-            return None
-        coefficient, factors = terms[0].as_coeff_mul()
-        tensor_factors = [f for f in factors if self.is_tensor(f)]
-        # sympy writes (x**3/c)**2 as x**6/c**2: w is the product of the tensor factors' square roots
-        if not tensor_factors or not coefficient.is_positive:
-            return None
-        if not all(f.is_Pow and (f.exp / 2).as_coeff_Mul()[0].is_Integer for f in tensor_factors):
-            return None
-        w = sympy.Mul(*[f.base ** (f.exp / 2) for f in tensor_factors])
-        scale = terms[0] / sympy.Mul(*tensor_factors)
-        positive = all(
-            f.is_positive or (f.is_Pow and f.exp.is_Integer and f.exp.is_even and f.base.is_extended_real)
-            for f in sympy.Mul.make_args(scale)
-        )
-        if not positive or self.is_tensor(scale) or not _can_overflow(w, self.tensors):
-            return None
-        return scale, kept(w)
-
     def _log_of_sum(self, arg: sympy.Add) -> sympy.Expr | None:
         constant, terms = arg.as_coeff_add()
         # log(1 - sigmoid(u)) = logsigmoid(-u)
@@ -771,7 +743,10 @@ class _Rewriter:
                 return exponent * log_base + sympy.log(coefficient)
         return None
 
-    # powers ---------------------------------------------------------------------------------------
+
+class _PowerRules(_Matching):
+    """Powers: ``1 / (c + k*exp(u))`` as a sigmoid, a root of a sum of squares as ``hypot``, negative
+    powers of cosh and softplus through their logs."""
 
     def _pow(self, node: sympy.Pow) -> sympy.Expr | None:
         base, exponent = node.args
@@ -813,14 +788,10 @@ class _Rewriter:
                 return total ** (2 * exponent)
         return None
 
-    def _square_root(self, term: sympy.Expr) -> sympy.Expr | None:
-        """``sqrt(k) * t`` for a term ``k * t**2`` with k > 0, else None."""
-        coefficient, factors = term.as_coeff_mul()
-        if len(factors) == 1 and factors[0].is_Pow and factors[0].exp == 2 and coefficient.is_positive:
-            return sympy.sqrt(coefficient) * factors[0].base
-        return None
 
-    # sums -----------------------------------------------------------------------------------------
+class _SumRules(_Matching):
+    """Sums: a constant beside an exponential, sigmoid, tanh or erf that together make ``expm1``, a
+    sigmoid of the opposite argument, ``tanh_grad`` or ``ndtr``; a softplus written the stable way by hand."""
 
     def _add(self, node: sympy.Add) -> sympy.Expr | None:
         constant, terms = node.as_coeff_add()
@@ -864,25 +835,16 @@ class _Rewriter:
                         return sympy.Add(*rest)
         return None
 
-    # products -------------------------------------------------------------------------------------
+
+class _ExponentialProductRules(_Matching):
+    """Products with exponentials, merged into one exponential where a factor could overflow beside one
+    that is 0 (``inf * 0`` is nan): ``xexpy``, sums multiplied out, sigmoid and ndtr factors taken into the
+    exponent through their logs, softmax of exponentials."""
 
     def _xexpy(self, node: xexpy) -> sympy.Expr | None:
         # xexpy(xexpy(x, a), b) = xexpy(x, a + b): one exponential (a Gompertz curve's derivative)
         x, y = node.args
         return xexpy(x.args[0], x.args[1] + y) if isinstance(x, xexpy) else None
-
-    def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
-        """The product as rewritten by the first of :attr:`product_rules` that applies; None if none does."""
-        coefficient, factors = node.as_coeff_mul()
-        for rule in self.product_rules:
-            rewritten = rule(coefficient, list(factors))
-            if rewritten is not None:
-                return rewritten
-        return None
-
-    def _tensor_exps(self, factors: list[sympy.Expr]) -> list[sympy.Expr]:
-        """The exponentials of a tensor among ``factors``."""
-        return [f for f in factors if isinstance(f, sympy.exp) and self.is_tensor(f)]
 
     def _merged_xexpy(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
         """x*exp(a) * exp(b) and x*exp(a) * y*exp(b): xexpy(x*y, a + b), one exponential, so that exp(v) *
@@ -918,17 +880,6 @@ class _Rewriter:
         rest = [f for f in factors if not isinstance(f, sympy.exp)]
         return self(coefficient * sympy.Mul(*rest) * sympy.exp(sympy.Add(*[f.args[0] for f in several])))
 
-    def _tanh_of_half(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
-        """expm1(u) * sigmoid(-u) = (exp(u) - 1) / (exp(u) + 1) = tanh(u/2): the bipolar sigmoid
-        (1 - exp(-x)) / (1 + exp(-x)), which as -expm1(-x) * sigmoid(x) is inf * 0 at x = -100 in float32."""
-        for f in factors:
-            if isinstance(f, expm1) and sigmoid(-f.args[0]) in factors:
-                rest = list(factors)
-                rest.remove(f)
-                rest.remove(sigmoid(-f.args[0]))
-                return coefficient * sympy.Mul(*rest) * sympy.tanh(f.args[0] / 2)
-        return None
-
     def _exp_over_expm1(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
         """exp(m*u) / expm1(u)**k = 1 / ((-expm1(-u))**m * expm1(u)**(k - m)) for integers 0 < m <= k:
         exp(x) / expm1(x)**2, the derivative of 1/expm1(x) (Planck's law), is inf/inf at x = 100 in float32."""
@@ -940,15 +891,6 @@ class _Rewriter:
                     if m.is_Integer and 0 < m <= -k:
                         rest = [h for h in factors if h is not f and h is not g]
                         return self(coefficient * sympy.Mul(*rest) * (-expm1(-base.args[0])) ** -m * base ** (k + m))
-        return None
-
-    def _sigmoid_of_exp(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
-        """exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)."""
-        for f in factors:
-            if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:
-                factors.remove(f)
-                factors.remove(sigmoid(-f.args[0]))
-                return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
         return None
 
     def _exp_times_bounded(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
@@ -1001,6 +943,69 @@ class _Rewriter:
                         return coefficient * softmax * sympy.Mul(*factors)
         return None
 
+    def _softmax(self, a: sympy.Expr, total: sympy.Add) -> sympy.Expr | None:
+        exponents = [self._exp_term(t) for t in total.args]
+        if any(u is None for u in exponents) or not any(sympy.expand(u - a) == 0 for u in exponents):
+            return None
+        if len(exponents) == 2:
+            (b,) = [u for u in exponents if sympy.expand(u - a) != 0] or [a]
+            return sigmoid(a - b)
+        total_log = exponents[0]
+        for u in exponents[1:]:
+            total_log = logaddexp(total_log, u)
+        return sympy.exp(a - total_log)
+
+    def _exp_times_sum(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(a) * (c + k*exp(b) + ...) multiplied out, so that exp(a) * exp(b) becomes exp(a + b): finite
+        where exp(b) overflows and exp(a) is 0 (the second derivative of x*tanh(exp(x)) at x = 100 in
+        float32)."""
+        if not any(isinstance(f, (sympy.exp, xexpy)) and self.is_tensor(f) for f in factors):
+            return None
+        for f in factors:
+            if f.is_Add and len(f.args) <= _MAX_MULTIPLIED_OUT and _has_growing_exp(f, self.tensors):
+                rest = list(factors)
+                rest.remove(f)
+                return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
+        return None
+
+    def _exp_times_tensor(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
+        independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)."""
+        exps = self._tensor_exps(factors)
+        if len(exps) != 1 or exps[0].args[0].is_nonpositive:
+            return None
+        others = [f for f in factors if f is not exps[0] and self.is_tensor(f)]
+        v = exps[0].args[0]
+        if not others or sympy.Mul(*others).free_symbols & self.tensors <= v.free_symbols:
+            return None
+        scalars = [f for f in factors if f is not exps[0] and not self.is_tensor(f)]
+        return coefficient * sympy.Mul(*scalars) * xexpy(sympy.Mul(*others), v)
+
+
+class _NamedProductRules(_Matching):
+    """Products that are one named primitive with its own stable derivative: ``tanh(u/2)``,
+    ``sigmoid(u)``, ``erfcx``, ``silu``, ``gelu``, ``mish``, ``xlogy`` and ``xlog1py``."""
+
+    def _tanh_of_half(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """expm1(u) * sigmoid(-u) = (exp(u) - 1) / (exp(u) + 1) = tanh(u/2): the bipolar sigmoid
+        (1 - exp(-x)) / (1 + exp(-x)), which as -expm1(-x) * sigmoid(x) is inf * 0 at x = -100 in float32."""
+        for f in factors:
+            if isinstance(f, expm1) and sigmoid(-f.args[0]) in factors:
+                rest = list(factors)
+                rest.remove(f)
+                rest.remove(sigmoid(-f.args[0]))
+                return coefficient * sympy.Mul(*rest) * sympy.tanh(f.args[0] / 2)
+        return None
+
+    def _sigmoid_of_exp(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
+        """exp(u) * sigmoid(-u) = exp(u) / (1 + exp(u)) = sigmoid(u)."""
+        for f in factors:
+            if isinstance(f, sympy.exp) and sigmoid(-f.args[0]) in factors:
+                factors.remove(f)
+                factors.remove(sigmoid(-f.args[0]))
+                return coefficient * sigmoid(f.args[0]) * sympy.Mul(*factors)
+        return None
+
     def _erfcx(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
         """exp(u**2) * erfc(u) = erfcx(u)."""
         for f in factors:
@@ -1042,43 +1047,66 @@ class _Rewriter:
         kind = xlogy if isinstance(logs[0], sympy.log) else xlog1py
         return coefficient * sympy.Mul(*scalars) * kind(sympy.Mul(*tensor_factors), logs[0].args[0])
 
-    def _exp_times_sum(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
-        """exp(a) * (c + k*exp(b) + ...) multiplied out, so that exp(a) * exp(b) becomes exp(a + b): finite
-        where exp(b) overflows and exp(a) is 0 (the second derivative of x*tanh(exp(x)) at x = 100 in
-        float32)."""
-        if not any(isinstance(f, (sympy.exp, xexpy)) and self.is_tensor(f) for f in factors):
-            return None
-        for f in factors:
-            if f.is_Add and len(f.args) <= _MAX_MULTIPLIED_OUT and _has_growing_exp(f, self.tensors):
-                rest = list(factors)
-                rest.remove(f)
-                return sympy.Add(*[self(coefficient * sympy.Mul(*rest) * t) for t in f.args])
+
+class _Rewriter(_LogRules, _PowerRules, _SumRules, _ExponentialProductRules, _NamedProductRules):
+    """Rebuilds an expression bottom-up, applying the rewrites to each node whose children are done: the
+    rule for the node's type (:attr:`rules`; a product's rules are tried in the order of
+    :attr:`product_rules`), its result kept where the float32 check (:class:`_Float32Check`) holds."""
+
+    def __init__(self, tensors: frozenset[sympy.Symbol]) -> None:
+        self.tensors = tensors
+        self.check = _Float32Check(tensors)
+        self.rules: dict[type, Callable[[sympy.Basic], sympy.Basic | None]] = {
+            sympy.log: self._log,
+            log1p: self._log1p,
+            sympy.Pow: self._pow,
+            sympy.Add: self._add,
+            sympy.Mul: self._mul,
+            xexpy: self._xexpy,
+        }
+        # The rewrites of a product, tried in this order (see _mul): each takes the numeric coefficient and
+        # the other factors, and returns the rewritten product or None.
+        self.product_rules: tuple[Callable[[sympy.Expr, list[sympy.Expr]], sympy.Expr | None], ...] = (
+            self._merged_xexpy,
+            self._softplus_ratio,
+            self._merged_exps,
+            self._tanh_of_half,
+            self._exp_over_expm1,
+            self._sigmoid_of_exp,
+            self._exp_times_bounded,
+            self._exp_times_density,
+            self._exp_times_density_sum,
+            self._softmax_of_exps,
+            self._erfcx,
+            self._silu_gelu,
+            self._xlogy,
+            self._exp_times_sum,
+            self._exp_times_tensor,
+        )
+
+    def __call__(self, expr: sympy.Basic) -> sympy.Basic:
+        if expr.is_Atom or not expr.args:
+            return expr
+        args = tuple(self(a) for a in expr.args)
+        node = expr.func(*args) if args != expr.args else expr
+        rule = self.rules.get(type(node))
+        rewritten = rule(node) if rule is not None and self.is_tensor(node) else None
+        if rewritten is None and node is expr:
+            return node
+        # What the rewrites made of this node is taken only where it is finite wherever the written form is
+        # (in float32, at each input's tails and at ordinary points); else the node as its rewritten children
+        # make it, else the written form.
+        candidates = [c for c in (rewritten, node) if c is not None]
+        return next((c for c in candidates if self.check.holds(expr, c)), expr)
+
+    def _mul(self, node: sympy.Mul) -> sympy.Expr | None:
+        """The product as rewritten by the first of :attr:`product_rules` that applies; None if none does."""
+        coefficient, factors = node.as_coeff_mul()
+        for rule in self.product_rules:
+            rewritten = rule(coefficient, list(factors))
+            if rewritten is not None:
+                return rewritten
         return None
-
-    def _exp_times_tensor(self, coefficient: sympy.Expr, factors: list[sympy.Expr]) -> sympy.Expr | None:
-        """x * exp(v) = xexpy(x, v): 0, not 0 * inf, where x = 0 and exp(v) overflows, for x that can be 0
-        independently of v (exp(v) bounded by 1 or x = v, as in v * exp(v), need nothing)."""
-        exps = self._tensor_exps(factors)
-        if len(exps) != 1 or exps[0].args[0].is_nonpositive:
-            return None
-        others = [f for f in factors if f is not exps[0] and self.is_tensor(f)]
-        v = exps[0].args[0]
-        if not others or sympy.Mul(*others).free_symbols & self.tensors <= v.free_symbols:
-            return None
-        scalars = [f for f in factors if f is not exps[0] and not self.is_tensor(f)]
-        return coefficient * sympy.Mul(*scalars) * xexpy(sympy.Mul(*others), v)
-
-    def _softmax(self, a: sympy.Expr, total: sympy.Add) -> sympy.Expr | None:
-        exponents = [self._exp_term(t) for t in total.args]
-        if any(u is None for u in exponents) or not any(sympy.expand(u - a) == 0 for u in exponents):
-            return None
-        if len(exponents) == 2:
-            (b,) = [u for u in exponents if sympy.expand(u - a) != 0] or [a]
-            return sigmoid(a - b)
-        total_log = exponents[0]
-        for u in exponents[1:]:
-            total_log = logaddexp(total_log, u)
-        return sympy.exp(a - total_log)
 
 
 def _can_overflow(w: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> bool:
