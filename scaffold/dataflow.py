@@ -261,9 +261,9 @@ class _Graph:
         return self.shape(str(call.operand_exprs[operand]))
 
 
-class _Planner:
-    """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
-    forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
+class _Writer:
+    """What every part of a structured op's code shares: the program's facts, the choices made so far (masks,
+    values recomputed or restated) and the printing of sympy into torch code under them."""
 
     def __init__(
         self,
@@ -310,6 +310,14 @@ class _Planner:
         assert not printed.helpers, printed.helpers  # elementwise fused code's; program_op.py.j2 defines none
         self.imports |= printed.imports
         return printed.text
+
+    def _temporary(self) -> str:
+        return _fresh(self.taken)
+
+
+class _ForwardWriter(_Writer):
+    """forward's code and forward mode's (jvp): each value from what it reads, as written or (an elementwise
+    step) through the elementwise plan's straight-line code."""
 
     def forward_expr(self, v: Value) -> str:
         """``v``'s forward as one expression, as written (no shared steps): what jvp and a restated softmax
@@ -380,8 +388,50 @@ class _Planner:
                 lines.append(f"{v.name} = {lse}" if v.expr.keepdim else f"{v.name} = ({lse}).squeeze({dim})")
         return lines
 
-    def _temporary(self) -> str:
-        return _fresh(self.taken)
+    def _restated(self, name: str) -> str:
+        """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
+        in a second derivative) as the softmax itself, whose derivative the statistics do not carry."""
+        call = self.graph.values[name].expr
+        operand = str(call.args[0])
+        largest, log_sum = self.restated[name]
+        log_probs = f"{operand} - {largest} - {log_sum}"
+        cheap = log_probs if isinstance(call, LogSoftmax) else f"torch.exp({log_probs})"
+        return f"{self.forward_expr(self.graph.values[name])} if torch.is_grad_enabled() else {cheap}"
+
+    # -- forward mode ------------------------------------------------------------------------------------
+
+    def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
+        lines = []
+        emitter = _Everything(self)
+        tangents = {n: n + TANGENT for n in self.graph.tensor_args}
+        scalars: set[str] = set()
+        for v in self.graph.nodes:
+            lines.append(f"{v.name} = {self.forward_expr(v)}")
+            scalars |= {s.name for s in v.expr.free_symbols if s.name in self.graph.scalars}
+            t = v.name + TANGENT
+            if v.kind == ELEMENTWISE:
+                partials = dict(self.graph.derivation.node(v.name).partials)
+                total = sympy.Add(
+                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
+                )
+                scalars |= {s.name for s in total.free_symbols if s.name in self.graph.scalars}
+                code = self.print(total, extra=set(tangents.values()) | {t})
+                if total == 0:  # flat in everything it reads: zeros of its value's shape, dtype and device
+                    code = f"torch.zeros_like({v.name})"
+            else:
+                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
+                code = tangent_code(v, operands, emitter)
+            tangents[v.name] = t
+            lines.append(f"{t} = {code}")
+        for mask, condition in ((m, c) for c, m in self.masks.items()):
+            lines.append(f"{mask} = {self.print(condition)}")
+        returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
+        return _live(lines, returns), returns, sorted(scalars)
+
+
+class _Planner(_ForwardWriter):
+    """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
+    forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
 
     # -- backward ------------------------------------------------------------------------------------------
 
@@ -894,46 +944,6 @@ class _Planner:
             else:
                 guards[name] = frozenset()
         return guards
-
-    def _restated(self, name: str) -> str:
-        """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
-        in a second derivative) as the softmax itself, whose derivative the statistics do not carry."""
-        call = self.graph.values[name].expr
-        operand = str(call.args[0])
-        largest, log_sum = self.restated[name]
-        log_probs = f"{operand} - {largest} - {log_sum}"
-        cheap = log_probs if isinstance(call, LogSoftmax) else f"torch.exp({log_probs})"
-        return f"{self.forward_expr(self.graph.values[name])} if torch.is_grad_enabled() else {cheap}"
-
-    # -- forward mode ------------------------------------------------------------------------------------
-
-    def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
-        lines = []
-        emitter = _Everything(self)
-        tangents = {n: n + TANGENT for n in self.graph.tensor_args}
-        scalars: set[str] = set()
-        for v in self.graph.nodes:
-            lines.append(f"{v.name} = {self.forward_expr(v)}")
-            scalars |= {s.name for s in v.expr.free_symbols if s.name in self.graph.scalars}
-            t = v.name + TANGENT
-            if v.kind == ELEMENTWISE:
-                partials = dict(self.graph.derivation.node(v.name).partials)
-                total = sympy.Add(
-                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
-                )
-                scalars |= {s.name for s in total.free_symbols if s.name in self.graph.scalars}
-                code = self.print(total, extra=set(tangents.values()) | {t})
-                if total == 0:  # flat in everything it reads: zeros of its value's shape, dtype and device
-                    code = f"torch.zeros_like({v.name})"
-            else:
-                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
-                code = tangent_code(v, operands, emitter)
-            tangents[v.name] = t
-            lines.append(f"{t} = {code}")
-        for mask, condition in ((m, c) for c, m in self.masks.items()):
-            lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
-        return _live(lines, returns), returns, sorted(scalars)
 
 
 class _Keeping:
