@@ -24,13 +24,13 @@ from ._version import __version__
 from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
+from .double_backward import GRAD_GRAD_PREFIX, DoubleBackward
 from .errors import DerivationError, ScaffoldError
 from .expression import ParsedExpression
 from .formatting import LINE_LENGTH, format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import (
-    GRAD_GRAD_PREFIX,
     GRAD_OUTPUT,
     OUTPUT,
     TANGENT_SUFFIX,
@@ -296,6 +296,8 @@ class GradGradTarget:
 class DoubleBackwardView:
     """The ``_NAMEBackward`` Function: backward as an op whose own backward is derived."""
 
+    doc: str  # the class docstring, as code
+    function: str  # the gradients' function it runs as its forward
     saved: list[str]  # backward's inputs that its backward reads: tensors (saved), numbers (kept on ctx)
     scalars: list[str]
     grad_grads: list[str]
@@ -625,12 +627,6 @@ class ModuleView(_Entry):
         return "\n    ".join(textwrap.wrap(f'"""{text}."""', DOC_WIDTH))
 
     @property
-    def double_doc(self) -> str:
-        """_NAMEBackward's docstring."""
-        text = f"{self.camel}Function's gradients as an op with a derived backward, for a second derivative"
-        return "\n    ".join(textwrap.wrap(f'"""{text} (see its base class)."""', DOC_WIDTH))
-
-    @property
     def backward_call(self) -> str:
         if self.backward_in_place:
             return f"_runtime.out_of_place({self.backward_function})"
@@ -663,7 +659,8 @@ def module_view(
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
     params = backward["backward_params"]
-    double = _double_backward_view(code, plan, tensor_names, params) if plan.double_backward else None
+    names = (spec.camel, backward["backward_function"])
+    double = _double_backward_view(code, plan, tensor_names, params, names) if plan.double_backward else None
     return ModuleView(
         version=__version__,
         source=spec.source,
@@ -985,12 +982,50 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
 
 
 def _double_backward_view(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str]
+    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str], names: tuple[str, str]
+) -> DoubleBackwardView:
+    """The elementwise plan's double backward (see :func:`double_backward_view`)."""
+    upstream = [o.grad for o in plan.visible]
+    return double_backward_view(
+        code,
+        plan.double_backward,
+        DoubleBackwardInputs(
+            upstream=upstream,
+            optional=upstream if len(upstream) > 1 else [],
+            saved=[*upstream, *plan.saved],
+            scalars=list(plan.backward_scalars),
+            masks=[m.name for m in plan.masks],
+        ),
+        tensor_names,
+        params,
+        names,
+    )
+
+
+@dataclass(frozen=True)
+class DoubleBackwardInputs:
+    """What backward takes, as its double backward reads it."""
+
+    upstream: list[str]  # the upstream gradients
+    optional: list[str]  # those of them that may be None
+    saved: list[str]  # backward's inputs that its backward reads: the upstream gradients, then saved tensors
+    scalars: list[str]  # the numbers it reads (kept on ctx)
+    masks: list[str]  # those of the saved tensors that are bool masks
+
+
+def double_backward_view(
+    code: _CodePrinter,
+    double: DoubleBackward,
+    inputs: DoubleBackwardInputs,
+    tensor_names: list[str],
+    params: list[str],
+    names: tuple[str, str],
 ) -> DoubleBackwardView:
     """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
-    one per gradient of the op that depends on it."""
-    double = plan.double_backward
-    upstream = [o.grad for o in plan.visible]
+    one per gradient of the op that depends on it; ``names``: the op's (CamelCase) and the function
+    computing its gradients, which the Function runs as its forward."""
+    camel, function = names
+    upstream = inputs.upstream
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
     # The gradient of each input: grad_<input>, unless that is already a name here (grad_s, the upstream
@@ -1003,12 +1038,12 @@ def _double_backward_view(
         taken.add(result[name])
 
     code.scope()
-    code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
-    code.bools = {m.name for m in plan.masks}
+    code.tensors |= set(inputs.masks) | set(grad_grads)
+    code.bools = set(inputs.masks)
     # Backward's backward runs only for a second derivative: temporaries shared by several terms are
-    # computed unguarded (none reads a grad_grad_*, which may be None; with several outputs, one that reads
-    # an upstream gradient is computed where that is not None).
-    optional = _OptionalGrads(upstream if len(upstream) > 1 else [])
+    # computed unguarded (none reads a grad_grad_*, which may be None; an upstream gradient that may be None
+    # is read where it is not).
+    optional = _OptionalGrads(inputs.optional)
     blocks = _blocks(code, double.code.shared, None, 0, optional)
     targets = []
     for a, name in enumerate(double.inputs):
@@ -1032,11 +1067,13 @@ def _double_backward_view(
         else:
             value = f"sum(terms).sum_to_size({name}.shape)"
         targets.append(GradGradTarget(position[name], result[name], terms, value))
-    saved = [*upstream, *plan.saved]
     names = {t.name for t in targets}
+    text = f"{camel}Function's gradients as an op with a derived backward, for a second derivative"
     return DoubleBackwardView(
-        saved=saved,
-        scalars=list(plan.backward_scalars),
+        doc="\n    ".join(textwrap.wrap(f'"""{text} (see its base class)."""', DOC_WIDTH)),
+        function=function,
+        saved=inputs.saved,
+        scalars=inputs.scalars,
         grad_grads=grad_grads,
         blocks=blocks,
         targets=targets,
