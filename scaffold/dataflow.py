@@ -27,6 +27,7 @@ jvp recomputes the forward from the inputs alongside the tangents (forward mode 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ from dataclasses import dataclass
 import sympy
 
 from . import structural
+from .double_backward import DoubleBackward, Node, composed_gradients, derive_double_backward
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
-from .plan import Step, straight_line
+from .plan import Step, _share, straight_line
 from .printing import IMPORTS, POWER, PRODUCT, is_finite, math_text, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
@@ -106,6 +108,8 @@ class ProgramPlan:
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
     constants: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()  # values backward computes again from what it has
+    # backward's own backward, derived (None: autograd differentiates backward's code)
+    double_backward: DoubleBackward | None = None
 
 
 def plan_program(
@@ -288,6 +292,7 @@ class _Planner:
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
+        self.reserved = frozenset(self.taken)  # those names: a function's temporaries may not take them either
 
     # -- printing ----------------------------------------------------------------------------------------
 
@@ -366,8 +371,7 @@ class _Planner:
         lines: list[Line] = []
         # each gradient's example shape so far (it may broadcast)
         grad_shapes: dict[str, tuple[int, ...]] = {name: self.graph.shape(name) for name in self.graph.visible}
-        partials_docs: list[tuple[str, str]] = []
-        rule_docs: list[str] = []
+        partials_docs, rule_docs = [], []  # ("d tmp1 / d x", its formula); each rule's description
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
@@ -437,7 +441,61 @@ class _Planner:
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
             recomputed=tuple(recomputed),
+            double_backward=self._double_backward(saved, upstream, hidden_values),
         )
+
+    def _double_backward(self, saved: list[str], upstream: list[str], hidden: list[str]) -> DoubleBackward | None:
+        """Backward's own backward (:mod:`.double_backward`), where every node is elementwise: each
+        argument's gradient is then elementwise math in the upstream gradients (``upstream``, of the outputs
+        and then of the ``hidden`` outputs) and the ``saved`` tensors. None (autograd differentiates
+        backward's code) where a node reduces, normalizes or multiplies matrices, in fused mode, and where
+        the spec gives custom gradients."""
+        graph = self.graph
+        if self.fused or graph.derivation.custom or self.zero_summed or any(v.kind != ELEMENTWISE for v in graph.nodes):
+            return None
+        grads = [sympy.Symbol(g, real=True) for g in upstream]
+        seeds: dict[str, list[sympy.Symbol]] = {}
+        for value, g in zip([*graph.visible, *hidden], grads):
+            seeds.setdefault(value, []).append(g)
+        nodes = self._chain_rule_nodes(set(seeds))
+        if nodes is None:
+            return None
+        arguments = [a for a in graph.tensor_args if a not in graph.custom]
+        parts = composed_gradients(nodes, seeds, arguments, set(saved))
+        scalars = frozenset(sympy.Symbol(n, real=True) for n in graph.scalars) | frozenset(
+            graph.program.parsed.symbols[n] for n in graph.scalars
+        )
+        masks = {sympy.Symbol(m) for m in self.masks.values()}
+        tensors = [sympy.Symbol(n, real=True) for n in saved if n not in self.masks.values()]
+        if not {s for terms in parts for p in terms for s in p.free_symbols} <= {*grads, *scalars, *tensors, *masks}:
+            return None  # a value backward does not have (never so far: a safeguard)
+        every = frozenset(sympy.Symbol(n, real=True) for n in graph.values if graph.is_tensor(n)) | {*grads, *masks}
+        share = functools.partial(_share, scalars=scalars)
+        taken = self.reserved | set(upstream) | set(saved)
+        return derive_double_backward(parts, arguments, [*grads, *tensors], every, taken, self.where, share)
+
+    def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
+        """The nodes as backward multiplies by their partials (:meth:`_elementwise_backward`: a hoisted
+        node's in terms of its own value, conditions read from masks), for the values some gradient reaches
+        from ``reached``; None where that would need a mask backward does not read."""
+        graph, masks, nodes = self.graph, dict(self.masks), []
+        for v in reversed(graph.nodes):
+            partials = dict(graph.derivation.node(v.name).partials)
+            if v.name in graph.hoisted:
+                own = sympy.Symbol(v.name, real=True)
+                partials = {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
+            wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
+            reached |= set(wanted)
+            nodes.insert(
+                0,
+                Node(
+                    v.name, graph.derivation.node(v.name).forward, tuple((r, self._masked(partials[r])) for r in wanted)
+                ),
+            )
+        if self.masks != masks:
+            self.masks = masks
+            return None
+        return nodes
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
         """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its

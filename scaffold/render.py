@@ -120,18 +120,22 @@ class _CodePrinter:
     backward and the test's reference each start a fresh :meth:`scope`: their temporaries share names.
     """
 
-    def __init__(self, spec: OpSpec, plan: BackwardPlan | None = None) -> None:
+    def __init__(self, spec: OpSpec, plan: BackwardPlan | ProgramPlan | None = None) -> None:
         names = {t.name for t in spec.tensors}
-        outputs = {n for o in plan.outputs for n in (o.value, o.grad)} if plan is not None else set()
+        if isinstance(plan, ProgramPlan):  # an output's gradient is never None there (zeros instead)
+            outputs, grads, upstream = {*plan.returns, *plan.upstream}, [plan.upstream[0]], set(plan.upstream)
+        elif plan is not None:
+            outputs = {n for o in plan.outputs for n in (o.value, o.grad)}
+            grads, upstream = [o.grad for o in plan.visible], {o.grad for o in plan.outputs}
+        else:
+            outputs, grads, upstream = set(), [GRAD_OUTPUT], set()
         # what a case distinction between numbers takes its dtype from: an upstream gradient (with several
         # outputs, the first that is not None)
-        grads = [o.grad for o in plan.visible] if plan is not None else [GRAD_OUTPUT]
         self.anchor, self.anchor_text = grads[0], _first_given(grads)
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT} | outputs)
         self.tensors = set(self.base)
         # the tensors known to be finite, which a step may multiply (printing.is_finite): the inputs, their
         # tangents, the upstream gradients, and the temporaries computed from those by bounded operations
-        upstream = {o.grad for o in plan.outputs} if plan is not None else set()
         self.base_finite = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT} | upstream)
         self.finite = set(self.base_finite)
         self.bools: set[str] = set()  # the tensors that are bool masks
@@ -1687,6 +1691,7 @@ class ProgramView(_Entry):
     # the spec's custom gradients, as written, and how they name the upstream gradients
     custom_gradients: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     custom_grad_names: str = ""
+    double: DoubleBackwardView | None = None  # None: autograd differentiates _backward for a second derivative
 
     @property
     def backward_fused(self) -> bool:
@@ -1738,6 +1743,7 @@ def program_module_view(
     optional = bool(plan.hidden) or len(plan.visible) > 1
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
+    double, double_imports = _program_double_backward(spec, plan)
     return ProgramView(
         version=__version__,
         source=spec.source,
@@ -1747,7 +1753,7 @@ def program_module_view(
         forward_doc=_program_forward_doc(spec, parsed, arguments),
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
-        imports=sorted({*plan.imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
+        imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -1779,11 +1785,8 @@ def program_module_view(
         backward_blocks=_program_blocks(plan, tensor_names),
         fuse=spec.fuse,
         returned_grads=list(plan.upstream[len(plan.visible) :]),
-        backward_params=["needs_input_grad", *plan.upstream, *plan.saved, *plan.backward_scalars]
-        + [f"{n}_shape" for n in plan.shapes],
-        backward_args=["ctx.needs_input_grad", *plan.upstream, *plan.saved]
-        + [f"ctx.{n}" for n in plan.backward_scalars]
-        + [f"ctx.{n}_shape" for n in plan.shapes],
+        backward_params=_program_backward_params(plan),
+        backward_args=_program_backward_args(plan),
         parameter_kinds=_program_parameter_kinds(plan),
         forward_kinds=_program_forward_kinds(spec),
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
@@ -1799,7 +1802,45 @@ def program_module_view(
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         custom_grad_names=_custom_grad_names(program),
+        double=double,
     )
+
+
+def _program_backward_args(plan: ProgramPlan) -> list[str]:
+    """What Function.backward passes _backward: the upstream gradients, the saved tensors, then from ctx."""
+    numbers = [*plan.backward_scalars, *(f"{n}_shape" for n in plan.shapes)]
+    return ["ctx.needs_input_grad", *plan.upstream, *plan.saved, *(f"ctx.{n}" for n in numbers)]
+
+
+def _program_backward_params(plan: ProgramPlan) -> list[str]:
+    """_backward's parameters, as :func:`_program_backward_args` passes them."""
+    return [
+        "needs_input_grad",
+        *plan.upstream,
+        *plan.saved,
+        *plan.backward_scalars,
+        *(f"{n}_shape" for n in plan.shapes),
+    ]
+
+
+def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBackwardView | None, set[str]]:
+    """A structured op's double backward (see :func:`double_backward_view`), if its plan derives one, and the
+    imports its code needs. Backward takes the outputs' gradients (zeros where an output was not used), then
+    the hidden outputs', None but in a second derivative."""
+    if plan.double_backward is None:
+        return None, set()
+    code = _CodePrinter(spec, plan)
+    inputs = DoubleBackwardInputs(
+        upstream=list(plan.upstream),
+        optional=list(plan.upstream[len(plan.visible) :]),
+        saved=[*plan.upstream, *plan.saved],
+        scalars=list(plan.backward_scalars),
+        masks=list(plan.masks),
+    )
+    tensor_names, params = [t.name for t in spec.tensors], _program_backward_params(plan)
+    view = double_backward_view(code, plan.double_backward, inputs, tensor_names, params, (spec.camel, "_backward"))
+    assert not code.helpers, code.helpers  # only fused code's forms call helpers, and fused ops derive none
+    return view, {IMPORTS[a] for a in code.imports}
 
 
 def _program_forward_doc(spec: OpSpec, parsed, arguments: list[str]) -> list[str]:
