@@ -460,19 +460,19 @@ class _Planner:
         nodes = self._chain_rule_nodes(set(seeds))
         if nodes is None:
             return None
-        arguments = [a for a in graph.tensor_args if a not in graph.custom]
-        parts = composed_gradients(nodes, seeds, arguments, set(saved))
+        parts = composed_gradients(nodes, seeds, graph.tensor_args, set(saved))
         scalars = frozenset(sympy.Symbol(n, real=True) for n in graph.scalars) | frozenset(
             graph.program.parsed.symbols[n] for n in graph.scalars
         )
+        read = {s.name for terms in parts for p in terms for s in p.free_symbols}
+        if not read <= {*upstream, *saved, *self.emitter.scalars}:
+            return None  # a value backward does not have (never so far: a safeguard)
         masks = {sympy.Symbol(m) for m in self.masks.values()}
         tensors = [sympy.Symbol(n, real=True) for n in saved if n not in self.masks.values()]
-        if not {s for terms in parts for p in terms for s in p.free_symbols} <= {*grads, *scalars, *tensors, *masks}:
-            return None  # a value backward does not have (never so far: a safeguard)
         every = frozenset(sympy.Symbol(n, real=True) for n in graph.values if graph.is_tensor(n)) | {*grads, *masks}
         share = functools.partial(_share, scalars=scalars)
         taken = self.reserved | set(upstream) | set(saved)
-        return derive_double_backward(parts, arguments, [*grads, *tensors], every, taken, self.where, share)
+        return derive_double_backward(parts, graph.tensor_args, [*grads, *tensors], every, taken, self.where, share)
 
     def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
         """The nodes as backward multiplies by their partials (:meth:`_elementwise_backward`: a hoisted
@@ -480,18 +480,14 @@ class _Planner:
         from ``reached``; None where that would need a mask backward does not read."""
         graph, masks, nodes = self.graph, dict(self.masks), []
         for v in reversed(graph.nodes):
-            partials = dict(graph.derivation.node(v.name).partials)
+            node = graph.derivation.node(v.name)
+            partials = dict(node.partials)
             if v.name in graph.hoisted:
                 own = sympy.Symbol(v.name, real=True)
                 partials = {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
             wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
             reached |= set(wanted)
-            nodes.insert(
-                0,
-                Node(
-                    v.name, graph.derivation.node(v.name).forward, tuple((r, self._masked(partials[r])) for r in wanted)
-                ),
-            )
+            nodes.insert(0, Node(v.name, node.forward, tuple((r, self._masked(partials[r])) for r in wanted)))
         if self.masks != masks:
             self.masks = masks
             return None
