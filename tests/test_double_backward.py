@@ -5,10 +5,13 @@ reduce, normalize or multiply matrices keep autograd of backward's code."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import warnings
 
 import pytest
 import sympy
+import torch
 
 from scaffold import generate_op, program, spec_from_mapping, structural, write_files
 from scaffold.api import compile_op
@@ -70,6 +73,24 @@ def test_a_wrong_derived_double_backward_fails_the_generated_gradgradcheck(one_p
     (tmp_path / "swish.py").write_text(module.replace(derived, derived.replace("sum(terms)", "2 * sum(terms)")))
     result = run_pytest(tmp_path, "-k", "gradgradcheck")
     assert result.returncode != 0 and "failed" in result.stdout, result.stdout[-3000:]
+
+
+def test_the_derived_double_backward_is_finite_where_autograd_of_backward_is_not(one_pipeline, tmp_path):
+    # x*tanh(exp(x)) at x = 100 in float32: exp(x) overflows, and autograd of backward's code multiplies that
+    # inf by the 0 that 1 - tanh(exp(x))**2 is there: nan, where the second derivative is 0
+    _generate({"name": "tanh_of_exp", "forward": "x*tanh(exp(x))", "tensors": {"x": {}}}, tmp_path)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        op = importlib.import_module("tanh_of_exp").tanh_of_exp
+    finally:
+        sys.path.remove(str(tmp_path))
+    x = torch.tensor([100.0, 1.0, -3.0], requires_grad=True)
+    (grad,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    expected = torch.func.grad(torch.func.grad(lambda t: t * torch.tanh(torch.exp(t))))
+    assert torch.isfinite(second).all(), second
+    torch.testing.assert_close(second[1:], torch.stack([expected(t) for t in x.detach()[1:]]))
+    assert second[0] == 0
 
 
 def test_a_structured_op_with_a_reduction_keeps_autograd_of_its_backward(tmp_path):
