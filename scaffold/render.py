@@ -662,9 +662,7 @@ def module_view(
     hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
-    params = backward["backward_params"]
-    names = (spec.camel, backward["backward_function"])
-    double = _double_backward_view(code, plan, tensor_names, params, names) if plan.double_backward else None
+    double = _double_backward_view(code, spec, plan, backward) if plan.double_backward else None
     return ModuleView(
         version=__version__,
         source=spec.source,
@@ -985,10 +983,9 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
     }
 
 
-def _double_backward_view(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str], names: tuple[str, str]
-) -> DoubleBackwardView:
-    """The elementwise plan's double backward (see :func:`double_backward_view`)."""
+def _double_backward_view(code: _CodePrinter, spec: OpSpec, plan: BackwardPlan, backward: dict) -> DoubleBackwardView:
+    """The elementwise plan's double backward (see :func:`double_backward_view`), of the ``backward`` that
+    :func:`_backward_fields` lays out."""
     upstream = [o.grad for o in plan.visible]
     return double_backward_view(
         code,
@@ -1000,9 +997,10 @@ def _double_backward_view(
             scalars=list(plan.backward_scalars),
             masks=[m.name for m in plan.masks],
         ),
-        tensor_names,
-        params,
-        names,
+        [t.name for t in spec.tensors],
+        backward["backward_params"],
+        camel=spec.camel,
+        function=backward["backward_function"],
     )
 
 
@@ -1023,12 +1021,13 @@ def double_backward_view(
     inputs: DoubleBackwardInputs,
     tensor_names: list[str],
     params: list[str],
-    names: tuple[str, str],
+    *,
+    camel: str,
+    function: str,
 ) -> DoubleBackwardView:
     """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
-    one per gradient of the op that depends on it; ``names``: the op's (CamelCase) and the function
-    computing its gradients, which the Function runs as its forward."""
-    camel, function = names
+    one per gradient of the op that depends on it; ``camel``: the op's name in CamelCase, ``function``: the
+    function computing its gradients, which the Function runs as its forward."""
     upstream = inputs.upstream
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
@@ -1838,7 +1837,9 @@ def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBac
         masks=list(plan.masks),
     )
     tensor_names, params = [t.name for t in spec.tensors], _program_backward_params(plan)
-    view = double_backward_view(code, plan.double_backward, inputs, tensor_names, params, (spec.camel, "_backward"))
+    view = double_backward_view(
+        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function="_backward"
+    )
     assert not code.helpers, code.helpers  # only fused code's forms call helpers, and fused ops derive none
     return view, {IMPORTS[a] for a in code.imports}
 
