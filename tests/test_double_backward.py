@@ -13,12 +13,17 @@ import pytest
 import sympy
 import torch
 
-from scaffold import generate_op, program, spec_from_mapping, structural, write_files
-from scaffold.api import compile_op
+from scaffold import compile_op, generate_op, program, spec_from_mapping, structural, write_files
 from scaffold.double_backward import Node, composed_gradients
-from tests.catalogue import OPS
-from tests.conftest import run_pytest
-from tests.structured_catalogue import STRUCTURED
+
+try:
+    from .catalogue import OPS
+    from .conftest import run_pytest
+    from .structured_catalogue import STRUCTURED
+except ImportError:  # tests/ run as a plain folder, not a package
+    from catalogue import OPS
+    from conftest import run_pytest
+    from structured_catalogue import STRUCTURED
 
 SECOND_ORDER = "gradgradcheck or hessian or jacrev"
 
