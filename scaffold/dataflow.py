@@ -27,6 +27,7 @@ jvp recomputes the forward from the inputs alongside the tangents (forward mode 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ from dataclasses import dataclass
 import sympy
 
 from . import structural
+from .double_backward import DoubleBackward, Node, composed_gradients, derive_double_backward
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
-from .plan import Step, straight_line
+from .plan import Step, _share, straight_line
 from .printing import IMPORTS, POWER, PRODUCT, is_finite, math_text, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
@@ -106,6 +108,8 @@ class ProgramPlan:
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
     constants: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()  # values backward computes again from what it has
+    # backward's own backward, derived (None: autograd differentiates backward's code)
+    double_backward: DoubleBackward | None = None
 
 
 def plan_program(
@@ -443,8 +447,7 @@ class _Planner(_ForwardWriter):
         lines: list[Line] = []
         # each gradient's example shape so far (it may broadcast)
         grad_shapes: dict[str, tuple[int, ...]] = {name: self.graph.shape(name) for name in self.graph.visible}
-        partials_docs: list[tuple[str, str]] = []
-        rule_docs: list[str] = []
+        partials_docs, rule_docs = [], []  # ("d tmp1 / d x", its formula); each rule's description
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
@@ -514,6 +517,7 @@ class _Planner(_ForwardWriter):
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
             recomputed=tuple(recomputed),
+            double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
         )
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
@@ -944,6 +948,66 @@ class _Planner(_ForwardWriter):
             else:
                 guards[name] = frozenset()
         return guards
+
+
+class _SecondOrder:
+    """Backward's own backward, derived (:mod:`.double_backward`), from what the planner chose for backward."""
+
+    def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
+
+    def derive(self, saved: list[str], upstream: list[str], hidden: list[str]) -> DoubleBackward | None:
+        """Backward's own backward (:mod:`.double_backward`), where every node is elementwise: each
+        argument's gradient is then elementwise math in the upstream gradients (``upstream``, of the outputs
+        and then of the ``hidden`` outputs) and the ``saved`` tensors. None (autograd differentiates
+        backward's code) where a node reduces, normalizes or multiplies matrices, in fused mode, and where
+        the spec gives custom gradients."""
+        planner = self.planner
+        graph = planner.graph
+        if (
+            planner.fused
+            or graph.derivation.custom
+            or planner.zero_summed
+            or any(v.kind != ELEMENTWISE for v in graph.nodes)
+        ):
+            return None
+        grads = [sympy.Symbol(g, real=True) for g in upstream]
+        seeds: dict[str, list[sympy.Symbol]] = {}
+        for value, g in zip([*graph.visible, *hidden], grads):
+            seeds.setdefault(value, []).append(g)
+        nodes = self._chain_rule_nodes(set(seeds))
+        if nodes is None:
+            return None
+        parts = composed_gradients(nodes, seeds, graph.tensor_args, set(saved))
+        read = {s.name for terms in parts for p in terms for s in p.free_symbols}
+        if not read <= {*upstream, *saved, *planner.emitter.scalars}:
+            return None  # a value backward does not have (never so far: a safeguard)
+        masks = {sympy.Symbol(m) for m in planner.masks.values()}
+        tensors = [sympy.Symbol(n, real=True) for n in saved if n not in planner.masks.values()]
+        every = frozenset(sympy.Symbol(n, real=True) for n in graph.values if graph.is_tensor(n)) | {*grads, *masks}
+        share = functools.partial(_share, scalars=planner.scalars)
+        taken = planner.named | set(upstream) | set(saved)
+        return derive_double_backward(parts, graph.tensor_args, [*grads, *tensors], every, taken, planner.where, share)
+
+    def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
+        """The nodes as backward multiplies by their partials (:meth:`_Planner._elementwise_backward`: a hoisted
+        node's in terms of its own value, conditions read from masks), for the values some gradient reaches
+        from ``reached``; None where that would need a mask backward does not read."""
+        planner = self.planner
+        graph, masks, nodes = planner.graph, dict(planner.masks), []
+        for v in reversed(graph.nodes):
+            node = graph.derivation.node(v.name)
+            partials = dict(node.partials)
+            if v.name in graph.hoisted:
+                own = sympy.Symbol(v.name, real=True)
+                partials = {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
+            wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
+            reached |= set(wanted)
+            nodes.insert(0, Node(v.name, node.forward, tuple((r, planner._masked(partials[r])) for r in wanted)))
+        if planner.masks != masks:
+            planner.masks = masks
+            return None
+        return nodes
 
 
 class _Keeping:

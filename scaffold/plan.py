@@ -30,6 +30,7 @@ Function's own backward (BackwardPlan.hidden_backward). Only ops with one visibl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import re
@@ -40,6 +41,7 @@ import sympy
 
 from . import lowering
 from .derivation import Derivation, differentiate
+from .double_backward import DoubleBackward, derive_double_backward
 from .program import Program, broadcast
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
 from .stable import DerivativeKernel, gelu_grad, ndtr, neg_abs, sigmoid, silu, softplus, stabilize, tanh_softplus
@@ -111,23 +113,6 @@ class Cost:
     # write the output and the gradients): backward's reads of what it saves, forward's writes of hidden
     # outputs and each mask's eager pass in setup_context, writes weighing WRITE_WEIGHT.
     moved: float = 0.0
-
-
-@dataclass(frozen=True)
-class DoubleBackward:
-    """Backward's own backward, for a second derivative (double backward).
-
-    Backward computes ``grad_i = B_i(grad_output, saved)`` for each tensor argument i. Differentiated
-    again, each of its inputs v (grad_output, then each saved tensor that is not a bool mask) gets
-    ``sum_i grad_grad_i * dB_i/dv``, where ``grad_grad_i`` is the gradient arriving at ``grad_i`` (None
-    where nothing differentiates grad_i: its terms are skipped). Autograd chains the part through a saved
-    output itself. The partials dB_i/dv are derived and rewritten like the first ones, so that they stay
-    finite where a factor of B_i overflows (autograd of B_i's code multiplies that inf by 0).
-    """
-
-    inputs: tuple[str, ...]  # grad_output, then the saved tensors with a gradient, in backward's order
-    pairs: tuple[tuple[int, int], ...]  # (index into inputs, index of the tensor argument) of each term
-    code: DerivativeCode  # a term per pair: dB_i/dv, to be multiplied by grad_grad_i
 
 
 @dataclass(frozen=True)
@@ -505,9 +490,9 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     differentiable = [*grads, *(parsed.symbols[n] for n in saved), *(sympy.Symbol(v, real=True) for v in saved_outputs)]
     tensors = frozenset(parsed.symbols[n] for n in parsed.tensor_names) | set(grads) | set(values)
     tensors |= {sympy.Symbol(o.value, real=True) for o in hidden}
-    double_backward = _double_backward(
-        parts, names, differentiable, tensors | {sympy.Symbol(m.name) for m in used_masks}, taken, scalars, where
-    )
+    tensors |= {sympy.Symbol(m.name) for m in used_masks}
+    share = functools.partial(_share, scalars=scalars)
+    double_backward = derive_double_backward(parts, names, differentiable, tensors, taken, where, share)
     return BackwardPlan(
         outputs=outputs,
         forward_steps=forward_steps,
@@ -794,49 +779,6 @@ def _output_subsets(derivation: Derivation, values: list[sympy.Symbol]) -> list[
     if len(candidates) > MAX_OUTPUT_SUBSETS:
         return [dict(candidates)]
     return [dict(c) for k in range(len(candidates), 0, -1) for c in itertools.combinations(candidates, k)]
-
-
-#: Second partials derived for a double backward, at most: beyond, autograd differentiates backward's code
-#: (a sum of 64 tanh terms in 193 tensors would need about a thousand).
-MAX_SECOND_PARTIALS = 64
-GRAD_GRAD_PREFIX = "grad_grad_"
-
-
-def _double_backward(
-    parts: list[list[sympy.Expr]],
-    names: list[str],
-    differentiable: list[sympy.Symbol],
-    tensors: frozenset[sympy.Symbol],
-    taken: set[str],
-    scalars: frozenset[sympy.Symbol],
-    where: str,
-) -> DoubleBackward | None:
-    """The :class:`DoubleBackward` of backward's formulas, given as ``parts`` per tensor argument in ``names``
-    (one part, or with several outputs one per output): each part's derivative is a term of its own, reduced
-    on its own in turn."""
-    pairs = [
-        (a, i, p)
-        for a, v in enumerate(differentiable)
-        for i, terms in enumerate(parts)
-        for p in terms
-        if v in p.free_symbols
-    ]
-    if not pairs or len(pairs) > MAX_SECOND_PARTIALS:
-        return None
-    terms, kept = [], []
-    for a, i, p in pairs:
-        what = f"the gradient of {names[i]}"
-        second = differentiate(p, differentiable[a], tensors, what=what, where=where)
-        if second != 0:
-            terms.append(second)
-            kept.append((a, i))
-    if not terms:
-        return None
-    # The terms are the partials dB_i/dv; each is multiplied by its grad_grad_i where it is printed, so
-    # that no shared temporary reads a grad_grad_i that may be None.
-    taken = taken | {GRAD_GRAD_PREFIX + n for n in names} | {f"{n}_shape" for n in names}
-    code = _share(terms, [f"{differentiable[a]}/{names[i]}" for a, i in kept], taken, scalars)
-    return DoubleBackward(tuple(str(v) for v in differentiable), tuple(kept), code)
 
 
 # -- the cost model ---------------------------------------------------------------------------------

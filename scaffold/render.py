@@ -24,13 +24,13 @@ from ._version import __version__
 from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
+from .double_backward import GRAD_GRAD_PREFIX, DoubleBackward
 from .errors import DerivationError, ScaffoldError
 from .expression import ParsedExpression
 from .formatting import LINE_LENGTH, format_source
 from .functions import kink_classes, stable_classes
 from .inplace import BOOL, NUMBER, TENSOR, Kind, reuse_temporaries
 from .plan import (
-    GRAD_GRAD_PREFIX,
     GRAD_OUTPUT,
     OUTPUT,
     TANGENT_SUFFIX,
@@ -120,18 +120,22 @@ class _CodePrinter:
     backward and the test's reference each start a fresh :meth:`scope`: their temporaries share names.
     """
 
-    def __init__(self, spec: OpSpec, plan: BackwardPlan | None = None) -> None:
+    def __init__(self, spec: OpSpec, plan: BackwardPlan | ProgramPlan | None = None) -> None:
         names = {t.name for t in spec.tensors}
-        outputs = {n for o in plan.outputs for n in (o.value, o.grad)} if plan is not None else set()
+        if isinstance(plan, ProgramPlan):  # an output's gradient is never None there (zeros instead)
+            outputs, grads, upstream = {*plan.returns, *plan.upstream}, [plan.upstream[0]], set(plan.upstream)
+        elif plan is not None:
+            outputs = {n for o in plan.outputs for n in (o.value, o.grad)}
+            grads, upstream = [o.grad for o in plan.visible], {o.grad for o in plan.outputs}
+        else:
+            outputs, grads, upstream = set(), [GRAD_OUTPUT], set()
         # what a case distinction between numbers takes its dtype from: an upstream gradient (with several
         # outputs, the first that is not None)
-        grads = [o.grad for o in plan.visible] if plan is not None else [GRAD_OUTPUT]
         self.anchor, self.anchor_text = grads[0], _first_given(grads)
         self.base = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT, OUTPUT} | outputs)
         self.tensors = set(self.base)
         # the tensors known to be finite, which a step may multiply (printing.is_finite): the inputs, their
         # tangents, the upstream gradients, and the temporaries computed from those by bounded operations
-        upstream = {o.grad for o in plan.outputs} if plan is not None else set()
         self.base_finite = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT} | upstream)
         self.finite = set(self.base_finite)
         self.bools: set[str] = set()  # the tensors that are bool masks
@@ -296,6 +300,8 @@ class GradGradTarget:
 class DoubleBackwardView:
     """The ``_NAMEBackward`` Function: backward as an op whose own backward is derived."""
 
+    doc: str  # the class docstring, as code
+    function: str  # the gradients' function it runs as its forward
     saved: list[str]  # backward's inputs that its backward reads: tensors (saved), numbers (kept on ctx)
     scalars: list[str]
     grad_grads: list[str]
@@ -625,12 +631,6 @@ class ModuleView(_Entry):
         return "\n    ".join(textwrap.wrap(f'"""{text}."""', DOC_WIDTH))
 
     @property
-    def double_doc(self) -> str:
-        """_NAMEBackward's docstring."""
-        text = f"{self.camel}Function's gradients as an op with a derived backward, for a second derivative"
-        return "\n    ".join(textwrap.wrap(f'"""{text} (see its base class)."""', DOC_WIDTH))
-
-    @property
     def backward_call(self) -> str:
         if self.backward_in_place:
             return f"_runtime.out_of_place({self.backward_function})"
@@ -662,8 +662,7 @@ def module_view(
     hidden_terms = _hidden_code(code, plan)
     scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
     module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
-    params = backward["backward_params"]
-    double = _double_backward_view(code, plan, tensor_names, params) if plan.double_backward else None
+    double = _double_backward_view(code, spec, plan, backward) if plan.double_backward else None
     return ModuleView(
         version=__version__,
         source=spec.source,
@@ -984,13 +983,52 @@ def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
     }
 
 
-def _double_backward_view(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], params: list[str]
+def _double_backward_view(code: _CodePrinter, spec: OpSpec, plan: BackwardPlan, backward: dict) -> DoubleBackwardView:
+    """The elementwise plan's double backward (see :func:`double_backward_view`), of the ``backward`` that
+    :func:`_backward_fields` lays out."""
+    upstream = [o.grad for o in plan.visible]
+    return double_backward_view(
+        code,
+        plan.double_backward,
+        DoubleBackwardInputs(
+            upstream=upstream,
+            optional=upstream if len(upstream) > 1 else [],
+            saved=[*upstream, *plan.saved],
+            scalars=list(plan.backward_scalars),
+            masks=[m.name for m in plan.masks],
+        ),
+        [t.name for t in spec.tensors],
+        backward["backward_params"],
+        camel=spec.camel,
+        function=backward["backward_function"],
+    )
+
+
+@dataclass(frozen=True)
+class DoubleBackwardInputs:
+    """What backward takes, as its double backward reads it."""
+
+    upstream: list[str]  # the upstream gradients
+    optional: list[str]  # those of them that may be None
+    saved: list[str]  # backward's inputs that its backward reads: the upstream gradients, then saved tensors
+    scalars: list[str]  # the numbers it reads (kept on ctx)
+    masks: list[str]  # those of the saved tensors that are bool masks
+
+
+def double_backward_view(
+    code: _CodePrinter,
+    double: DoubleBackward,
+    inputs: DoubleBackwardInputs,
+    tensor_names: list[str],
+    params: list[str],
+    *,
+    camel: str,
+    function: str,
 ) -> DoubleBackwardView:
     """The double backward: backward's inputs (``params``) and, for each that has a gradient, its terms,
-    one per gradient of the op that depends on it."""
-    double = plan.double_backward
-    upstream = [o.grad for o in plan.visible]
+    one per gradient of the op that depends on it; ``camel``: the op's name in CamelCase, ``function``: the
+    function computing its gradients, which the Function runs as its forward."""
+    upstream = inputs.upstream
     grad_grads = [GRAD_GRAD_PREFIX + n for n in tensor_names]
     position = {name: params.index(name) for name in double.inputs}
     # The gradient of each input: grad_<input>, unless that is already a name here (grad_s, the upstream
@@ -1003,12 +1041,12 @@ def _double_backward_view(
         taken.add(result[name])
 
     code.scope()
-    code.tensors |= {m.name for m in plan.masks} | set(grad_grads)
-    code.bools = {m.name for m in plan.masks}
+    code.tensors |= set(inputs.masks) | set(grad_grads)
+    code.bools = set(inputs.masks)
     # Backward's backward runs only for a second derivative: temporaries shared by several terms are
-    # computed unguarded (none reads a grad_grad_*, which may be None; with several outputs, one that reads
-    # an upstream gradient is computed where that is not None).
-    optional = _OptionalGrads(upstream if len(upstream) > 1 else [])
+    # computed unguarded (none reads a grad_grad_*, which may be None; an upstream gradient that may be None
+    # is read where it is not).
+    optional = _OptionalGrads(inputs.optional)
     blocks = _blocks(code, double.code.shared, None, 0, optional)
     targets = []
     for a, name in enumerate(double.inputs):
@@ -1032,11 +1070,13 @@ def _double_backward_view(
         else:
             value = f"sum(terms).sum_to_size({name}.shape)"
         targets.append(GradGradTarget(position[name], result[name], terms, value))
-    saved = [*upstream, *plan.saved]
     names = {t.name for t in targets}
+    text = f"{camel}Function's gradients as an op with a derived backward, for a second derivative"
     return DoubleBackwardView(
-        saved=saved,
-        scalars=list(plan.backward_scalars),
+        doc="\n    ".join(textwrap.wrap(f'"""{text} (see its base class)."""', DOC_WIDTH)),
+        function=function,
+        saved=inputs.saved,
+        scalars=inputs.scalars,
         grad_grads=grad_grads,
         blocks=blocks,
         targets=targets,
@@ -1650,6 +1690,7 @@ class ProgramView(_Entry):
     # the spec's custom gradients, as written, and how they name the upstream gradients
     custom_gradients: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     custom_grad_names: str = ""
+    double: DoubleBackwardView | None = None  # None: autograd differentiates _backward for a second derivative
 
     @property
     def backward_fused(self) -> bool:
@@ -1701,6 +1742,7 @@ def program_module_view(
     optional = bool(plan.hidden) or len(plan.visible) > 1
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
+    double, double_imports = _program_double_backward(spec, plan)
     return ProgramView(
         version=__version__,
         source=spec.source,
@@ -1710,7 +1752,7 @@ def program_module_view(
         forward_doc=_program_forward_doc(spec, parsed, arguments),
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
-        imports=sorted({*plan.imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
+        imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -1742,11 +1784,8 @@ def program_module_view(
         backward_blocks=_program_blocks(plan, tensor_names),
         fuse=spec.fuse,
         returned_grads=list(plan.upstream[len(plan.visible) :]),
-        backward_params=["needs_input_grad", *plan.upstream, *plan.saved, *plan.backward_scalars]
-        + [f"{n}_shape" for n in plan.shapes],
-        backward_args=["ctx.needs_input_grad", *plan.upstream, *plan.saved]
-        + [f"ctx.{n}" for n in plan.backward_scalars]
-        + [f"ctx.{n}_shape" for n in plan.shapes],
+        backward_params=_program_backward_params(plan),
+        backward_args=_program_backward_args(plan),
         parameter_kinds=_program_parameter_kinds(plan),
         forward_kinds=_program_forward_kinds(spec),
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
@@ -1762,7 +1801,47 @@ def program_module_view(
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         custom_grad_names=_custom_grad_names(program),
+        double=double,
     )
+
+
+def _program_backward_args(plan: ProgramPlan) -> list[str]:
+    """What Function.backward passes _backward: the upstream gradients, the saved tensors, then from ctx."""
+    numbers = [*plan.backward_scalars, *(f"{n}_shape" for n in plan.shapes)]
+    return ["ctx.needs_input_grad", *plan.upstream, *plan.saved, *(f"ctx.{n}" for n in numbers)]
+
+
+def _program_backward_params(plan: ProgramPlan) -> list[str]:
+    """_backward's parameters, as :func:`_program_backward_args` passes them."""
+    return [
+        "needs_input_grad",
+        *plan.upstream,
+        *plan.saved,
+        *plan.backward_scalars,
+        *(f"{n}_shape" for n in plan.shapes),
+    ]
+
+
+def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBackwardView | None, set[str]]:
+    """A structured op's double backward (see :func:`double_backward_view`), if its plan derives one, and the
+    imports its code needs. Backward takes the outputs' gradients (zeros where an output was not used), then
+    the hidden outputs', None but in a second derivative."""
+    if plan.double_backward is None:
+        return None, set()
+    code = _CodePrinter(spec, plan)
+    inputs = DoubleBackwardInputs(
+        upstream=list(plan.upstream),
+        optional=list(plan.upstream[len(plan.visible) :]),
+        saved=[*plan.upstream, *plan.saved],
+        scalars=list(plan.backward_scalars),
+        masks=list(plan.masks),
+    )
+    tensor_names, params = [t.name for t in spec.tensors], _program_backward_params(plan)
+    view = double_backward_view(
+        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function="_backward"
+    )
+    assert not code.helpers, code.helpers  # only fused code's forms call helpers, and fused ops derive none
+    return view, {IMPORTS[a] for a in code.imports}
 
 
 def _program_forward_doc(spec: OpSpec, parsed, arguments: list[str]) -> list[str]:

@@ -16,7 +16,7 @@ MAX_CLASS_LINES = 200
 #: item 4): the generated tests' library and the structured planner.
 OVER_THE_LIMIT = {
     ("testing.py", "OpTests"): 850,
-    ("dataflow.py", "_Planner"): 517,
+    ("dataflow.py", "_Planner"): 515,
 }
 
 
