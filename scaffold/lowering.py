@@ -288,8 +288,8 @@ def one_logarithm_of_odds(expr: sympy.Expr) -> sympy.Expr:
     ``-u`` (each as it stands or as the guarded argument of an xlogy / xlog1py derivative,
     :class:`.stable.log_argument`), written ``c*log(a / (1 + b))``, or ``c*logit(u)`` where neither is
     guarded: the log-odds of ``u``, one logarithm where there were two (binary cross-entropy's gradient in
-    its target; its fwd+bwd in CPU time, 4M float32 elements, one thread: 85 ms against 87 ms, plain
-    autograd's 51 ms).
+    its target; its fwd+bwd in CPU time, 4M float32 elements, one thread: 81 to 85 ms against 87 ms,
+    plain autograd's 51 to 57 ms).
 
     Exact wherever the two logarithms are: both defined means ``0 <= u <= 1``, so ``a`` lies in [0, 1] and
     ``1 + b`` is 0 or at least half an ulp of 1 (2**-24 in float32; a guard's safe values are 1 and 0), and
