@@ -13,7 +13,9 @@ that the math does not have. Each rewrite here keeps the value and changes the c
 * :func:`tanh_softplus_in_sigmoids`: mish's ``tanh(softplus(x))`` is computed from ``sigmoid(x)``, which
   CSE can then share with the rest of the formula (in eager code mish itself too);
 * :func:`products_with_exp`: ``xexpy(x, y)`` becomes ``x * finite_at_zero(exp(y), x)``, 0 (not 0 * inf)
-  where x = 0, with exp(y) one temporary.
+  where x = 0, with exp(y) one temporary;
+* :func:`one_logarithm_of_odds`: ``c*log(u) - c*log1p(-u)`` (binary cross-entropy's target gradient) is
+  computed as ``c*logit(u)`` (``c*log(a / (1 + b))`` where u is guarded), one logarithm, not two.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import sympy
+from sympy.codegen.cfunctions import log1p
 
 from . import functions, stable
 
@@ -278,3 +281,56 @@ def tanh_softplus_in_sigmoids(exprs: list[sympy.Expr], eager: bool = False) -> l
             for e in exprs
         ]
     return [e.replace(lambda n: isinstance(n, stable.tanh_softplus), lambda n: n.expanded(*n.args)) for e in exprs]
+
+
+def one_logarithm_of_odds(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each sum's pair of terms ``c*log(a) - c*log1p(b)``, where ``a`` is ``u`` and ``b`` is
+    ``-u`` (each as it stands or as the guarded argument of an xlogy / xlog1py derivative,
+    :class:`.stable.log_argument`), written ``c*log(a / (1 + b))``, or ``c*logit(u)`` where neither is
+    guarded: the log-odds of ``u``, one logarithm where there were two (binary cross-entropy's gradient in
+    its target; its fwd+bwd in CPU time, 4M float32 elements, one thread: 81 to 85 ms against 87 ms,
+    plain autograd's 51 to 57 ms).
+
+    Exact wherever the two logarithms are: both defined means ``0 <= u <= 1``, so ``a`` lies in [0, 1] and
+    ``1 + b`` is 0 or at least half an ulp of 1 (2**-24 in float32; a guard's safe values are 1 and 0), and
+    the quotient neither overflows (at most 2**24 times ``a``, inf only where ``1 + b`` is 0, as the log-odds
+    is) nor underflows (at least ``a``); one rounding, not two logarithms' cancelling. Outside [0, 1] both
+    forms are nan."""
+    if not expr.has(log1p):
+        return expr
+    return expr.replace(lambda n: n.is_Add, _odds_in_sum)
+
+
+def _odds_in_sum(total: sympy.Add) -> sympy.Expr:
+    logs = [(t, *_split(t, sympy.log)) for t in total.args]
+    log1ps = [(t, *_split(t, log1p)) for t in total.args]
+    terms = list(total.args)
+    for term, c, a in ((t, c, a) for t, c, a in logs if a is not None):
+        for other, k, b in ((t, k, b) for t, k, b in log1ps if b is not None and t in terms):
+            if term in terms and _odds_pair(a, b) and sympy.expand(c + k) == 0:
+                terms.remove(term)
+                terms.remove(other)
+                plain = a == -b  # neither guarded: PyTorch's logit, one kernel
+                terms.append(c * (stable.logit(a) if plain else sympy.log(a / (1 + b))))
+    return sympy.Add(*terms) if len(terms) < len(total.args) else total
+
+
+def _split(term: sympy.Expr, kind: type) -> tuple[sympy.Expr, sympy.Expr | None]:
+    """``term`` as ``c * kind(argument)``: (c, argument), or (term, None) where it has no one such factor."""
+    found = [f for f in sympy.Mul.make_args(term) if isinstance(f, kind)]
+    if len(found) != 1:
+        return term, None
+    return term / found[0], found[0].args[0]
+
+
+def _odds_pair(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """Whether ``log(a)`` and ``log1p(b)`` are the logarithms of ``u`` and ``1 - u`` for one ``u``."""
+    if isinstance(a, stable.log_argument):
+        if a.args[:2] != (0, 1):
+            return False
+        a = a.args[2]
+    if isinstance(b, stable.log_argument):
+        if b.args[:2] != (-1, 0):
+            return False
+        b = b.args[2]
+    return sympy.expand(a + b) == 0

@@ -395,6 +395,7 @@ def _eliminate(
         exprs = lowering.pair_powers(exprs, names, definitions)
         exprs = lowering.scaled_sums(exprs, scalars, names, definitions)
         exprs = lowering.tanh_softplus_in_sigmoids(exprs, eager=not fused)
+        exprs = [lowering.one_logarithm_of_odds(e) for e in exprs]
     exprs = lowering.products_with_exp(exprs, names, definitions)
     if fused:  # after lowering, whose guards would keep each branch's exp apart
         exprs = _one_logarithm(_one_exponential(exprs), names, definitions)

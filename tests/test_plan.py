@@ -9,12 +9,13 @@ import sys
 import pytest
 import sympy
 import torch
+from sympy.codegen.cfunctions import log1p
 
-from scaffold import generate_op, write_files
+from scaffold import generate_op, lowering, write_files
 from scaffold.api import compile_op
 from scaffold.plan import OUTPUT
 from scaffold.printing import NEG_ABS, print_torch
-from scaffold.stable import neg_abs
+from scaffold.stable import log_argument, logit, neg_abs
 
 from .conftest import make_spec
 
@@ -333,3 +334,21 @@ def test_a_case_distinction_between_numbers_takes_a_float_dtype_not_a_masks(tmp_
     (grad,) = torch.autograd.grad(module.pinball(x, y, 0.9).sum(), x)
     q = torch.tensor(0.9, dtype=torch.float64)
     torch.testing.assert_close(grad, torch.where(y - x >= 0, -q, 1 - q), rtol=0, atol=1e-15)
+
+
+def test_a_log_and_the_log1p_of_its_negation_are_one_logarithm_of_the_odds():
+    """lowering.one_logarithm_of_odds: c*log(u) - c*log1p(-u) is c*logit(u), and c*log(a / (1 + b)) where
+    a and b are u and -u guarded as an xlogy / xlog1py derivative reads them; any other pair of logarithms
+    stays two."""
+    u, v, c = sympy.symbols("u v c", real=True)
+    odds = lowering.one_logarithm_of_odds
+    assert odds(c * sympy.log(u) - c * log1p(-u)) == c * logit(u)
+    a, b = log_argument(0, 1, u, v), log_argument(-1, 0, -u, 1 - v)
+    assert odds(v - sympy.log(a) + log1p(b)) == v - sympy.log(a / (1 + b))
+    for other in (
+        sympy.log(u) - log1p(-v),  # two arguments
+        sympy.log(u) + log1p(-u),  # log(u * (1 - u)), not the odds
+        sympy.log(u) - 2 * log1p(-u),  # weights that differ
+        sympy.log(log_argument(-1, 0, u, v)) - log1p(-u),  # the guard of a log1p around a log
+    ):
+        assert odds(other) == other

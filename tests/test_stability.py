@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -447,3 +448,24 @@ def test_a_log_with_zero_weight_at_its_pole_has_the_gradient_of_what_remains(tmp
         expected = torch.tensor([1.0, -1.0, -math.inf, math.inf, (1 - 0.5) / 0.75 - 0.5 / 0.25], dtype=dtype)
         torch.testing.assert_close(grad_p, expected)
         assert torch.isfinite(grad_y[[0, 1, 4]]).all(), grad_y
+
+
+def test_a_log_odds_is_one_logarithm_exact_to_the_ends_of_its_support(tmp_path):
+    """Binary cross-entropy's gradient in its target, -log(p) + log(1 - p), is computed as one logarithm of
+    the odds, -log(p / (1 - p)) (:func:`scaffold.lowering.one_logarithm_of_odds`), not as two: 0 at the
+    corners where each log's weight is 0, inf at the other ends of p's support, and as close to float64's
+    as one logarithm is elsewhere, a subnormal p and the largest p below 1 included (the quotient cannot
+    overflow there)."""
+    case = Case("bce", "-(y*log(p) + (1 - y)*log(1 - p))", None, {"p": (), "y": ()})
+    op = _load(case, tmp_path)
+    backward = (tmp_path / "bce.py").read_text().split("def _backward(", 1)[1].split("\nclass ", 1)[0]
+    assert len(re.findall(r"\blog(?:1p)?_?\(", backward)) == 1, backward
+    for dtype, tolerance in ((torch.float32, 2e-7), (torch.float64, 1e-15)):
+        p = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1e-30, 1e-6, 0.3, 0.5, 0.75, 0.0], dtype=dtype)
+        p[4] = torch.finfo(dtype).tiny / 4  # subnormal
+        p[-1] = 1 - torch.finfo(dtype).eps / 2  # the largest p below 1
+        y = torch.tensor([0.0, 1.0, 1.0, 0.0, *[0.25] * 7], dtype=dtype)
+        _, grad_y = torch.autograd.grad(op(p.requires_grad_(), y.requires_grad_()).sum(), (p, y))
+        exact = torch.log1p(-p.detach().double()) - torch.log(p.detach().double())
+        exact[:4] = torch.tensor([0.0, 0.0, math.inf, -math.inf])
+        torch.testing.assert_close(grad_y.double(), exact, rtol=4 * tolerance, atol=tolerance)
