@@ -47,7 +47,7 @@ def compile_op(spec: OpSpec) -> CompiledOp:
         where = f"{spec.source}: forward"
         derivation = derive_program(program, where=where)
         plan = plan_program(derivation, where=where, fused=spec.fuse, policy=spec.policy)
-        return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, parsed))
+        return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, derivation))
     derivation = derive(program, where=f"{spec.source}: forward")
     domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)
     return CompiledOp(spec, parsed, program, derivation, make_plan(derivation, spec), domains)

@@ -29,6 +29,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sympy
 
@@ -36,8 +37,12 @@ from . import stable, structural
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .functions import Kink, by_class, kink_classes, mpmath_functions
+from .program import Program
 from .spec import OpSpec, TensorArg
 from .stable import stabilize, to_literal
+
+if TYPE_CHECKING:
+    from .rules import ProgramDerivation
 
 DEFAULT_DOMAIN = (-3.0, 3.0)
 WIDTH = 3.0  # width of an inferred interval bounded on one side only
@@ -171,14 +176,35 @@ def infer_domains(
     return tuple(_with_init(t, d) for t, d in zip(spec.tensors, domains))
 
 
-def infer_program_domains(spec: OpSpec, parsed: ParsedExpression) -> tuple[InputDomain, ...]:
+def infer_program_domains(spec: OpSpec, derivation: ProgramDerivation) -> tuple[InputDomain, ...]:
     """:func:`infer_domains` for a structured forward, from an elementwise stand-in of it: a reduction
     stands for its operand (the sum of positive terms is positive: log(sum(x)) needs x > 0), softmax for a
     sigmoid of it, log_softmax for a log-sigmoid, a product for the product of its operands and a
     transpose for its operand. What the stand-in cannot see (a sum of terms of mixed sign under a log)
-    the spec declares with ``domain``."""
+    the spec declares with ``domain``.
+
+    The numeric check reads every elementwise node's partial derivatives, each value it reads replaced by
+    its stand-in over the arguments, as an elementwise op's reads its partials; a node that is 0/0 at a
+    tensor's 0 as written (``x/expm1(x)``) makes 0 a special point of that tensor."""
+    parsed = derivation.program.parsed
     exprs = tuple(_elementwise_stand_in(e) for e in parsed.exprs)
-    return infer_domains(spec, dataclasses.replace(parsed, exprs=exprs))
+    forms = _stand_in_forms(derivation.program)
+    partials = tuple(_in_arguments(p, forms) for node in derivation.elementwise for _, p in node.partials)
+    return infer_domains(spec, dataclasses.replace(parsed, exprs=exprs), partials, derivation.removable)
+
+
+def _stand_in_forms(program: Program) -> dict[str, sympy.Expr]:
+    """Each step of ``program``, by name: its elementwise stand-in over the arguments (every step it reads
+    substituted)."""
+    forms: dict[str, sympy.Expr] = {}
+    for value in program.values:
+        if value.expr is not None:
+            forms[value.name] = _elementwise_stand_in(_in_arguments(value.expr, forms))
+    return forms
+
+
+def _in_arguments(expr: sympy.Expr, forms: dict[str, sympy.Expr]) -> sympy.Expr:
+    return expr.xreplace({s: forms[s.name] for s in expr.free_symbols if s.name in forms})
 
 
 def _elementwise_stand_in(expr: sympy.Basic) -> sympy.Basic:

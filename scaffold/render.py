@@ -1196,7 +1196,7 @@ class TestView:
     gradients: list[tuple[str, str]]  # custom gradients: tensor name, its formula in plain torch
     upstream: list[str]  # the parameters of a custom gradient's formula for each output's upstream gradient
     outputs: list[str]  # the outputs' names, where there are several
-    structured: bool = False  # reductions or products: scaffold.testing.ProgramTests
+    structured: bool = False  # reductions or products: OpTests(elementwise=False)
     custom_op: str = ""  # target = "custom_op": the name the custom op is bound to in the op's module
     sizes: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # the Module's, with defaults
     learnable: bool = False  # some tensor is a parameter of the Module

@@ -39,7 +39,7 @@ import sympy
 
 from .derivation import differentiate, flat_warnings, unused_scalar_warnings
 from .program import ELEMENTWISE, Program, Value
-from .stable import stabilize
+from .stable import remove_singularities, stabilize
 from .structural import (
     AMax,
     AMin,
@@ -75,6 +75,7 @@ class ProgramDerivation:
     # the custom gradients (Program.gradients) in stable primitives: tensor name -> what backward returns
     custom: tuple[tuple[str, sympy.Expr], ...] = ()
     warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
+    removable: tuple[str, ...] = ()  # tensors at whose 0 a node as written is 0/0 (x/expm1(x))
 
     def node(self, name: str) -> ElementwiseNode:
         return next(n for n in self.elementwise if n.name == name)
@@ -85,13 +86,14 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     scalars = {sympy.Symbol(n, real=True) for n in program.parsed.scalar_names} | {
         program.parsed.symbols[n] for n in program.parsed.scalar_names
     }
-    nodes = []
+    nodes, removable = [], set()
     for value in program.values:
         if value.kind != ELEMENTWISE:
             continue
         reads = [s for s in value.expr.free_symbols if s not in scalars]
         tensors = frozenset(reads)
-        forward = stabilize(value.expr, tensors)
+        forward, singular = remove_singularities(stabilize(value.expr, tensors), tensors)
+        removable |= {s.name for s in singular}
         what = f"the step {value.name!r}" if not value.name.startswith("tmp") else "the forward"
         partials = tuple(
             (s.name, differentiate(forward, s, tensors, what=what, where=where))
@@ -105,7 +107,8 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     flat = [name for name in program.tensor_names if name not in _differentiable(program, nodes)]
     flat = [name for name in flat if name not in dict(custom) and program.consumers(name)]
     warnings = unused_scalar_warnings(program.parsed) + flat_warnings(program.parsed, flat)
-    return ProgramDerivation(program, tuple(nodes), custom, warnings)
+    removable_tensors = tuple(name for name in program.tensor_names if name in removable)
+    return ProgramDerivation(program, tuple(nodes), custom, warnings, removable_tensors)
 
 
 def _differentiable(program: Program, nodes: list[ElementwiseNode]) -> set[str]:

@@ -39,6 +39,9 @@ CLOSE = {"rtol": 1e-6, "atol": 1e-7}
 #: dimension) is wrong by far more; more elements than the example's meet more points where a reference as
 #: written cancels (log(1 - sigmoid(v)) at v = 40: 3e-6 off in float64 where the generated op is exact).
 SECOND_SHAPE_CLOSE = {"rtol": 1e-4, "atol": 1e-6}
+#: Where the reference is 0/0 (x/expm1(x) at x = 0) and its limit is taken as the mean of its values at -1e-4
+#: and +1e-4 from the point, which is off by about 1e-8 times its second derivative.
+LIMIT_CLOSE = {"rtol": 1e-3, "atol": 1e-4}
 #: How far random inputs keep from an input's kinks and poles, where finite differences are meaningless.
 AVOID_MARGIN = 0.05
 #: The backend of the torch.compile check; aot_eager traces the same graphs as inductor, without its codegen.
@@ -145,6 +148,11 @@ class OpTests:
     custom_op: Callable[..., object] | None = None
     #: The sizes the Module's constructor takes, in order, with their defaults (the example's).
     sizes: Mapping[str, int] = field(default_factory=dict)
+    #: Whether each output element reads only the inputs' elements at its own position, broadcast together.
+    #: False for an op that reduces, normalizes or multiplies matrices: its inputs have shapes of their own
+    #: (gradgradcheck takes them as they are, not one broadcast shape), and its values mix across a row
+    #: (extreme inputs and special points fill whole tensors, not a column per input).
+    elementwise: bool = True
 
     # -- the checks, one per generated test ------------------------------------------------------------
 
@@ -158,22 +166,28 @@ class OpTests:
 
     @_quietly
     def check_gradcheck(self, device: str) -> None:
-        """Backward against finite differences, in float64, with broadcasting shapes (not for the tensors
-        with custom gradients: check_matches_reference compares those with their formulas)."""
+        """Backward against finite differences, in float64, at the inputs' shapes (broadcasting ones), for
+        the outputs and the hidden outputs (an intermediate forward returns for backward: its gradient
+        arrives in a second derivative); not for the bool masks forward returns, which have no gradient,
+        nor for the tensors with custom gradients (check_matches_reference compares those with their
+        formulas)."""
         inputs = self._without_custom_gradients(self.make_inputs(device))
-        assert gradcheck(self._differentiable, (*inputs, *self._scalars))
+        assert gradcheck(self._float_outputs, (*inputs, *self._scalars))
 
     @_quietly
     def check_gradgradcheck(self, device: str) -> None:
-        """Double backward against finite differences of backward. Every tensor has the full broadcast
-        shape: second derivatives are elementwise, and finite differences of a gradient summed over
-        broadcast dimensions lose the small terms to the rounding of the large ones (lennard-jones near its
-        pole); check_gradcheck covers the sums."""
-        shapes = [torch.broadcast_shapes(*(i.shape for i in self.inputs))] * len(self.inputs)
+        """Double backward against finite differences of backward; a custom gradient's own derivative
+        against autograd's of its formula. An elementwise op's tensors take the full broadcast shape:
+        second derivatives are elementwise, and finite differences of a gradient summed over broadcast
+        dimensions lose the small terms to the rounding of the large ones (lennard-jones near its pole);
+        check_gradcheck covers the sums. Other ops' tensors keep their own shapes."""
+        shapes = [i.shape for i in self.inputs]
+        if self.elementwise:
+            shapes = [torch.broadcast_shapes(*shapes)] * len(shapes)
         inputs = self.make_inputs(device, shapes=shapes)
         self._assert_custom_double_backward(inputs)
         if any(i.name not in self.gradients for i in self.inputs):
-            assert gradgradcheck(self._differentiable, (*self._without_custom_gradients(inputs), *self._scalars))
+            assert gradgradcheck(self._float_outputs, (*self._without_custom_gradients(inputs), *self._scalars))
 
     @_quietly
     def check_matches_reference(self, device: str) -> None:
@@ -186,9 +200,14 @@ class OpTests:
         """:meth:`check_matches_reference` at each input's ``second_shape``: an op is called at other ranks
         and sizes than its example's, where it must still be the forward as written (a dim counted from
         the front or the back as torch counts it, a product's gradient summed over broadcast batch
-        dimensions), with outputs of the reference's shapes."""
+        dimensions), with outputs of the reference's shapes; and backward against finite differences there,
+        along a random direction (gradcheck's fast mode: a few evaluations, not one per element)."""
         shapes = [i.second_shape or i.shape for i in self.inputs]
         self._assert_matches_reference_at(device, shapes, SECOND_SHAPE_CLOSE)
+        if all(i.name in self.gradients for i in self.inputs):
+            return  # every gradient is a formula, compared with it above
+        inputs = self._without_custom_gradients(self.make_inputs(device, shapes=shapes))
+        assert gradcheck(self._float_outputs, (*inputs, *self._scalars), fast_mode=True)
 
     def _assert_matches_reference_at(
         self, device: str, shapes: Sequence[tuple[int, ...]], close: dict[str, float] = CLOSE
@@ -272,9 +291,11 @@ class OpTests:
         Where the math itself loses float32 digits (a difference of large lgamma values), a result may be
         off by the rounding its condition number implies (:meth:`float32_rounding`), or as far as finite
         plain autograd of the forward as written is in float32, but no further; gradients are compared only
-        where the value itself is representable in float32.
+        where the value itself is representable in float32. An op that mixes values across a row takes
+        whole tensors of extremes (:meth:`extreme_inputs`): its values and gradients are compared element
+        by element, each allowed the rounding its condition number over the row implies.
         """
-        columns = self.extreme_columns()
+        columns = self.extreme_inputs()
         inputs32 = [x.float().to(device).requires_grad_() for x in columns]
         inputs64 = [x.detach().double().requires_grad_() for x in inputs32]
         outs32 = self._outputs(self.op(*inputs32, *self._scalars))
@@ -284,18 +305,17 @@ class OpTests:
         plain32 = [x.detach().requires_grad_() for x in inputs32]
         expected32 = self._outputs(self.reference(*plain32, *self._scalars))
         plain_grads32 = self._expected_grads(expected32, plain32)
-        value_representable = functools.reduce(
-            torch.logical_and, [torch.isfinite(o) & (o.abs() < 1e30) for o in outs64]
-        )
         results = zip(
             [*self._value_names, *self._names],
             [*outs32, *grads32],
             [*outs64, *grads64],
             [*expected32, *plain_grads32],
             self.float32_rounding(columns),
+            self._representable(outs64, len(grads64)),
         )
-        for what, value32, value64, plain, allowance in results:
-            value32, value64, plain = value32.detach().double(), value64.detach(), plain.detach().double()
+        for what, value32, value64, plain, allowance, value_representable in results:
+            value32, value64, plain = (v.detach().double().flatten() for v in (value32, value64, plain))
+            allowance, value_representable = allowance.flatten(), value_representable.flatten()
             representable = value_representable & torch.isfinite(value64) & (value64.abs() < 1e30)
             allowed = 1e-4 + 1e-3 * value64.abs() + allowance.to(value64.device)
             # ... only where plain autograd got the result roughly right: 0 for a nonzero gradient (s * (1 - s)
@@ -306,29 +326,58 @@ class OpTests:
             wrong = representable & ~((value32 - value64).abs() <= allowed)
             if wrong.any():
                 row = wrong.nonzero().flatten()[0].item()
+                at = self._row(inputs32, row) if self.elementwise else f"element {row} of the {what} (flattened)"
                 pytest.fail(
                     f"{what} in float32 at extreme inputs is {value32[row].item()}, float64 gives "
                     f"{value64[row].item()} and plain autograd in float32 {plain[row].item()}, at "
-                    f"{self._row(inputs32, row)} ({int(wrong.sum())} such points)"
+                    f"{at} ({int(wrong.sum())} such points)"
                 )
+
+    def _representable(self, outs64: Sequence[torch.Tensor], gradients: int) -> list[torch.Tensor]:
+        """Where each output's value and each gradient is compared at extreme inputs: where the values are
+        representable in float32 (finite, below 1e30). An elementwise op's row is its own (every output's
+        value there); a gradient of an op that mixes values across a row reads every value of it."""
+        masks = [torch.isfinite(o) & (o.abs() < 1e30) for o in outs64]
+        if self.elementwise:
+            return [functools.reduce(torch.logical_and, masks)] * (len(masks) + gradients)
+        every = functools.reduce(torch.logical_and, [m.all() for m in masks])
+        return masks + [every] * gradients
 
     @_quietly
     def check_extreme_inputs_float64(self, device: str) -> None:
         """float64 at the same inputs, so that a nan in float64 cannot hide from check_extreme_inputs, nor a
         value or gradient wrong only where no ordinary input reaches (a branch for |x| > 20). The reference
         as written can be far off there (1 - sigmoid(30.5) is 1.5e-3 off in float64): its value is compared
-        only where it is accurate, and the gradients against differences of the op's own value."""
-        columns = [x.float().double() for x in self.extreme_columns()]
+        only where it is accurate, and the gradients against differences of the op's own value.
+
+        An op that mixes values across a row: its value and gradients are finite and match the reference's
+        wherever the reference's are finite. Where the forward as written overflows (a textbook logsumexp at
+        1000) the reference is not compared, and the op may do better; it may not produce a nan where the
+        reference is finite."""
+        columns = [x.float().double() for x in self.extreme_inputs()]
+        if not self.elementwise:
+            inputs = [x.to(device).requires_grad_() for x in columns]
+            self._assert_matches_where_finite(inputs, "extreme inputs", _ties(inputs))
+            return
         accurate = self.reference_is_accurate(columns)
         self.assert_matches_reference(columns, device, "extreme inputs", accurate=accurate)
         self.assert_gradients_match_differences(columns, device, "extreme inputs")
 
+    #: The name of :meth:`check_extreme_inputs_float64` in the test files of structured ops generated before
+    #: it was one check for every op.
+    check_large_inputs = check_extreme_inputs_float64
+
     @_quietly
     def check_special_points(self, device: str) -> None:
         """float64 where the op is hardest, one input at a time, the others at ordinary values: n*x**(n-1)
-        written as n*x**n/x is 0/0 at x = 0, and so is x/expm1(x) (there the reference's limit is compared)."""
+        written as n*x**n/x is 0/0 at x = 0, and so is x/expm1(x) (there the reference's limit is compared).
+        An op that mixes values across a row has one input at a time at each special point at every element,
+        then at every other element (the others drawn as usual): :meth:`_assert_special_rows`."""
         special = {i.name: i.special for i in self.inputs if i.special}
         assert special, "no input has special points: remove this test"
+        if not self.elementwise:
+            self._assert_special_rows(device)
+            return
         columns = self._one_at_a_time(special, lambda value: [self._typical])
         self.assert_matches_reference(columns, device, "special points", limits=True)
 
@@ -630,8 +679,27 @@ class OpTests:
         cancels where a textbook form does (log(1 - sigmoid(u)) keeps 3 digits in float64 at u = 30, and a
         mean over a row carries that into every row it is in). So the draw is narrowed around the ordinary
         values until values and gradients stay below 1e4 and the reference's value is accurate (the least
-        large draw, accurate first, if none is)."""
+        large draw, accurate first, if none is).
+
+        It is drawn again (another seed, up to 8 times) where some input's gradient would be zero
+        everywhere: with few elements, every unit of a relu layer can be off, and a test of a zero gradient
+        proves nothing about backward."""
         shapes = [i.shape for i in self.inputs] if shapes is None else shapes
+        chosen = None
+        for attempt in range(8):
+            inputs = self._accurate_draw(device, shapes, seed + 7919 * attempt)
+            chosen = inputs if chosen is None else chosen
+            probe = [x.detach().requires_grad_() for x in inputs]
+            outs = self._outputs(self.reference(*probe, *self._scalars))
+            weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
+            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
+            if all(bool((g != 0).any()) for g in _reference_grads(outs, probe, upstream)):
+                chosen = inputs
+                break
+        return [x.detach().to(dtype).requires_grad_(requires_grad) for x in chosen]
+
+    def _accurate_draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int) -> list[torch.Tensor]:
+        """:meth:`make_inputs`' draw, in float64, narrowed until the reference is accurate there."""
         best = None
         for scale in (1.0, 0.5, 0.25, 0.125):
             inputs = [x.requires_grad_() for x in self._draw(device, shapes, seed, scale)]
@@ -644,7 +712,7 @@ class OpTests:
                 best = ((not accurate, size), inputs)
             if size <= 1e4 and accurate:
                 break
-        return [x.detach().to(dtype).requires_grad_(requires_grad) for x in best[1]]
+        return [x.detach() for x in best[1]]
 
     def _value_is_accurate(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
         """Whether the reference's value at ``inputs`` (``outs``, in float64) is accurate: its value in
@@ -671,6 +739,19 @@ class OpTests:
                 x = torch.where(near, point + torch.where(x < point, -2.0, 2.0) * AVOID_MARGIN, x)
             tensors.append(x.to(device))
         return tensors
+
+    def extreme_inputs(self) -> list[torch.Tensor]:
+        """The extreme-input tests' inputs, in float64: an elementwise op's :meth:`extreme_columns`; for an op
+        that mixes values across a row, each input at its own shape, every element drawn (seeded) from its
+        extremes, so that large and tiny values meet in a row."""
+        if self.elementwise:
+            return self.extreme_columns()
+        generator = torch.Generator().manual_seed(3)
+        inputs = []
+        for i in self.inputs:
+            values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
+            inputs.append(values[torch.randint(len(values), i.shape, generator=generator)])
+        return inputs
 
     def extreme_columns(self) -> list[torch.Tensor]:
         """The extreme-input tests' inputs, one 1-d column per input: each input in turn at each of its
@@ -813,7 +894,10 @@ class OpTests:
         """How far float32 may be off at ``columns`` however carefully it computes, for the value and each
         gradient: 8 unit roundoffs times the condition number, sum_i |x_i * d/dx_i|, from the reference's
         float64 derivatives (0 where they are not finite). A result that cancels (S * ndtr(d1) - K * ...
-        in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be."""
+        in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be. For an
+        op that mixes values across a row the sum runs over every element each result reads."""
+        if not self.elementwise:
+            return self._row_rounding(columns)
         inputs = [x.detach().double().requires_grad_() for x in columns]
         outs = self._outputs(self.reference(*inputs, *self._scalars))
         sizes = [x.detach().abs() for x in inputs]
@@ -834,6 +918,95 @@ class OpTests:
                 second = torch.autograd.grad(grad.sum(), inputs, retain_graph=True, allow_unused=True)
             rounding.append(condition(second))
         return rounding
+
+    def _row_rounding(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`float32_rounding` of an op that mixes values across a row, from the reference's Jacobian
+        (for the values) and Hessian (for the gradients) in float64 at ``inputs``: sum_j |d r/d x_j * x_j|
+        over every element x_j of every input, for each element r of each result."""
+        inputs = tuple(x.detach().double() for x in inputs)
+        sizes = [x.abs().flatten() for x in inputs]
+
+        def condition(blocks: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+            terms = [b.reshape(shape.numel(), -1).abs() @ size for b, size in zip(blocks, sizes)]
+            total = sum(terms).reshape(shape)
+            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
+
+        def values(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._outputs(self.reference(*xs, *self._scalars))
+
+        outs = values(*inputs)
+        jacobian = torch.autograd.functional.jacobian(values, inputs)
+        hessian = torch.autograd.functional.hessian(lambda *xs: _total(values(*xs)), inputs)
+        return [condition(row, out.shape) for row, out in zip(jacobian, outs)] + [
+            condition(row, x.shape) for row, x in zip(hessian, inputs)
+        ]
+
+    def _assert_special_rows(self, device: str) -> None:
+        """:meth:`check_special_points` of an op that mixes values across a row: one input at a time at each of
+        its special points (the ends of its support: a target probability of 0 or 1; 0 where the forward as
+        written is 0/0), every element at it, then every other element: the op's value and gradients are
+        finite and match the reference's wherever the reference's are finite; where the reference is 0/0
+        there (nan), its limit, the mean of its values with those elements moved by -1e-4 and +1e-4."""
+        for k, i in enumerate(self.inputs):
+            for value in i.special:
+                for step in (1, 2):
+                    inputs = self.make_inputs(device, requires_grad=False)
+                    at = torch.zeros_like(inputs[k], dtype=torch.bool)
+                    at.view(-1)[::step] = True
+                    inputs[k] = torch.where(at, value, inputs[k])
+                    every = "every element" if step == 1 else "every other element"
+                    where = f"{i.name} = {value!r} at {every}"
+                    self._assert_matches_where_finite([x.requires_grad_() for x in inputs], where, limit=(k, at))
+
+    def _float_outputs(self, *args: object) -> tuple[torch.Tensor, ...]:
+        # not the bool masks, nor the statistics marked non-differentiable (with no gradient of their own)
+        return tuple(o for o in _as_tuple(self._differentiable(*args)) if o.is_floating_point() and o.requires_grad)
+
+    def _assert_matches_where_finite(
+        self,
+        inputs: Sequence[torch.Tensor],
+        where: str,
+        ties: Sequence[torch.Tensor] | None = None,
+        limit: tuple[int, torch.Tensor] | None = None,
+    ) -> None:
+        """The op's value and gradients at ``inputs`` against the reference's, wherever those are finite: a
+        nan or an inf there, or another value, fails. Where ``ties`` (a mask per input) is set, a kink may
+        sit whose derivative is a convention (torch.maximum splits the gradient at a tie): that input's
+        gradient is only required to be finite there. With ``limit`` (an input's index and a mask of it),
+        where the reference is nan it is replaced by its limit (:meth:`_limits`)."""
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._reference_values(inputs)  # a custom gradient's by its formula
+        limited = [torch.zeros_like(e, dtype=torch.bool) for e in expected]
+        if limit is not None:
+            expected, limited = self._limits(inputs, expected, *limit)
+        pairs = zip([*self._value_names, *self._names], [*outs, *grads], expected, limited)
+        compared = [None] * len(outs) + ([None] * len(inputs) if ties is None else [~t for t in ties])
+        for (what, value, reference, at_limit), compare in zip(pairs, compared):
+            value = value.detach()
+            finite = torch.isfinite(reference)
+            if not finite.any():
+                continue
+            scale = float(reference[finite].abs().max())
+            assert torch.isfinite(value[finite]).all(), f"{what} at {where} is not finite where the reference is"
+            if compare is not None:
+                finite &= compare
+            close = {"rtol": 1e-5, "atol": 1e-9 * max(scale, 1.0)}
+            for part, tolerance in ((finite & ~at_limit, close), (finite & at_limit, LIMIT_CLOSE)):
+                torch.testing.assert_close(
+                    value[part], reference[part], **tolerance, msg=lambda m, w=what: f"{w} at {where}: {m}"
+                )
+
+    def _limits(
+        self, inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], k: int, at: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The reference's values and gradients ``expected`` at ``inputs``, each replaced by its limit where
+        it is nan (0/0 as written: x/expm1(x) at x = 0): the mean of its values with input ``k`` moved by
+        -1e-4 and +1e-4 where ``at`` is set; and where each was replaced."""
+        moved = [[x + shift * at if j == k else x for j, x in enumerate(inputs)] for shift in (-1e-4, 1e-4)]
+        below, above = (self._reference_values(m) for m in moved)
+        limits = [torch.where(e.isnan(), (b + a) / 2, e) for e, b, a in zip(expected, below, above)]
+        return limits, [e.isnan() for e in expected]
 
     # -- helpers ---------------------------------------------------------------------------------------------
 
@@ -931,11 +1104,12 @@ class OpTests:
         self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
     ) -> torch.Tensor:
         """The custom gradient of input ``index`` by its formula (over each output's upstream gradient),
-        summed to the input's shape."""
+        broadcast to the input's shape (an elementwise op's backward computes it at its output's shape) and
+        summed back to it."""
         value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
         value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
-        shape = torch.broadcast_shapes(*(u.shape for u in upstream))
-        return torch.broadcast_to(value, shape).sum_to_size(inputs[index].shape)
+        shapes = [value.shape, inputs[index].shape, *(u.shape for u in upstream if self.elementwise)]
+        return torch.broadcast_to(value, torch.broadcast_shapes(*shapes)).sum_to_size(inputs[index].shape)
 
     def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
@@ -975,137 +1149,10 @@ class OpTests:
 
 @dataclass(frozen=True)
 class ProgramTests(OpTests):
-    """The checks of an op that reduces, normalizes or multiplies matrices (a structured program). Its
-    inputs have shapes of their own (not broadcast together), and its values at extreme inputs are checked
-    against the reference as a whole (:meth:`check_large_inputs`) instead of element by element."""
+    """:class:`OpTests` of an op that is not elementwise (``elementwise=False``), by the name the test files of
+    structured ops generated before it was one class for every op import."""
 
-    @_quietly
-    def check_gradcheck(self, device: str) -> None:
-        """Backward against finite differences, in float64, for the outputs and the hidden outputs (an
-        intermediate forward returns for backward: its gradient arrives in a second derivative); not for
-        the bool masks forward returns, which have no gradient, nor for the tensors with custom gradients
-        (check_matches_reference compares those with their formulas)."""
-        inputs = self._without_custom_gradients(self.make_inputs(device))
-        assert gradcheck(self._float_outputs, (*inputs, *self._scalars))
-
-    @_quietly
-    def check_second_shape(self, device: str) -> None:
-        """:meth:`OpTests.check_second_shape`, and backward against finite differences there, along a
-        random direction (gradcheck's fast mode: a few evaluations, not one per element)."""
-        shapes = [i.second_shape or i.shape for i in self.inputs]
-        self._assert_matches_reference_at(device, shapes, SECOND_SHAPE_CLOSE)
-        if all(i.name in self.gradients for i in self.inputs):
-            return  # every gradient is a formula, compared with it above
-        inputs = self._without_custom_gradients(self.make_inputs(device, shapes=shapes))
-        assert gradcheck(self._float_outputs, (*inputs, *self._scalars), fast_mode=True)
-
-    @_quietly
-    def check_gradgradcheck(self, device: str) -> None:
-        """Double backward against finite differences of backward, at the inputs' own shapes; a custom
-        gradient's own derivative against autograd's of its formula."""
-        inputs = self.make_inputs(device)
-        self._assert_custom_double_backward(inputs)
-        if any(i.name not in self.gradients for i in self.inputs):
-            assert gradgradcheck(self._float_outputs, (*self._without_custom_gradients(inputs), *self._scalars))
-
-    def _custom_gradient(
-        self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-    ) -> torch.Tensor:
-        """The custom gradient of input ``index`` by its formula, broadcast to the input's shape and
-        summed back to it (a structured op's gradient need not have its output's shape)."""
-        value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
-        value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
-        shape = torch.broadcast_shapes(value.shape, inputs[index].shape)
-        return torch.broadcast_to(value, shape).sum_to_size(inputs[index].shape)
-
-    def make_inputs(
-        self,
-        device: str,
-        dtype: torch.dtype = torch.float64,
-        requires_grad: bool = True,
-        seed: int = 0,
-        shapes: Sequence[tuple[int, ...]] | None = None,
-    ) -> list[torch.Tensor]:
-        """:meth:`OpTests.make_inputs`, drawn again (another seed, up to 8 times) where some input's
-        gradient would be zero everywhere: with few elements, every unit of a relu layer can be off, and a
-        test of a zero gradient proves nothing about backward."""
-        first = None
-        for attempt in range(8):
-            inputs = super().make_inputs(device, dtype, requires_grad, seed + 7919 * attempt, shapes)
-            first = first or inputs
-            probe = [x.detach().double().requires_grad_() for x in inputs]
-            outs = self._outputs(self.reference(*probe, *self._scalars))
-            weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
-            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
-            grads = _reference_grads(outs, probe, upstream)
-            if all(bool((g != 0).any()) for g in grads):
-                return inputs
-        return first
-
-    def _float_outputs(self, *args: object) -> tuple[torch.Tensor, ...]:
-        # not the bool masks, nor the statistics marked non-differentiable (with no gradient of their own)
-        return tuple(o for o in _as_tuple(self._differentiable(*args)) if o.is_floating_point() and o.requires_grad)
-
-    @_quietly
-    def check_large_inputs(self, device: str) -> None:
-        """float64 with every element drawn from its input's extremes (large and tiny values inside its
-        support): the op's value and gradients are finite and match the reference's wherever the
-        reference's are finite. Where the forward as written overflows (a textbook logsumexp at 1000) the
-        reference is not compared, and the op may do better; it may not produce a nan where the reference
-        is finite."""
-        generator = torch.Generator().manual_seed(3)
-        inputs = []
-        for i in self.inputs:
-            values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
-            picks = torch.randint(len(values), i.shape, generator=generator)
-            inputs.append(values[picks].to(device).requires_grad_())
-        self._assert_matches_where_finite(inputs, "extreme inputs", _ties(inputs))
-
-    @_quietly
-    def check_special_points(self, device: str) -> None:
-        """float64 with one input at a time at its special points (the ends of its support: a target
-        probability of 0 or 1), every element at one of them, then every other element: the op's value and
-        gradients are finite and match the reference's wherever the reference's are finite."""
-        special = [k for k, i in enumerate(self.inputs) if i.special]
-        assert special, "no input has special points: remove this test"
-        for k in special:
-            for value in self.inputs[k].special:
-                for step in (1, 2):
-                    inputs = self.make_inputs(device, requires_grad=False)
-                    inputs[k].view(-1)[::step] = value
-                    every = "every element" if step == 1 else "every other element"
-                    where = f"{self.inputs[k].name} = {value!r} at {every}"
-                    self._assert_matches_where_finite([x.requires_grad_() for x in inputs], where)
-
-    def _assert_matches_where_finite(
-        self, inputs: Sequence[torch.Tensor], where: str, ties: Sequence[torch.Tensor] | None = None
-    ) -> None:
-        """The op's value and gradients at ``inputs`` against the reference's, wherever those are finite: a
-        nan or an inf there, or another value, fails. Where ``ties`` (a mask per input) is set, a kink may
-        sit whose derivative is a convention (torch.maximum splits the gradient at a tie): that input's
-        gradient is only required to be finite there."""
-        outs = self._outputs(self.op(*inputs, *self._scalars))
-        expected = self._outputs(self.reference(*inputs, *self._scalars))
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected_grads = self._expected_grads(expected, inputs)  # a custom gradient's by its formula
-        pairs = zip([*self._value_names, *self._names], [*outs, *grads], [*expected, *expected_grads])
-        compared = [None] * len(outs) + ([None] * len(inputs) if ties is None else [~t for t in ties])
-        for (what, value, reference), compare in zip(pairs, compared):
-            value, reference = value.detach(), reference.detach()
-            finite = torch.isfinite(reference)
-            if not finite.any():
-                continue
-            scale = float(reference[finite].abs().max())
-            assert torch.isfinite(value[finite]).all(), f"{what} at {where} is not finite where the reference is"
-            if compare is not None:
-                finite &= compare
-            torch.testing.assert_close(
-                value[finite],
-                reference[finite],
-                rtol=1e-5,
-                atol=1e-9 * max(scale, 1.0),
-                msg=lambda m, w=what: f"{w} at {where}: {m}",
-            )
+    elementwise: bool = False
 
 
 def _ties(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:

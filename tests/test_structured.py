@@ -21,15 +21,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scaffold import compile_op, generate_op, spec_from_mapping
+from scaffold import compile_op, generate_op, spec_from_mapping, write_files
 from scaffold.bench import saved_bytes
 from scaffold.errors import ScaffoldError, ScaffoldWarning
 
 try:
-    from .conftest import BackgroundPytest, GeneratedRun, background_run, make_spec
+    from .conftest import BackgroundPytest, GeneratedRun, background_run, make_spec, run_pytest
     from .structured_catalogue import STRUCTURED
 except ImportError:  # tests/ run as a plain folder, not a package
-    from conftest import BackgroundPytest, GeneratedRun, background_run, make_spec
+    from conftest import BackgroundPytest, GeneratedRun, background_run, make_spec, run_pytest
     from structured_catalogue import STRUCTURED
 
 _BY_NAME = {op.name: op for op in STRUCTURED}
@@ -327,6 +327,22 @@ def test_generated_tests_catch_a_wrong_backward(background_results):
         failed = result.stdout.count(f"test_{name}.py::")
         assert failed >= 5, f"{name}: only {failed} failed\n" + result.stdout[-3000:]
         assert f"test_{name}.py::test_jacrev[cpu]" in result.stdout, f"{name}: jacrev passed\n" + result.stdout[-3000:]
+
+
+def test_a_structured_op_is_checked_in_float32_at_extreme_inputs(tmp_path: Path):
+    """A logsumexp computed as written, log(exp(x).sum()), is right in float64 wherever the reference is
+    finite (exp(100) fits float64) and overflows in float32 at x = 100: its generated test_extreme_inputs
+    (every element drawn from the extremes, float32 against float64 element by element where the value fits
+    float32) fails, and no other check does."""
+    files = dict(_files("logsumexp_textbook"))
+    module = files["logsumexp_textbook.py"]
+    assert module.count("torch.logsumexp(x, dim=-1)") == 2  # the Function's forward and the compiled twin's
+    files["logsumexp_textbook.py"] = module.replace("torch.logsumexp(x, dim=-1)", "torch.log(torch.exp(x).sum(dim=-1))")
+    write_files(files, tmp_path)
+    result = run_pytest(tmp_path, "-k", "not cuda and not compile and not module and not checkpoint")
+    failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
+    assert failed == ["FAILED test_logsumexp_textbook.py::test_extreme_inputs[cpu]"], result.stdout[-4000:]
+    assert "value in float32 at extreme inputs is inf, float64 gives 100.0" in result.stdout
 
 
 # -- the language --------------------------------------------------------------------------------------------

@@ -92,3 +92,45 @@ def test_a_structured_op_is_checked_at_its_special_points():
     naive = testing.ProgramTests(torch.autograd.Function, _entropy_as_written, torch.nn.Identity, _entropy, inputs=[p])
     with pytest.raises(AssertionError, match=r"value at p = 0.0 at every element is not finite where the reference is"):
         naive.check_special_points("cpu")
+
+
+def _sinc_rows(x):
+    return torch.sinc(x / torch.pi).sum(-1)
+
+
+def _sinc_rows_as_written(x):
+    return (torch.sin(x) / x).sum(-1)
+
+
+def test_a_structured_op_is_compared_with_the_references_limit_where_that_is_0_over_0():
+    # sin(x)/x in a row sum is 0/0 at x = 0 as written, and so is the reference: there it is compared with its
+    # limit (1 an element, derivative 0), so an op that computes it as written (nan) fails, and one that takes
+    # the limit passes, with every element at 0 and with every other one.
+    x = Input("x", (3, 4), special=(0.0,))
+    OpTests(
+        torch.autograd.Function, _sinc_rows, torch.nn.Identity, _sinc_rows_as_written, inputs=[x], elementwise=False
+    ).check_special_points("cpu")
+    naive = OpTests(
+        torch.autograd.Function,
+        _sinc_rows_as_written,
+        torch.nn.Identity,
+        _sinc_rows_as_written,
+        inputs=[x],
+        elementwise=False,
+    )
+    with pytest.raises(AssertionError, match=r"value at x = 0.0 at every element is not finite where the reference is"):
+        naive.check_special_points("cpu")
+
+
+def _relu_near_the_top(x):
+    return torch.relu(x - 2.83)
+
+
+def test_inputs_are_drawn_again_where_a_gradient_would_be_zero_everywhere():
+    # An elementwise op's inputs, as a structured op's: with 8 elements drawn from [-3, 3], the first draw
+    # (seed 0) keeps every x below 2.83, where this relu is off and a test of its gradient proves nothing;
+    # another seed is drawn until some x is above it.
+    x = Input("x", (8,))
+    op = OpTests(torch.autograd.Function, _relu_near_the_top, torch.nn.Identity, _relu_near_the_top, inputs=[x])
+    (drawn,) = op.make_inputs("cpu")
+    assert bool((drawn > 2.83).any()), drawn
