@@ -123,38 +123,270 @@ class Input:
     init: Init | None = None
 
 
-@dataclass(frozen=True)
-class OpTests:
-    """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
-    ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
-    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order, and returns
-    one tensor, or a tuple of the ``outputs`` where those are named. A tensor with a custom gradient
-    (``gradients``) is checked against its formula, not the reference's derivative."""
+class _Calls:
+    """The op and its reference called on tensors, their outputs and gradients, and the names they
+    go by: what every check below reads."""
 
-    function: type[torch.autograd.Function]
-    op: Callable[..., torch.Tensor]
-    module: type[torch.nn.Module]
-    reference: Callable[..., torch.Tensor]
-    inputs: Sequence[Input]
-    scalars: Mapping[str, object] = field(default_factory=dict)
-    #: Custom gradients: tensor name -> ``f(grad, *tensors, *scalars)`` (one upstream gradient per output),
-    #: what backward returns for it in place of the derived gradient, in plain torch (before summing over
-    #: broadcast dimensions).
-    gradients: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
-    #: The names of the op's outputs, where it returns several (a tuple), in order.
-    outputs: Sequence[str] = ()
-    #: The torch.library custom op (``target = "custom_op"``): ``op`` itself, or the op that ``op`` calls
-    #: where it also returns the intermediates backward reads; None for a plain Function.
-    custom_op: Callable[..., object] | None = None
-    #: The sizes the Module's constructor takes, in order, with their defaults (the example's).
-    sizes: Mapping[str, int] = field(default_factory=dict)
-    #: Whether each output element reads only the inputs' elements at its own position, broadcast together.
-    #: False for an op that reduces, normalizes or multiplies matrices: its inputs have shapes of their own
-    #: (gradgradcheck takes them as they are, not one broadcast shape), and its values mix across a row
-    #: (extreme inputs and special points fill whole tensors, not a column per input).
-    elementwise: bool = True
+    def _float_outputs(self, *args: object) -> tuple[torch.Tensor, ...]:
+        # not the bool masks, nor the statistics marked non-differentiable (with no gradient of their own)
+        return tuple(o for o in _as_tuple(self._differentiable(*args)) if o.is_floating_point() and o.requires_grad)
 
-    # -- the checks, one per generated test ------------------------------------------------------------
+    @property
+    def _differentiable(self) -> Callable[..., object]:
+        """What the gradient checks differentiate: the custom op (through its registered autograd), or the
+        Function, hidden outputs included."""
+        return self.custom_op if self.custom_op is not None else self.function.apply
+
+    def _assert_same_as_op(self, outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+        """``outs`` (the op's outputs at ``inputs``, computed another way) and their gradients are the op's."""
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._outputs(self.op(*inputs, *self._scalars))
+        self._assert_values_close(outs, expected, **CLOSE)
+        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
+            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+    def _skip_under_torch_func(self, transform: str) -> None:
+        """Skip a torch.func check of a custom op, saying why (PyTorch's limits, not the op's)."""
+        if self.custom_op is None:
+            return
+        if transform == "jvp":
+            why = "a torch.library custom op has no forward-mode rule, and torch.func.jvp gets zero tangents from it"
+        else:
+            why = (
+                f"torch.func.{transform} cannot differentiate a torch.library custom op through its "
+                "register_autograd (PyTorch issues #168393, #170834, #179652)"
+            )
+        pytest.skip(f"{why}; use {self.function.__name__}.apply, generated beside it, under torch.func")
+
+    @property
+    def _names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    @property
+    def _value_names(self) -> list[str]:
+        """How messages name each output's value."""
+        return [f"value of {name}" for name in self.outputs] if self.outputs else ["value"]
+
+    def _outputs(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The op's (or the reference's) outputs as a tuple, checking that there are as many as named."""
+        outs = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        assert len(outs) == max(1, len(self.outputs)), f"{len(outs)} outputs, expected {len(self.outputs) or 1}"
+        return outs
+
+    def _returned(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The outputs the op returns, of what its Function's apply returns: after them, forward may return
+        intermediates for backward to read (hidden outputs, which the functional and the Module drop)."""
+        return self._outputs(_as_tuple(value)[: max(1, len(self.outputs))])
+
+    def _assert_values_close(
+        self, values: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance
+    ) -> None:
+        for what, value, expected_value in zip(self._value_names, values, expected, strict=True):
+            torch.testing.assert_close(value, expected_value, **tolerance, msg=lambda m, w=what: f"{w}: {m}")
+
+    @property
+    def _scalars(self) -> tuple[object, ...]:
+        return tuple(self.scalars.values())
+
+    @property
+    def _typical(self) -> dict[str, float]:
+        return {i.name: i.typical for i in self.inputs}
+
+    def _op_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.op(*tensors, *self._scalars)
+
+    def _reference_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.reference(*tensors, *self._scalars)
+
+    def _reference_values(self, inputs: Sequence[torch.Tensor], shift: float = 0.0) -> list[torch.Tensor]:
+        """The reference's values and gradients at ``inputs``, each moved by ``shift``."""
+        moved = [(x.detach() + shift).requires_grad_() for x in inputs]
+        outs = self._outputs(self.reference(*moved, *self._scalars))
+        return [*(o.detach() for o in outs), *(g.detach() for g in self._expected_grads(outs, moved))]
+
+    def _expected_grads(
+        self,
+        outs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        upstream: Sequence[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        """What each input's gradient should be for the reference's outputs ``outs`` (not summed) and their
+        ``upstream`` gradients (default: ones): autograd's, or the custom gradient's formula."""
+        outs = self._outputs(outs)
+        upstream = [torch.ones_like(o) for o in outs] if upstream is None else list(upstream)
+        grads = _reference_grads(outs, inputs, upstream)
+        for index, i in enumerate(self.inputs):
+            if i.name in self.gradients:
+                with torch.no_grad():
+                    grads[index] = self._custom_gradient(index, upstream, [t.detach() for t in inputs])
+        return grads
+
+    def _custom_gradient(
+        self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> torch.Tensor:
+        """The custom gradient of input ``index`` by its formula (over each output's upstream gradient),
+        broadcast to the input's shape (an elementwise op's backward computes it at its output's shape) and
+        summed back to it."""
+        value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
+        value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
+        shapes = [value.shape, inputs[index].shape, *(u.shape for u in upstream if self.elementwise)]
+        return torch.broadcast_to(value, torch.broadcast_shapes(*shapes)).sum_to_size(inputs[index].shape)
+
+    def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
+        are not their gradient); skips the check when none is left."""
+        if all(i.name in self.gradients for i in self.inputs):
+            pytest.skip("every tensor has a custom gradient: check_matches_reference compares them with their formulas")
+        return [x.detach() if i.name in self.gradients else x for i, x in zip(self.inputs, inputs)]
+
+    def _assert_custom_double_backward(self, inputs: list[torch.Tensor]) -> None:
+        """Each custom gradient's own derivative, in grad_output and the inputs, as autograd takes it of its
+        formula: backward is differentiated again, through the custom gradient."""
+        for index, i in enumerate(self.inputs):
+            if i.name not in self.gradients:
+                continue
+            xs = [x.detach().requires_grad_() for x in inputs]
+            outs = self._returned(self.function.apply(*xs, *self._scalars))
+            generator = torch.Generator().manual_seed(3)
+            upstream = [
+                torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device).requires_grad_() for o in outs
+            ]
+            (grad,) = torch.autograd.grad(outs, xs[index], upstream, create_graph=True)
+            formula = self._custom_gradient(index, upstream, xs)
+            torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
+            weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
+            wrt = [*upstream, *xs]
+            second = _grads_or_zeros(grad, wrt, weights)
+            expected = _grads_or_zeros(formula, wrt, weights)
+            names = [f"grad_{n}" for n in self.outputs] if self.outputs else ["grad_output"]
+            for what, value, expected_value in zip([*names, *self._names], second, expected):
+                torch.testing.assert_close(
+                    value, expected_value, **CLOSE, msg=lambda m, w=what, n=i.name: f"d(gradient of {n})/d {w}: {m}"
+                )
+
+    def _row(self, columns: Sequence[torch.Tensor], row: int) -> dict[str, float]:
+        return {name: column[row].item() for name, column in zip(self._names, columns)}
+
+
+class _Inputs:
+    """The test inputs: drawn in each input's domain at the example's shapes (again where the draw
+    would make a check meaningless), and at the inputs' extremes."""
+
+    def make_inputs(
+        self,
+        device: str,
+        dtype: torch.dtype = torch.float64,
+        requires_grad: bool = True,
+        seed: int = 0,
+        shapes: Sequence[tuple[int, ...]] | None = None,
+    ) -> list[torch.Tensor]:
+        """Seeded random inputs where float64 is accurate, for gradcheck and the comparisons with the
+        reference: finite differences (step 1e-6) lose about 1e-10 of the largest value or gradient
+        involved, the reference as written overflows where the op grows fast (exp(x**3) at x = 3), and it
+        cancels where a textbook form does (log(1 - sigmoid(u)) keeps 3 digits in float64 at u = 30, and a
+        mean over a row carries that into every row it is in). So the draw is narrowed around the ordinary
+        values until values and gradients stay below 1e4 and the reference's value is accurate (the least
+        large draw, accurate first, if none is).
+
+        It is drawn again (another seed, up to 8 times) where some input's gradient would be zero
+        everywhere: with few elements, every unit of a relu layer can be off, and a test of a zero gradient
+        proves nothing about backward."""
+        shapes = [i.shape for i in self.inputs] if shapes is None else shapes
+        chosen = None
+        for attempt in range(8):
+            inputs = self._accurate_draw(device, shapes, seed + 7919 * attempt)
+            chosen = inputs if chosen is None else chosen
+            probe = [x.detach().requires_grad_() for x in inputs]
+            outs = self._outputs(self.reference(*probe, *self._scalars))
+            weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
+            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
+            if all(bool((g != 0).any()) for g in _reference_grads(outs, probe, upstream)):
+                chosen = inputs
+                break
+        return [x.detach().to(dtype).requires_grad_(requires_grad) for x in chosen]
+
+    def _accurate_draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int) -> list[torch.Tensor]:
+        """:meth:`make_inputs`' draw, in float64, narrowed until the reference is accurate there."""
+        best = None
+        for scale in (1.0, 0.5, 0.25, 0.125):
+            inputs = [x.requires_grad_() for x in self._draw(device, shapes, seed, scale)]
+            outs = self._outputs(self.reference(*inputs, *self._scalars))
+            grads = _reference_grads(_total(outs), inputs)
+            size = max(float(t.detach().abs().max()) for t in [*outs, *grads])
+            size = size if math.isfinite(size) else math.inf
+            accurate = self._value_is_accurate(inputs, outs)
+            if best is None or (not accurate, size) < best[0]:
+                best = ((not accurate, size), inputs)
+            if size <= 1e4 and accurate:
+                break
+        return [x.detach() for x in best[1]]
+
+    def _value_is_accurate(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
+        """Whether the reference's value at ``inputs`` (``outs``, in float64) is accurate: its value in
+        float32 is within 1% of it everywhere (float64 rounds 2**29 times finer; where float32 is further
+        off, the formula as written cancels or overflows, and float64 keeps few digits there too)."""
+        with torch.no_grad():
+            outs32 = self._outputs(self.reference(*(x.detach().float() for x in inputs), *self._scalars))
+        return all(
+            bool(((o32.double() - o.detach()).abs() <= 1e-2 * o.detach().abs() + 1e-6).all())
+            for o32, o in zip(outs32, outs)
+        )
+
+    def _draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int, scale: float) -> list[torch.Tensor]:
+        """Seeded float64 inputs; ``scale`` < 1 draws each from that fraction of its interval, around its
+        ordinary value."""
+        generator = torch.Generator().manual_seed(seed)
+        tensors = []
+        for shape, i in zip(shapes, self.inputs):
+            center = min(max(i.typical, i.low), i.high)
+            low, high = center - (center - i.low) * scale, center + (i.high - center) * scale
+            x = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
+            for point in i.avoid:
+                near = (x - point).abs() < AVOID_MARGIN
+                x = torch.where(near, point + torch.where(x < point, -2.0, 2.0) * AVOID_MARGIN, x)
+            tensors.append(x.to(device))
+        return tensors
+
+    def extreme_inputs(self) -> list[torch.Tensor]:
+        """The extreme-input tests' inputs, in float64: an elementwise op's :meth:`extreme_columns`; for an op
+        that mixes values across a row, each input at its own shape, every element drawn (seeded) from its
+        extremes, so that large and tiny values meet in a row."""
+        if self.elementwise:
+            return self.extreme_columns()
+        generator = torch.Generator().manual_seed(3)
+        inputs = []
+        for i in self.inputs:
+            values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
+            inputs.append(values[torch.randint(len(values), i.shape, generator=generator)])
+        return inputs
+
+    def extreme_columns(self) -> list[torch.Tensor]:
+        """The extreme-input tests' inputs, one 1-d column per input: each input in turn at each of its
+        extremes, the others at their ordinary values and at their extremes nearest to the value and its
+        negative (the same or the opposite sign) and to its reciprocals (a tiny input against a huge one, as
+        in sigmoid(1e4 * 1e-3)): the number of rows grows linearly with the number of inputs."""
+        extremes = {i.name: i.extremes or (i.typical,) for i in self.inputs}
+
+        def partners(value: float) -> list[dict[str, float]]:
+            targets = [value, -value] + ([1 / value, -1 / value] if value else [])
+            return [self._typical] + [{n: _nearest(column, t) for n, column in extremes.items()} for t in targets]
+
+        return self._one_at_a_time(extremes, partners)
+
+    def _one_at_a_time(
+        self, values: Mapping[str, Sequence[float]], partners: Callable[[float], list[dict[str, float]]]
+    ) -> list[torch.Tensor]:
+        rows: dict[tuple[float, ...], None] = {}
+        for name, column in values.items():
+            for value in column:
+                for others in partners(value):
+                    rows.setdefault(tuple(value if n == name else others[n] for n in self._names))
+        return list(torch.tensor([*rows], dtype=torch.float64).reshape(-1, len(self.inputs)).T)
+
+
+class _ReferenceChecks:
+    """Values and gradients against the reference and finite differences, and the rules of a
+    Function's backward (only the gradients needed, no tensors on ctx, partly used outputs)."""
 
     @_quietly
     def check_opcheck(self, device: str) -> None:
@@ -283,6 +515,162 @@ class OpTests:
             assert grad.dtype == torch.float32, name
             torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
+
+class _Comparisons:
+    """The op against the reference at given inputs: values and gradients close, gradients against
+    finite differences, and values finite and equal wherever the reference's are (or its limit, where it is
+    0/0)."""
+
+    def assert_matches_reference(
+        self,
+        columns: Sequence[torch.Tensor],
+        device: str,
+        where: str,
+        accurate: torch.Tensor | None = None,
+        limits: bool = False,
+    ) -> None:
+        """In float64 at the inputs ``columns``, the op's value and gradients are finite wherever the
+        reference's are, and close to them (rtol 1e-3); given ``accurate``, a mask of where the reference's
+        value is, only the value and only there. Where the reference's value overflows, its gradients are not
+        trusted either (sqrt(inf**2 + y**2) has gradient 0 in y). With ``limits``, where the reference is 0/0
+        (x/expm1(x) at x = 0) it is replaced by its limit: the mean of its values at the inputs moved by
+        -1e-4 and +1e-4."""
+        inputs = [x.to(device).requires_grad_() for x in columns]
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected_values = self._reference_values(inputs)
+        count = len(outs)
+        if limits:
+            below, above = self._reference_values(inputs, -1e-4), self._reference_values(inputs, 1e-4)
+            removable = functools.reduce(torch.logical_or, [e.isnan() for e in expected_values[:count]])
+            expected_values = [torch.where(removable, (b + a) / 2, e) for e, b, a in zip(expected_values, below, above)]
+        expected_outs, expected_grads = expected_values[:count], expected_values[count:]
+        values_finite = functools.reduce(torch.logical_and, [torch.isfinite(e) for e in expected_outs])
+        # Where two inputs are equal or opposite, a kink between them (Max, Min, Abs, a comparison) may sit,
+        # whose derivative is a convention (torch.maximum splits the gradient at a tie): only finiteness is
+        # checked there.
+        tie = _tie(inputs, inputs[0].shape)
+        compare = [~tie] * (count + len(inputs))
+        if accurate is not None:
+            compare = [~tie & accurate.to(tie.device)] * count + [torch.zeros_like(tie)] * len(inputs)
+        results = zip([*self._value_names, *self._names], [*outs, *grads], [*expected_outs, *expected_grads], compare)
+        for what, value, expected_value, compared in results:
+            finite = values_finite & torch.isfinite(expected_value)
+            broken = (finite & ~torch.isfinite(value)).nonzero().flatten().tolist()
+            if broken:
+                pytest.fail(
+                    f"{what} at {where} is {value[broken[0]].item()} where the reference's is "
+                    f"{expected_value[broken[0]].item()}, at {self._row(inputs, broken[0])} "
+                    f"({len(broken)} such points)"
+                )
+            torch.testing.assert_close(
+                value[finite & compared],
+                expected_value[finite & compared],
+                rtol=1e-3,
+                atol=1e-4,
+                msg=lambda m, what=what: f"{what} at {where}: {m}",
+            )
+
+    def assert_gradients_match_differences(self, columns: Sequence[torch.Tensor], device: str, where: str) -> None:
+        """In float64 at the inputs ``columns``, each gradient of the op agrees with central differences of
+        its own value wherever those are reliable: the value finite, the one-sided differences agreeing (no
+        kink), and central differences with steps of 1e-6 and 1e-6/8 of the input (1e-9 at least) agreeing
+        (the value varies slowly at that scale: not so for erf(w * (x - y)) at x = y = w = -1e4). A gradient
+        wrong only in a branch that ordinary inputs never reach (|x - y| > w in a wing loss) is caught there,
+        whatever the reference as written does at those inputs."""
+        inputs = [x.to(device).requires_grad_() for x in columns]
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        # each output on its own: a sum of outputs can be smooth where each has a kink (Max(x, y) + Min(x, y))
+        for k, (value_name, out) in enumerate(zip(self._value_names, outs)):
+            # an output that does not depend on an input gives it no gradient (None), as plain autograd does
+            grads = torch.autograd.grad(out.sum(), inputs, retain_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+            of = f" ({value_name[len('value of ') :]})" if self.outputs else ""
+            self._assert_output_matches_differences(inputs, k, out.detach(), grads, where + of)
+
+    def _assert_output_matches_differences(
+        self, inputs: list[torch.Tensor], k: int, out: torch.Tensor, grads: Sequence[torch.Tensor], where: str
+    ) -> None:
+        def differences(index: int, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            with torch.no_grad():
+                moved = [[*inputs[:index], inputs[index] + s, *inputs[index + 1 :]] for s in (step, -step)]
+                above, below = [self._outputs(self.op(*args, *self._scalars))[k] for args in moved]
+            # What rounding each value to float64 (a few units in its last place) can do to a difference.
+            rounding = 64 * 2.0**-52 * (above.abs() + out.abs() + below.abs()) / step
+            finite = torch.isfinite(above) & torch.isfinite(below) & torch.isfinite(out)
+            return (above - out) / step, (out - below) / step, (above - below) / (2 * step), rounding, finite
+
+        for index, (what, grad) in enumerate(zip(self._names, grads)):
+            if what in self.gradients:  # not the value's derivative by design
+                continue
+            step = 1e-6 * inputs[index].detach().abs().clamp(min=1e-3)
+            right, left, coarse, _, finite = differences(index, step)
+            _, _, central, rounding, finite_too = differences(index, step / 8)
+            reliable = (
+                finite
+                & finite_too
+                & ((right - left).abs() <= 1e-3 * (right.abs() + left.abs()) + rounding)
+                & ((coarse - central).abs() <= 1e-3 * central.abs() + rounding)
+            )
+            wrong = reliable & ~((grad - central).abs() <= 1e-4 + 1e-3 * central.abs() + rounding)
+            if wrong.any():
+                row = wrong.nonzero().flatten()[0].item()
+                pytest.fail(
+                    f"gradient of {what} at {where} is {grad[row].item()}, differences of the value give "
+                    f"{central[row].item()}, at {self._row(inputs, row)} ({int(wrong.sum())} such points)"
+                )
+
+    def _assert_matches_where_finite(
+        self,
+        inputs: Sequence[torch.Tensor],
+        where: str,
+        ties: Sequence[torch.Tensor] | None = None,
+        limit: tuple[int, torch.Tensor] | None = None,
+    ) -> None:
+        """The op's value and gradients at ``inputs`` against the reference's, wherever those are finite: a
+        nan or an inf there, or another value, fails. Where ``ties`` (a mask per input) is set, a kink may
+        sit whose derivative is a convention (torch.maximum splits the gradient at a tie): that input's
+        gradient is only required to be finite there. With ``limit`` (an input's index and a mask of it),
+        where the reference is nan it is replaced by its limit (:meth:`_limits`)."""
+        outs = self._outputs(self.op(*inputs, *self._scalars))
+        grads = torch.autograd.grad(_total(outs), inputs)
+        expected = self._reference_values(inputs)  # a custom gradient's by its formula
+        limited = [torch.zeros_like(e, dtype=torch.bool) for e in expected]
+        if limit is not None:
+            expected, limited = self._limits(inputs, expected, *limit)
+        pairs = zip([*self._value_names, *self._names], [*outs, *grads], expected, limited)
+        compared = [None] * len(outs) + ([None] * len(inputs) if ties is None else [~t for t in ties])
+        for (what, value, reference, at_limit), compare in zip(pairs, compared):
+            value = value.detach()
+            finite = torch.isfinite(reference)
+            if not finite.any():
+                continue
+            scale = float(reference[finite].abs().max())
+            assert torch.isfinite(value[finite]).all(), f"{what} at {where} is not finite where the reference is"
+            if compare is not None:
+                finite &= compare
+            close = {"rtol": 1e-5, "atol": 1e-9 * max(scale, 1.0)}
+            for part, tolerance in ((finite & ~at_limit, close), (finite & at_limit, LIMIT_CLOSE)):
+                torch.testing.assert_close(
+                    value[part], reference[part], **tolerance, msg=lambda m, w=what: f"{w} at {where}: {m}"
+                )
+
+    def _limits(
+        self, inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], k: int, at: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The reference's values and gradients ``expected`` at ``inputs``, each replaced by its limit where
+        it is nan (0/0 as written: x/expm1(x) at x = 0): the mean of its values with input ``k`` moved by
+        -1e-4 and +1e-4 where ``at`` is set; and where each was replaced."""
+        moved = [[x + shift * at if j == k else x for j, x in enumerate(inputs)] for shift in (-1e-4, 1e-4)]
+        below, above = (self._reference_values(m) for m in moved)
+        limits = [torch.where(e.isnan(), (b + a) / 2, e) for e, b, a in zip(expected, below, above)]
+        return limits, [e.isnan() for e in expected]
+
+
+class _ExtremeChecks:
+    """The op at the ends of its inputs' ranges: float32 against float64 at extreme inputs, float64
+    there against the reference wherever it is finite, and the special points of each input."""
+
     @_quietly
     def check_extreme_inputs(self, device: str) -> None:
         """float32 at large and tiny inputs inside the op's support agrees with float64 wherever float64 is
@@ -380,6 +768,92 @@ class OpTests:
             return
         columns = self._one_at_a_time(special, lambda value: [self._typical])
         self.assert_matches_reference(columns, device, "special points", limits=True)
+
+    def reference_is_accurate(self, columns: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Where the reference's value as written is accurate in float64: where it is already within 1% in
+        float32 (float64 rounds 2**29 times finer), and no intermediate value overflowed on the way (x /
+        log(1 + exp(x)) is 0 at x = 1e4 in both). Elsewhere the formula as written cancels (1 - sigmoid(30)
+        is 0 in float32 and keeps 3 of its digits in float64) or overflows."""
+        with _Overflows(len(columns[0])) as overflows:
+            values64 = self._outputs(self.reference(*columns, *self._scalars))
+        values32 = self._outputs(self.reference(*(x.float() for x in columns), *self._scalars))
+        accurate = ~overflows.rows
+        for value32, value64 in zip(values32, values64):
+            accurate &= (value32.double() - value64).abs() <= 1e-2 * value64.abs() + 1e-6
+        return accurate
+
+    def float32_rounding(self, columns: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """How far float32 may be off at ``columns`` however carefully it computes, for the value and each
+        gradient: 8 unit roundoffs times the condition number, sum_i |x_i * d/dx_i|, from the reference's
+        float64 derivatives (0 where they are not finite). A result that cancels (S * ndtr(d1) - K * ...
+        in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be. For an
+        op that mixes values across a row the sum runs over every element each result reads."""
+        if not self.elementwise:
+            return self._row_rounding(columns)
+        inputs = [x.detach().double().requires_grad_() for x in columns]
+        outs = self._outputs(self.reference(*inputs, *self._scalars))
+        sizes = [x.detach().abs() for x in inputs]
+
+        def condition(derivatives: Sequence[torch.Tensor | None]) -> torch.Tensor:
+            terms = [torch.zeros_like(s) if d is None else (s * d.detach()).abs() for s, d in zip(sizes, derivatives)]
+            total = sum(terms)
+            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
+
+        rounding = []
+        for out in outs:
+            grads = _reference_grads(out.sum(), inputs, create_graph=True)
+            rounding.append(condition(grads))
+        grads = _reference_grads(_total(outs), inputs, create_graph=True)
+        for grad in grads:
+            second: Sequence[torch.Tensor | None] = [None] * len(inputs)
+            if grad.requires_grad:
+                second = torch.autograd.grad(grad.sum(), inputs, retain_graph=True, allow_unused=True)
+            rounding.append(condition(second))
+        return rounding
+
+    def _row_rounding(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`float32_rounding` of an op that mixes values across a row, from the reference's Jacobian
+        (for the values) and Hessian (for the gradients) in float64 at ``inputs``: sum_j |d r/d x_j * x_j|
+        over every element x_j of every input, for each element r of each result."""
+        inputs = tuple(x.detach().double() for x in inputs)
+        sizes = [x.abs().flatten() for x in inputs]
+
+        def condition(blocks: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
+            terms = [b.reshape(shape.numel(), -1).abs() @ size for b, size in zip(blocks, sizes)]
+            total = sum(terms).reshape(shape)
+            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
+
+        def values(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._outputs(self.reference(*xs, *self._scalars))
+
+        outs = values(*inputs)
+        jacobian = torch.autograd.functional.jacobian(values, inputs)
+        hessian = torch.autograd.functional.hessian(lambda *xs: _total(values(*xs)), inputs)
+        return [condition(row, out.shape) for row, out in zip(jacobian, outs)] + [
+            condition(row, x.shape) for row, x in zip(hessian, inputs)
+        ]
+
+    def _assert_special_rows(self, device: str) -> None:
+        """:meth:`check_special_points` of an op that mixes values across a row: one input at a time at each of
+        its special points (the ends of its support: a target probability of 0 or 1; 0 where the forward as
+        written is 0/0), every element at it, then every other element: the op's value and gradients are
+        finite and match the reference's wherever the reference's are finite; where the reference is 0/0
+        there (nan), its limit, the mean of its values with those elements moved by -1e-4 and +1e-4."""
+        for k, i in enumerate(self.inputs):
+            for value in i.special:
+                for step in (1, 2):
+                    inputs = self.make_inputs(device, requires_grad=False)
+                    at = torch.zeros_like(inputs[k], dtype=torch.bool)
+                    at.view(-1)[::step] = True
+                    inputs[k] = torch.where(at, value, inputs[k])
+                    every = "every element" if step == 1 else "every other element"
+                    where = f"{i.name} = {value!r} at {every}"
+                    self._assert_matches_where_finite([x.requires_grad_() for x in inputs], where, limit=(k, at))
+
+
+class _TransformChecks:
+    """The op inside the PyTorch ecosystem: forward mode, torch.func transforms, torch.compile,
+    checkpointing and autocast."""
 
     @_quietly
     def check_forward_mode(self, device: str) -> None:
@@ -535,6 +1009,10 @@ class OpTests:
         for (name, _), grad, expected_grad in zip(model.named_parameters(), grads, expected_grads):
             torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
+
+class _ModuleChecks:
+    """The nn.Module: its forward against the functional, its sizes, and its parameters' init."""
+
     @_quietly
     def check_module(self, device: str) -> None:
         """The Module, its learnable inputs set to random values, against the reference; every parameter
@@ -663,488 +1141,42 @@ class OpTests:
             args.append(x)
         return module, args, [x for i, x in zip(self.inputs, args) if not i.learnable]
 
-    # -- inputs --------------------------------------------------------------------------------------------
 
-    def make_inputs(
-        self,
-        device: str,
-        dtype: torch.dtype = torch.float64,
-        requires_grad: bool = True,
-        seed: int = 0,
-        shapes: Sequence[tuple[int, ...]] | None = None,
-    ) -> list[torch.Tensor]:
-        """Seeded random inputs where float64 is accurate, for gradcheck and the comparisons with the
-        reference: finite differences (step 1e-6) lose about 1e-10 of the largest value or gradient
-        involved, the reference as written overflows where the op grows fast (exp(x**3) at x = 3), and it
-        cancels where a textbook form does (log(1 - sigmoid(u)) keeps 3 digits in float64 at u = 30, and a
-        mean over a row carries that into every row it is in). So the draw is narrowed around the ordinary
-        values until values and gradients stay below 1e4 and the reference's value is accurate (the least
-        large draw, accurate first, if none is).
+@dataclass(frozen=True)
+class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks, _Comparisons, _Inputs, _Calls):
+    """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
+    ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
+    by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order, and returns
+    one tensor, or a tuple of the ``outputs`` where those are named. A tensor with a custom gradient
+    (``gradients``) is checked against its formula, not the reference's derivative.
 
-        It is drawn again (another seed, up to 8 times) where some input's gradient would be zero
-        everywhere: with few elements, every unit of a relu layer can be off, and a test of a zero gradient
-        proves nothing about backward."""
-        shapes = [i.shape for i in self.inputs] if shapes is None else shapes
-        chosen = None
-        for attempt in range(8):
-            inputs = self._accurate_draw(device, shapes, seed + 7919 * attempt)
-            chosen = inputs if chosen is None else chosen
-            probe = [x.detach().requires_grad_() for x in inputs]
-            outs = self._outputs(self.reference(*probe, *self._scalars))
-            weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
-            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
-            if all(bool((g != 0).any()) for g in _reference_grads(outs, probe, upstream)):
-                chosen = inputs
-                break
-        return [x.detach().to(dtype).requires_grad_(requires_grad) for x in chosen]
+    The checks come in parts, a class per job: :class:`_ReferenceChecks` (values, gradients, a Function's
+    rules), :class:`_ExtremeChecks` (the ends of the inputs' ranges), :class:`_TransformChecks` (torch.func,
+    torch.compile, autocast), :class:`_ModuleChecks`; over :class:`_Comparisons`, :class:`_Inputs` and
+    :class:`_Calls`, which they share."""
 
-    def _accurate_draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int) -> list[torch.Tensor]:
-        """:meth:`make_inputs`' draw, in float64, narrowed until the reference is accurate there."""
-        best = None
-        for scale in (1.0, 0.5, 0.25, 0.125):
-            inputs = [x.requires_grad_() for x in self._draw(device, shapes, seed, scale)]
-            outs = self._outputs(self.reference(*inputs, *self._scalars))
-            grads = _reference_grads(_total(outs), inputs)
-            size = max(float(t.detach().abs().max()) for t in [*outs, *grads])
-            size = size if math.isfinite(size) else math.inf
-            accurate = self._value_is_accurate(inputs, outs)
-            if best is None or (not accurate, size) < best[0]:
-                best = ((not accurate, size), inputs)
-            if size <= 1e4 and accurate:
-                break
-        return [x.detach() for x in best[1]]
-
-    def _value_is_accurate(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
-        """Whether the reference's value at ``inputs`` (``outs``, in float64) is accurate: its value in
-        float32 is within 1% of it everywhere (float64 rounds 2**29 times finer; where float32 is further
-        off, the formula as written cancels or overflows, and float64 keeps few digits there too)."""
-        with torch.no_grad():
-            outs32 = self._outputs(self.reference(*(x.detach().float() for x in inputs), *self._scalars))
-        return all(
-            bool(((o32.double() - o.detach()).abs() <= 1e-2 * o.detach().abs() + 1e-6).all())
-            for o32, o in zip(outs32, outs)
-        )
-
-    def _draw(self, device: str, shapes: Sequence[tuple[int, ...]], seed: int, scale: float) -> list[torch.Tensor]:
-        """Seeded float64 inputs; ``scale`` < 1 draws each from that fraction of its interval, around its
-        ordinary value."""
-        generator = torch.Generator().manual_seed(seed)
-        tensors = []
-        for shape, i in zip(shapes, self.inputs):
-            center = min(max(i.typical, i.low), i.high)
-            low, high = center - (center - i.low) * scale, center + (i.high - center) * scale
-            x = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
-            for point in i.avoid:
-                near = (x - point).abs() < AVOID_MARGIN
-                x = torch.where(near, point + torch.where(x < point, -2.0, 2.0) * AVOID_MARGIN, x)
-            tensors.append(x.to(device))
-        return tensors
-
-    def extreme_inputs(self) -> list[torch.Tensor]:
-        """The extreme-input tests' inputs, in float64: an elementwise op's :meth:`extreme_columns`; for an op
-        that mixes values across a row, each input at its own shape, every element drawn (seeded) from its
-        extremes, so that large and tiny values meet in a row."""
-        if self.elementwise:
-            return self.extreme_columns()
-        generator = torch.Generator().manual_seed(3)
-        inputs = []
-        for i in self.inputs:
-            values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
-            inputs.append(values[torch.randint(len(values), i.shape, generator=generator)])
-        return inputs
-
-    def extreme_columns(self) -> list[torch.Tensor]:
-        """The extreme-input tests' inputs, one 1-d column per input: each input in turn at each of its
-        extremes, the others at their ordinary values and at their extremes nearest to the value and its
-        negative (the same or the opposite sign) and to its reciprocals (a tiny input against a huge one, as
-        in sigmoid(1e4 * 1e-3)): the number of rows grows linearly with the number of inputs."""
-        extremes = {i.name: i.extremes or (i.typical,) for i in self.inputs}
-
-        def partners(value: float) -> list[dict[str, float]]:
-            targets = [value, -value] + ([1 / value, -1 / value] if value else [])
-            return [self._typical] + [{n: _nearest(column, t) for n, column in extremes.items()} for t in targets]
-
-        return self._one_at_a_time(extremes, partners)
-
-    def _one_at_a_time(
-        self, values: Mapping[str, Sequence[float]], partners: Callable[[float], list[dict[str, float]]]
-    ) -> list[torch.Tensor]:
-        rows: dict[tuple[float, ...], None] = {}
-        for name, column in values.items():
-            for value in column:
-                for others in partners(value):
-                    rows.setdefault(tuple(value if n == name else others[n] for n in self._names))
-        return list(torch.tensor([*rows], dtype=torch.float64).reshape(-1, len(self.inputs)).T)
-
-    # -- comparisons at given inputs -----------------------------------------------------------------------
-
-    def assert_matches_reference(
-        self,
-        columns: Sequence[torch.Tensor],
-        device: str,
-        where: str,
-        accurate: torch.Tensor | None = None,
-        limits: bool = False,
-    ) -> None:
-        """In float64 at the inputs ``columns``, the op's value and gradients are finite wherever the
-        reference's are, and close to them (rtol 1e-3); given ``accurate``, a mask of where the reference's
-        value is, only the value and only there. Where the reference's value overflows, its gradients are not
-        trusted either (sqrt(inf**2 + y**2) has gradient 0 in y). With ``limits``, where the reference is 0/0
-        (x/expm1(x) at x = 0) it is replaced by its limit: the mean of its values at the inputs moved by
-        -1e-4 and +1e-4."""
-        inputs = [x.to(device).requires_grad_() for x in columns]
-        outs = self._outputs(self.op(*inputs, *self._scalars))
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected_values = self._reference_values(inputs)
-        count = len(outs)
-        if limits:
-            below, above = self._reference_values(inputs, -1e-4), self._reference_values(inputs, 1e-4)
-            removable = functools.reduce(torch.logical_or, [e.isnan() for e in expected_values[:count]])
-            expected_values = [torch.where(removable, (b + a) / 2, e) for e, b, a in zip(expected_values, below, above)]
-        expected_outs, expected_grads = expected_values[:count], expected_values[count:]
-        values_finite = functools.reduce(torch.logical_and, [torch.isfinite(e) for e in expected_outs])
-        # Where two inputs are equal or opposite, a kink between them (Max, Min, Abs, a comparison) may sit,
-        # whose derivative is a convention (torch.maximum splits the gradient at a tie): only finiteness is
-        # checked there.
-        tie = _tie(inputs, inputs[0].shape)
-        compare = [~tie] * (count + len(inputs))
-        if accurate is not None:
-            compare = [~tie & accurate.to(tie.device)] * count + [torch.zeros_like(tie)] * len(inputs)
-        results = zip([*self._value_names, *self._names], [*outs, *grads], [*expected_outs, *expected_grads], compare)
-        for what, value, expected_value, compared in results:
-            finite = values_finite & torch.isfinite(expected_value)
-            broken = (finite & ~torch.isfinite(value)).nonzero().flatten().tolist()
-            if broken:
-                pytest.fail(
-                    f"{what} at {where} is {value[broken[0]].item()} where the reference's is "
-                    f"{expected_value[broken[0]].item()}, at {self._row(inputs, broken[0])} "
-                    f"({len(broken)} such points)"
-                )
-            torch.testing.assert_close(
-                value[finite & compared],
-                expected_value[finite & compared],
-                rtol=1e-3,
-                atol=1e-4,
-                msg=lambda m, what=what: f"{what} at {where}: {m}",
-            )
-
-    def assert_gradients_match_differences(self, columns: Sequence[torch.Tensor], device: str, where: str) -> None:
-        """In float64 at the inputs ``columns``, each gradient of the op agrees with central differences of
-        its own value wherever those are reliable: the value finite, the one-sided differences agreeing (no
-        kink), and central differences with steps of 1e-6 and 1e-6/8 of the input (1e-9 at least) agreeing
-        (the value varies slowly at that scale: not so for erf(w * (x - y)) at x = y = w = -1e4). A gradient
-        wrong only in a branch that ordinary inputs never reach (|x - y| > w in a wing loss) is caught there,
-        whatever the reference as written does at those inputs."""
-        inputs = [x.to(device).requires_grad_() for x in columns]
-        outs = self._outputs(self.op(*inputs, *self._scalars))
-        # each output on its own: a sum of outputs can be smooth where each has a kink (Max(x, y) + Min(x, y))
-        for k, (value_name, out) in enumerate(zip(self._value_names, outs)):
-            # an output that does not depend on an input gives it no gradient (None), as plain autograd does
-            grads = torch.autograd.grad(out.sum(), inputs, retain_graph=True, allow_unused=True)
-            grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
-            of = f" ({value_name[len('value of ') :]})" if self.outputs else ""
-            self._assert_output_matches_differences(inputs, k, out.detach(), grads, where + of)
-
-    def _assert_output_matches_differences(
-        self, inputs: list[torch.Tensor], k: int, out: torch.Tensor, grads: Sequence[torch.Tensor], where: str
-    ) -> None:
-        def differences(index: int, step: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            with torch.no_grad():
-                moved = [[*inputs[:index], inputs[index] + s, *inputs[index + 1 :]] for s in (step, -step)]
-                above, below = [self._outputs(self.op(*args, *self._scalars))[k] for args in moved]
-            # What rounding each value to float64 (a few units in its last place) can do to a difference.
-            rounding = 64 * 2.0**-52 * (above.abs() + out.abs() + below.abs()) / step
-            finite = torch.isfinite(above) & torch.isfinite(below) & torch.isfinite(out)
-            return (above - out) / step, (out - below) / step, (above - below) / (2 * step), rounding, finite
-
-        for index, (what, grad) in enumerate(zip(self._names, grads)):
-            if what in self.gradients:  # not the value's derivative by design
-                continue
-            step = 1e-6 * inputs[index].detach().abs().clamp(min=1e-3)
-            right, left, coarse, _, finite = differences(index, step)
-            _, _, central, rounding, finite_too = differences(index, step / 8)
-            reliable = (
-                finite
-                & finite_too
-                & ((right - left).abs() <= 1e-3 * (right.abs() + left.abs()) + rounding)
-                & ((coarse - central).abs() <= 1e-3 * central.abs() + rounding)
-            )
-            wrong = reliable & ~((grad - central).abs() <= 1e-4 + 1e-3 * central.abs() + rounding)
-            if wrong.any():
-                row = wrong.nonzero().flatten()[0].item()
-                pytest.fail(
-                    f"gradient of {what} at {where} is {grad[row].item()}, differences of the value give "
-                    f"{central[row].item()}, at {self._row(inputs, row)} ({int(wrong.sum())} such points)"
-                )
-
-    def reference_is_accurate(self, columns: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Where the reference's value as written is accurate in float64: where it is already within 1% in
-        float32 (float64 rounds 2**29 times finer), and no intermediate value overflowed on the way (x /
-        log(1 + exp(x)) is 0 at x = 1e4 in both). Elsewhere the formula as written cancels (1 - sigmoid(30)
-        is 0 in float32 and keeps 3 of its digits in float64) or overflows."""
-        with _Overflows(len(columns[0])) as overflows:
-            values64 = self._outputs(self.reference(*columns, *self._scalars))
-        values32 = self._outputs(self.reference(*(x.float() for x in columns), *self._scalars))
-        accurate = ~overflows.rows
-        for value32, value64 in zip(values32, values64):
-            accurate &= (value32.double() - value64).abs() <= 1e-2 * value64.abs() + 1e-6
-        return accurate
-
-    def float32_rounding(self, columns: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """How far float32 may be off at ``columns`` however carefully it computes, for the value and each
-        gradient: 8 unit roundoffs times the condition number, sum_i |x_i * d/dx_i|, from the reference's
-        float64 derivatives (0 where they are not finite). A result that cancels (S * ndtr(d1) - K * ...
-        in Black-Scholes at tiny sigma) cannot be more accurate than its inputs' rounding lets it be. For an
-        op that mixes values across a row the sum runs over every element each result reads."""
-        if not self.elementwise:
-            return self._row_rounding(columns)
-        inputs = [x.detach().double().requires_grad_() for x in columns]
-        outs = self._outputs(self.reference(*inputs, *self._scalars))
-        sizes = [x.detach().abs() for x in inputs]
-
-        def condition(derivatives: Sequence[torch.Tensor | None]) -> torch.Tensor:
-            terms = [torch.zeros_like(s) if d is None else (s * d.detach()).abs() for s, d in zip(sizes, derivatives)]
-            total = sum(terms)
-            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
-
-        rounding = []
-        for out in outs:
-            grads = _reference_grads(out.sum(), inputs, create_graph=True)
-            rounding.append(condition(grads))
-        grads = _reference_grads(_total(outs), inputs, create_graph=True)
-        for grad in grads:
-            second: Sequence[torch.Tensor | None] = [None] * len(inputs)
-            if grad.requires_grad:
-                second = torch.autograd.grad(grad.sum(), inputs, retain_graph=True, allow_unused=True)
-            rounding.append(condition(second))
-        return rounding
-
-    def _row_rounding(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """:meth:`float32_rounding` of an op that mixes values across a row, from the reference's Jacobian
-        (for the values) and Hessian (for the gradients) in float64 at ``inputs``: sum_j |d r/d x_j * x_j|
-        over every element x_j of every input, for each element r of each result."""
-        inputs = tuple(x.detach().double() for x in inputs)
-        sizes = [x.abs().flatten() for x in inputs]
-
-        def condition(blocks: Sequence[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-            terms = [b.reshape(shape.numel(), -1).abs() @ size for b, size in zip(blocks, sizes)]
-            total = sum(terms).reshape(shape)
-            return 8 * 2.0**-24 * torch.where(torch.isfinite(total), total, 0)
-
-        def values(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._outputs(self.reference(*xs, *self._scalars))
-
-        outs = values(*inputs)
-        jacobian = torch.autograd.functional.jacobian(values, inputs)
-        hessian = torch.autograd.functional.hessian(lambda *xs: _total(values(*xs)), inputs)
-        return [condition(row, out.shape) for row, out in zip(jacobian, outs)] + [
-            condition(row, x.shape) for row, x in zip(hessian, inputs)
-        ]
-
-    def _assert_special_rows(self, device: str) -> None:
-        """:meth:`check_special_points` of an op that mixes values across a row: one input at a time at each of
-        its special points (the ends of its support: a target probability of 0 or 1; 0 where the forward as
-        written is 0/0), every element at it, then every other element: the op's value and gradients are
-        finite and match the reference's wherever the reference's are finite; where the reference is 0/0
-        there (nan), its limit, the mean of its values with those elements moved by -1e-4 and +1e-4."""
-        for k, i in enumerate(self.inputs):
-            for value in i.special:
-                for step in (1, 2):
-                    inputs = self.make_inputs(device, requires_grad=False)
-                    at = torch.zeros_like(inputs[k], dtype=torch.bool)
-                    at.view(-1)[::step] = True
-                    inputs[k] = torch.where(at, value, inputs[k])
-                    every = "every element" if step == 1 else "every other element"
-                    where = f"{i.name} = {value!r} at {every}"
-                    self._assert_matches_where_finite([x.requires_grad_() for x in inputs], where, limit=(k, at))
-
-    def _float_outputs(self, *args: object) -> tuple[torch.Tensor, ...]:
-        # not the bool masks, nor the statistics marked non-differentiable (with no gradient of their own)
-        return tuple(o for o in _as_tuple(self._differentiable(*args)) if o.is_floating_point() and o.requires_grad)
-
-    def _assert_matches_where_finite(
-        self,
-        inputs: Sequence[torch.Tensor],
-        where: str,
-        ties: Sequence[torch.Tensor] | None = None,
-        limit: tuple[int, torch.Tensor] | None = None,
-    ) -> None:
-        """The op's value and gradients at ``inputs`` against the reference's, wherever those are finite: a
-        nan or an inf there, or another value, fails. Where ``ties`` (a mask per input) is set, a kink may
-        sit whose derivative is a convention (torch.maximum splits the gradient at a tie): that input's
-        gradient is only required to be finite there. With ``limit`` (an input's index and a mask of it),
-        where the reference is nan it is replaced by its limit (:meth:`_limits`)."""
-        outs = self._outputs(self.op(*inputs, *self._scalars))
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected = self._reference_values(inputs)  # a custom gradient's by its formula
-        limited = [torch.zeros_like(e, dtype=torch.bool) for e in expected]
-        if limit is not None:
-            expected, limited = self._limits(inputs, expected, *limit)
-        pairs = zip([*self._value_names, *self._names], [*outs, *grads], expected, limited)
-        compared = [None] * len(outs) + ([None] * len(inputs) if ties is None else [~t for t in ties])
-        for (what, value, reference, at_limit), compare in zip(pairs, compared):
-            value = value.detach()
-            finite = torch.isfinite(reference)
-            if not finite.any():
-                continue
-            scale = float(reference[finite].abs().max())
-            assert torch.isfinite(value[finite]).all(), f"{what} at {where} is not finite where the reference is"
-            if compare is not None:
-                finite &= compare
-            close = {"rtol": 1e-5, "atol": 1e-9 * max(scale, 1.0)}
-            for part, tolerance in ((finite & ~at_limit, close), (finite & at_limit, LIMIT_CLOSE)):
-                torch.testing.assert_close(
-                    value[part], reference[part], **tolerance, msg=lambda m, w=what: f"{w} at {where}: {m}"
-                )
-
-    def _limits(
-        self, inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], k: int, at: torch.Tensor
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The reference's values and gradients ``expected`` at ``inputs``, each replaced by its limit where
-        it is nan (0/0 as written: x/expm1(x) at x = 0): the mean of its values with input ``k`` moved by
-        -1e-4 and +1e-4 where ``at`` is set; and where each was replaced."""
-        moved = [[x + shift * at if j == k else x for j, x in enumerate(inputs)] for shift in (-1e-4, 1e-4)]
-        below, above = (self._reference_values(m) for m in moved)
-        limits = [torch.where(e.isnan(), (b + a) / 2, e) for e, b, a in zip(expected, below, above)]
-        return limits, [e.isnan() for e in expected]
-
-    # -- helpers ---------------------------------------------------------------------------------------------
-
-    @property
-    def _differentiable(self) -> Callable[..., object]:
-        """What the gradient checks differentiate: the custom op (through its registered autograd), or the
-        Function, hidden outputs included."""
-        return self.custom_op if self.custom_op is not None else self.function.apply
-
-    def _assert_same_as_op(self, outs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
-        """``outs`` (the op's outputs at ``inputs``, computed another way) and their gradients are the op's."""
-        grads = torch.autograd.grad(_total(outs), inputs)
-        expected = self._outputs(self.op(*inputs, *self._scalars))
-        self._assert_values_close(outs, expected, **CLOSE)
-        for name, grad, expected_grad in zip(self._names, grads, torch.autograd.grad(_total(expected), inputs)):
-            torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=lambda m, n=name: f"gradient of {n}: {m}")
-
-    def _skip_under_torch_func(self, transform: str) -> None:
-        """Skip a torch.func check of a custom op, saying why (PyTorch's limits, not the op's)."""
-        if self.custom_op is None:
-            return
-        if transform == "jvp":
-            why = "a torch.library custom op has no forward-mode rule, and torch.func.jvp gets zero tangents from it"
-        else:
-            why = (
-                f"torch.func.{transform} cannot differentiate a torch.library custom op through its "
-                "register_autograd (PyTorch issues #168393, #170834, #179652)"
-            )
-        pytest.skip(f"{why}; use {self.function.__name__}.apply, generated beside it, under torch.func")
-
-    @property
-    def _names(self) -> list[str]:
-        return [i.name for i in self.inputs]
-
-    @property
-    def _value_names(self) -> list[str]:
-        """How messages name each output's value."""
-        return [f"value of {name}" for name in self.outputs] if self.outputs else ["value"]
-
-    def _outputs(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """The op's (or the reference's) outputs as a tuple, checking that there are as many as named."""
-        outs = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        assert len(outs) == max(1, len(self.outputs)), f"{len(outs)} outputs, expected {len(self.outputs) or 1}"
-        return outs
-
-    def _returned(self, value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """The outputs the op returns, of what its Function's apply returns: after them, forward may return
-        intermediates for backward to read (hidden outputs, which the functional and the Module drop)."""
-        return self._outputs(_as_tuple(value)[: max(1, len(self.outputs))])
-
-    def _assert_values_close(
-        self, values: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], **tolerance
-    ) -> None:
-        for what, value, expected_value in zip(self._value_names, values, expected, strict=True):
-            torch.testing.assert_close(value, expected_value, **tolerance, msg=lambda m, w=what: f"{w}: {m}")
-
-    @property
-    def _scalars(self) -> tuple[object, ...]:
-        return tuple(self.scalars.values())
-
-    @property
-    def _typical(self) -> dict[str, float]:
-        return {i.name: i.typical for i in self.inputs}
-
-    def _op_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.op(*tensors, *self._scalars)
-
-    def _reference_of_tensors(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.reference(*tensors, *self._scalars)
-
-    def _reference_values(self, inputs: Sequence[torch.Tensor], shift: float = 0.0) -> list[torch.Tensor]:
-        """The reference's values and gradients at ``inputs``, each moved by ``shift``."""
-        moved = [(x.detach() + shift).requires_grad_() for x in inputs]
-        outs = self._outputs(self.reference(*moved, *self._scalars))
-        return [*(o.detach() for o in outs), *(g.detach() for g in self._expected_grads(outs, moved))]
-
-    def _expected_grads(
-        self,
-        outs: Sequence[torch.Tensor],
-        inputs: Sequence[torch.Tensor],
-        upstream: Sequence[torch.Tensor] | None = None,
-    ) -> list[torch.Tensor]:
-        """What each input's gradient should be for the reference's outputs ``outs`` (not summed) and their
-        ``upstream`` gradients (default: ones): autograd's, or the custom gradient's formula."""
-        outs = self._outputs(outs)
-        upstream = [torch.ones_like(o) for o in outs] if upstream is None else list(upstream)
-        grads = _reference_grads(outs, inputs, upstream)
-        for index, i in enumerate(self.inputs):
-            if i.name in self.gradients:
-                with torch.no_grad():
-                    grads[index] = self._custom_gradient(index, upstream, [t.detach() for t in inputs])
-        return grads
-
-    def _custom_gradient(
-        self, index: int, upstream: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-    ) -> torch.Tensor:
-        """The custom gradient of input ``index`` by its formula (over each output's upstream gradient),
-        broadcast to the input's shape (an elementwise op's backward computes it at its output's shape) and
-        summed back to it."""
-        value = self.gradients[self.inputs[index].name](*upstream, *inputs, *self._scalars)
-        value = torch.as_tensor(value, dtype=upstream[0].dtype, device=upstream[0].device)
-        shapes = [value.shape, inputs[index].shape, *(u.shape for u in upstream if self.elementwise)]
-        return torch.broadcast_to(value, torch.broadcast_shapes(*shapes)).sum_to_size(inputs[index].shape)
-
-    def _without_custom_gradients(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``inputs``, those with a custom gradient not requiring grad (finite differences of the value
-        are not their gradient); skips the check when none is left."""
-        if all(i.name in self.gradients for i in self.inputs):
-            pytest.skip("every tensor has a custom gradient: check_matches_reference compares them with their formulas")
-        return [x.detach() if i.name in self.gradients else x for i, x in zip(self.inputs, inputs)]
-
-    def _assert_custom_double_backward(self, inputs: list[torch.Tensor]) -> None:
-        """Each custom gradient's own derivative, in grad_output and the inputs, as autograd takes it of its
-        formula: backward is differentiated again, through the custom gradient."""
-        for index, i in enumerate(self.inputs):
-            if i.name not in self.gradients:
-                continue
-            xs = [x.detach().requires_grad_() for x in inputs]
-            outs = self._returned(self.function.apply(*xs, *self._scalars))
-            generator = torch.Generator().manual_seed(3)
-            upstream = [
-                torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device).requires_grad_() for o in outs
-            ]
-            (grad,) = torch.autograd.grad(outs, xs[index], upstream, create_graph=True)
-            formula = self._custom_gradient(index, upstream, xs)
-            torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
-            weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
-            wrt = [*upstream, *xs]
-            second = _grads_or_zeros(grad, wrt, weights)
-            expected = _grads_or_zeros(formula, wrt, weights)
-            names = [f"grad_{n}" for n in self.outputs] if self.outputs else ["grad_output"]
-            for what, value, expected_value in zip([*names, *self._names], second, expected):
-                torch.testing.assert_close(
-                    value, expected_value, **CLOSE, msg=lambda m, w=what, n=i.name: f"d(gradient of {n})/d {w}: {m}"
-                )
-
-    def _row(self, columns: Sequence[torch.Tensor], row: int) -> dict[str, float]:
-        return {name: column[row].item() for name, column in zip(self._names, columns)}
+    function: type[torch.autograd.Function]
+    op: Callable[..., torch.Tensor]
+    module: type[torch.nn.Module]
+    reference: Callable[..., torch.Tensor]
+    inputs: Sequence[Input]
+    scalars: Mapping[str, object] = field(default_factory=dict)
+    #: Custom gradients: tensor name -> ``f(grad, *tensors, *scalars)`` (one upstream gradient per output),
+    #: what backward returns for it in place of the derived gradient, in plain torch (before summing over
+    #: broadcast dimensions).
+    gradients: Mapping[str, Callable[..., torch.Tensor]] = field(default_factory=dict)
+    #: The names of the op's outputs, where it returns several (a tuple), in order.
+    outputs: Sequence[str] = ()
+    #: The torch.library custom op (``target = "custom_op"``): ``op`` itself, or the op that ``op`` calls
+    #: where it also returns the intermediates backward reads; None for a plain Function.
+    custom_op: Callable[..., object] | None = None
+    #: The sizes the Module's constructor takes, in order, with their defaults (the example's).
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    #: Whether each output element reads only the inputs' elements at its own position, broadcast together.
+    #: False for an op that reduces, normalizes or multiplies matrices: its inputs have shapes of their own
+    #: (gradgradcheck takes them as they are, not one broadcast shape), and its values mix across a row
+    #: (extreme inputs and special points fill whole tensors, not a column per input).
+    elementwise: bool = True
 
 
 @dataclass(frozen=True)
