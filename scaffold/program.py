@@ -184,7 +184,7 @@ class _Lifter:
             else:
                 lifted = self.lift(expr)
                 fresh = lifted.is_Symbol and lifted.name not in self.parsed.symbols
-                symbol = lifted if fresh else self.node(lifted, name or "out", expr)
+                symbol = lifted if fresh else self.node(self.combined(lifted), name or "out", expr)
             outputs.append(Output(name, written, self.shapes[symbol.name], symbol.name))
         if len({o.value for o in outputs}) < len(outputs):
             twins = [o.name for o in outputs if sum(p.value == o.value for p in outputs) > 1]
@@ -229,11 +229,15 @@ class _Lifter:
         lifted = self.lift(written)
         if lifted.is_Symbol:
             return lifted
+        return self.node(self.combined(lifted), None, written)
+
+    def combined(self, lifted: sympy.Basic) -> sympy.Basic:
+        """An operand's or output's ``lifted`` with its :func:`_combination` (``input - target``) a node."""
         combination = _combination(lifted, self.tensors)
-        if combination is not None:
-            inner = self.node(combination, None, combination)
-            lifted = lifted.xreplace({combination: inner, -combination: -inner})
-        return self.node(lifted, None, written)
+        if combination is None:
+            return lifted
+        inner = self.node(combination, None, combination)
+        return lifted.xreplace({combination: inner, -combination: -inner})
 
     def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic, stem: str = "tmp") -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``

@@ -52,6 +52,16 @@ def test_a_condition_on_an_argument_is_a_mask_as_the_elementwise_plan_keeps_it(n
     assert inventory._bytes(structured) == inventory._bytes(elementwise)
 
 
+@pytest.mark.parametrize("name", ["mse", "huber", "smooth_l1", "l1", "log_cosh"])
+@pytest.mark.parametrize("policy", ["memory", "time"])
+def test_a_combination_of_the_arguments_is_kept_instead_of_them(name: str, policy: str):
+    """``input - target``, through which the output reads both (its own node, as a structural call's operand
+    has): kept instead of both inputs, as the elementwise plan keeps it."""
+    elementwise, structured = _kept(name, policy)
+    assert list(structured) == ["tmp0"]
+    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+
+
 def test_an_argument_saved_anyway_needs_no_mask():
     """softplus-like formulas read x beside their condition: x is kept, and no mask beside it."""
     _, structured = _kept("elu", "memory")
@@ -65,10 +75,12 @@ def test_the_policy_time_keeps_the_argument_a_condition_reads():
 
 
 def test_the_inventory_groups_what_the_structured_path_keeps_more_by_cause():
-    command = [sys.executable, str(SCRIPTS / "keeping_inventory.py"), "--ops", "relu,mse", "--policies", "memory"]
+    ops = "relu,mse,lerp"
+    command = [sys.executable, str(SCRIPTS / "keeping_inventory.py"), "--ops", ops, "--policies", "memory"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "policy memory: 2 elementwise ops compared; the structured path keeps more for 1"
-    # mse's input - target, kept by the elementwise plan; forced, both inputs are
-    assert lines[1:3] == ["  intermediate: 1", "    mse: [saved:20] (80 B) vs [input:20, target:20] (160 B)"]
+    assert lines[0] == "policy memory: 3 elementwise ops compared; the structured path keeps more for 1"
+    # lerp's x - y (the output, x + weight*(y - x), reads x beside it), kept by the elementwise plan
+    lerp = "    lerp: [weight:1, saved:20] (84 B) vs [x:20, y:20, weight:1] (164 B)"
+    assert lines[1:3] == ["  intermediate: 1", lerp]
