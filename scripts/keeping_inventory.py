@@ -11,6 +11,8 @@ as scripts/one_pipeline_probe.py forces it (the ProgramPlan: ``saved``, ``masks`
 ``parameter_shapes``). A saved tensor costs four bytes an element (float32), a mask one. It prints the ops
 where the structured path keeps more bytes, grouped by a cause read off the two plans:
 
+* ``hoisted``: the structured path keeps a part hoisted out of a formula (:mod:`scaffold.program`: ``1/c``
+  of a shape smaller than the output's), and no more than the elementwise plan besides;
 * ``mask``: the elementwise plan saves a bool mask where the structured one keeps a float tensor;
 * ``output``: the elementwise plan reads an output where the structured one keeps something else;
 * ``intermediate``: the elementwise plan keeps an intermediate (``input - target``) the structured one does not;
@@ -90,8 +92,10 @@ def _bytes(kept: dict[str, tuple[int, int]]) -> int:
     return sum(elements * size for elements, size in kept.values())
 
 
-def cause(elementwise: dict, structured: dict, plan: BackwardPlan) -> str:
+def cause(elementwise: dict, structured: dict, plan: BackwardPlan, hoisted: frozenset[str]) -> str:
     """Why the structured path keeps more (see the module docstring)."""
+    if _bytes({n: k for n, k in structured.items() if n not in hoisted}) <= _bytes(elementwise):
+        return "hoisted"
     masks = {m.name for m in plan.masks}
     if len(masks) > sum(size == BOOL for _, size in structured.values()):
         return "mask"
@@ -135,7 +139,7 @@ def inventory(mappings: list[dict], policy: str) -> tuple[dict, list, list, int]
         theirs = structured_kept(structured_op.plan, structured_op.program)
         line = f"{mapping['name']}: {_describe(ours)} ({_bytes(ours)} B) vs {_describe(theirs)} ({_bytes(theirs)} B)"
         if _bytes(theirs) > _bytes(ours):
-            more[cause(ours, theirs, plan)].append(line)
+            more[cause(ours, theirs, plan, structured_op.program.hoisted)].append(line)
         read_outputs = [o.value for o in plan.visible if o.value in ours]
         if read_outputs and structured_op.plan.recomputed and not set(read_outputs) & set(theirs):
             recomputes.append(f"{mapping['name']}: recomputes {', '.join(structured_op.plan.recomputed)}")

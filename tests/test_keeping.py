@@ -13,8 +13,10 @@ import pytest
 
 try:
     from .catalogue import OPS
+    from .realistic import FORMULAS, FOUND
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS
+    from realistic import FORMULAS, FOUND
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 _spec = importlib.util.spec_from_file_location("keeping_inventory", SCRIPTS / "keeping_inventory.py")
@@ -62,6 +64,19 @@ def test_a_combination_of_the_arguments_is_kept_instead_of_them(name: str, polic
     assert inventory._bytes(structured) == inventory._bytes(elementwise)
 
 
+@pytest.mark.parametrize(("name", "kept"), [("gaussian_nll", {"var", "tmp0"}), ("harmonic", {"k", "tmp0"})])
+def test_a_combination_of_some_of_the_arguments_is_kept_instead_of_them(name: str, kept: set[str]):
+    """gaussian_nll's ``input - target`` beside ``var``, which the output reads apart; harmonic's ``r - r0``
+    beside ``k``: kept instead of the two arguments, as the elementwise plan keeps them."""
+    mapping = _BY_NAME.get(name) or next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
+    elementwise = inventory._plans(mapping, "memory", forced=False)
+    structured = inventory._plans(mapping, "memory", forced=True)
+    ours = inventory.elementwise_kept(elementwise.plan, elementwise.program)
+    theirs = inventory.structured_kept(structured.plan, structured.program)
+    assert set(theirs) == kept
+    assert inventory._bytes(theirs) == inventory._bytes(ours)
+
+
 def test_an_argument_saved_anyway_needs_no_mask():
     """softplus-like formulas read x beside their condition: x is kept, and no mask beside it."""
     _, structured = _kept("elu", "memory")
@@ -84,3 +99,25 @@ def test_the_inventory_groups_what_the_structured_path_keeps_more_by_cause():
     # lerp's x - y (the output, x + weight*(y - x), reads x beside it), kept by the elementwise plan
     lerp = "    lerp: [weight:1, saved:20] (84 B) vs [x:20, y:20, weight:1] (164 B)"
     assert lines[1:3] == ["  intermediate: 1", lerp]
+
+
+_NODES = """
+import sys
+sys.path[:0] = [sys.argv[1]]
+from scaffold import compile_op, spec_from_mapping
+mapping = {"name": "hinge_sum", "forward": "sum(Max(0, 1 - t*x))", "tensors": {"x": {}, "t": {}}}
+print([str(v.expr) for v in compile_op(spec_from_mapping(mapping, source="hinge_sum.toml")).program.values])
+"""
+
+
+def test_the_combination_a_node_computes_is_the_same_in_every_process():
+    """``-t*x`` and ``1 - t*x`` cost as much: which one becomes a node may not hang on a set's order, which
+    varies with the process's hash seed (the generated file would differ from run to run)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", _NODES, root], capture_output=True, text=True, env={"PYTHONHASHSEED": str(seed)}
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(runs) == 1 and "t*x" in next(iter(runs)), runs
