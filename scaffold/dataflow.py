@@ -117,13 +117,25 @@ def plan_program(
 ) -> ProgramPlan:
     """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`).
     Where it saves masks, it is planned again without a mask for any condition on values it saves anyway
-    (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
+    (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
+    where it keeps ``t`` and ``x``): one byte an element less."""
     with error_context(where):
         plan = _Planner(derivation, where, fused=fused, policy=policy).plan()
         if plan.masks:
             unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
+            unmasked = _with_math_of(unmasked, derivation.program)
             plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy).plan()
         return plan
+
+
+def _with_math_of(values: frozenset[str], program: Program) -> frozenset[str]:
+    """``values`` and the elementwise nodes (not hoisted) computed from them and scalars alone."""
+    values = set(values)
+    for v in program.values:  # in order: a node after what it reads
+        if v.kind == ELEMENTWISE and v.name not in program.hoisted:
+            if all(r in values or program.value(r).kind == SCALAR for r in v.reads):
+                values.add(v.name)
+    return frozenset(values)
 
 
 class _Graph:

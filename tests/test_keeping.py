@@ -68,11 +68,7 @@ def test_a_combination_of_the_arguments_is_kept_instead_of_them(name: str, polic
 def test_a_combination_of_some_of_the_arguments_is_kept_instead_of_them(name: str, kept: set[str]):
     """gaussian_nll's ``input - target`` beside ``var``, which the output reads apart; harmonic's ``r - r0``
     beside ``k``: kept instead of the two arguments, as the elementwise plan keeps them."""
-    mapping = _BY_NAME.get(name) or next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
-    elementwise = inventory._plans(mapping, "memory", forced=False)
-    structured = inventory._plans(mapping, "memory", forced=True)
-    ours = inventory.elementwise_kept(elementwise.plan, elementwise.program)
-    theirs = inventory.structured_kept(structured.plan, structured.program)
+    ours, theirs = _kept(name, "memory") if name in _BY_NAME else _realistic_kept(name)
     assert set(theirs) == kept
     assert inventory._bytes(theirs) == inventory._bytes(ours)
 
@@ -81,6 +77,23 @@ def test_an_argument_saved_anyway_needs_no_mask():
     """softplus-like formulas read x beside their condition: x is kept, and no mask beside it."""
     _, structured = _kept("elu", "memory")
     assert list(structured) == ["x"]
+
+
+def test_a_condition_on_math_of_what_backward_keeps_needs_no_mask():
+    """hinge's ``1 - t*x > 0``, on a node of t and x, which backward keeps anyway: no mask beside them."""
+    elementwise, structured = _realistic_kept("hinge")
+    assert set(structured) == {"x", "t"}
+    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+
+
+def _realistic_kept(name: str) -> tuple[dict, dict]:
+    mapping = next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
+    elementwise = inventory._plans(mapping, "memory", forced=False)
+    structured = inventory._plans(mapping, "memory", forced=True)
+    return (
+        inventory.elementwise_kept(elementwise.plan, elementwise.program),
+        inventory.structured_kept(structured.plan, structured.program),
+    )
 
 
 def test_the_policy_time_keeps_the_argument_a_condition_reads():
