@@ -117,13 +117,25 @@ def plan_program(
 ) -> ProgramPlan:
     """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`).
     Where it saves masks, it is planned again without a mask for any condition on values it saves anyway
-    (huber's ``|d| < 1`` where it keeps ``d``): one byte an element less."""
+    (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
+    where it keeps ``t`` and ``x``): one byte an element less."""
     with error_context(where):
         plan = _Planner(derivation, where, fused=fused, policy=policy).plan()
         if plan.masks:
             unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
+            unmasked = _with_math_of(unmasked, derivation.program)
             plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy).plan()
         return plan
+
+
+def _with_math_of(values: frozenset[str], program: Program) -> frozenset[str]:
+    """``values`` and the elementwise nodes (not hoisted) computed from them and scalars alone."""
+    values = set(values)
+    for v in program.values:  # in order: a node after what it reads
+        if v.kind == ELEMENTWISE and v.name not in program.hoisted:
+            if all(r in values or program.value(r).kind == SCALAR for r in v.reads):
+                values.add(v.name)
+    return frozenset(values)
 
 
 class _Graph:
@@ -900,10 +912,10 @@ class _Planner(_ForwardWriter):
             grad_shapes[target] = static
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
-        """``partial`` with each condition on an intermediate read from a bool mask forward saves."""
-        intermediates = {
-            sympy.Symbol(n, real=True) for n, v in self.graph.values.items() if v.kind not in (TENSOR, SCALAR)
-        }
+        """``partial`` with each condition on an intermediate (under "memory", not fused: or on an argument, as
+        plan.make_plan keeps relu's ``x > 0``) read from a bool mask forward saves."""
+        kinds = (SCALAR,) if self.policy == "memory" and not self.fused else (TENSOR, SCALAR)
+        intermediates = {sympy.Symbol(n, real=True) for n, v in self.graph.values.items() if v.kind not in kinds}
         saved = {sympy.Symbol(n, real=True) for n in self.unmasked}
 
         def maskable(symbols: set[sympy.Symbol]) -> bool:
@@ -1101,9 +1113,9 @@ class _Keeping:
                 f"{log_sum}: the log of the sum of exp({operand} - {largest}) along it: backward recomputes {name} "
                 "from these, not a tensor of its size kept",
             ]
-        for mask in self.masks.values():
+        for condition, mask in self.masks.items():
             saved.append(mask)
-            notes.append(f"{mask}: a bool mask, one byte an element, instead of the intermediate its condition reads")
+            notes.append(f"{mask}: a bool mask, one byte an element, instead of {_mask_instead(self.graph, condition)}")
         return saved, self._in_order(recomputed), hidden, notes
 
     def _recomputed_for_memory(self, wanted: set[str], recomputed: set[str]) -> None:
@@ -1297,6 +1309,16 @@ class _Everything(_Requests):
 
     def shape(self, name: str) -> str:
         return f"{name}.shape"
+
+
+def _mask_instead(graph: _Graph, condition: sympy.Basic) -> str:
+    """What a mask of ``condition`` stands in for, in its note: the intermediate it reads, or the tensor
+    arguments (a mask on an argument only under the policy "memory", see _Planner._masked)."""
+    read = sorted(s.name for s in condition.free_symbols if s.name in graph.values)
+    if any(graph.values[n].kind not in (TENSOR, SCALAR) for n in read):
+        return "the intermediate its condition reads"
+    tensors = [n for n in read if graph.values[n].kind == TENSOR]
+    return f"{' and '.join(tensors)}, which its condition reads"
 
 
 def _grad_of(code: str, upstream: dict[sympy.Symbol, sympy.Symbol]) -> sympy.Symbol:

@@ -184,7 +184,7 @@ class _Lifter:
             else:
                 lifted = self.lift(expr)
                 fresh = lifted.is_Symbol and lifted.name not in self.parsed.symbols
-                symbol = lifted if fresh else self.node(lifted, name or "out", expr)
+                symbol = lifted if fresh else self.node(self.combined(lifted, output=True), name or "out", expr)
             outputs.append(Output(name, written, self.shapes[symbol.name], symbol.name))
         if len({o.value for o in outputs}) < len(outputs):
             twins = [o.name for o in outputs if sum(p.value == o.value for p in outputs) > 1]
@@ -229,11 +229,15 @@ class _Lifter:
         lifted = self.lift(written)
         if lifted.is_Symbol:
             return lifted
-        combination = _combination(lifted, self.tensors)
-        if combination is not None:
-            inner = self.node(combination, None, combination)
-            lifted = lifted.xreplace({combination: inner, -combination: -inner})
-        return self.node(lifted, None, written)
+        return self.node(self.combined(lifted), None, written)
+
+    def combined(self, lifted: sympy.Basic, output: bool = False) -> sympy.Basic:
+        """An operand's or output's ``lifted`` with its :func:`_combination` (``input - target``) a node."""
+        arguments = {*self.tensors, *(self.parsed.symbols[n] for n in self.scalars)} if output else None
+        if (combination := _combination(lifted, self.tensors, arguments)) is None:
+            return lifted
+        inner = self.node(combination, None, combination)
+        return lifted.xreplace({combination: inner, -combination: -inner})
 
     def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic, stem: str = "tmp") -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
@@ -355,9 +359,13 @@ class _Lifter:
         return f"{self.where}, line {line}" if line else self.where
 
 
-def _combination(formula: sympy.Basic, tensors: set[sympy.Symbol]) -> sympy.Expr | None:
+def _combination(
+    formula: sympy.Basic, tensors: set[sympy.Symbol], arguments_only: set[sympy.Symbol] | None = None
+) -> sympy.Expr | None:
     """The smallest part of ``formula`` through which it reads all of its (two or more) tensor arguments,
-    where there is one and it is not the whole: ``input - target`` in ``(input - target)**2``.
+    where there is one and it is not the whole: ``input - target`` in ``(input - target)**2``; given
+    ``arguments_only`` (the arguments), failing that, the part of arguments alone through which it reads the
+    most of them, two or more (gaussian_nll's ``input - target`` beside ``var``).
 
     Computed as a node of its own, it is all backward needs of them (``2*(input - target)``): saving it
     costs one tensor where recomputing it costs them all (:mod:`.dataflow` decides which).
@@ -366,16 +374,26 @@ def _combination(formula: sympy.Basic, tensors: set[sympy.Symbol]) -> sympy.Expr
     if len(arguments) < 2:
         return None
     marker = sympy.Dummy()
+    least = 2 if arguments_only is not None else len(arguments)
     candidates = sorted(
         {
             node
             for node in sympy.preorder_traversal(formula)
-            if isinstance(node, sympy.Expr) and not node.is_Atom and node != formula and node.free_symbols >= arguments
+            if isinstance(node, sympy.Expr)
+            and not node.is_Atom
+            and node != formula
+            and len(node.free_symbols & arguments) >= least
+            and (node.free_symbols >= arguments or node.free_symbols <= (arguments_only or set()))
         },
-        key=sympy.count_ops,
+        # by sort key last: a set's order varies between processes, and so would the node on a tie
+        key=lambda node: (-len(node.free_symbols & arguments), sympy.count_ops(node), sympy.default_sort_key(node)),
     )
     for candidate in candidates:
-        if not formula.xreplace({candidate: marker, -candidate: -marker}).free_symbols & arguments:
+        if (
+            not formula.xreplace({candidate: marker, -candidate: -marker}).free_symbols
+            & candidate.free_symbols
+            & arguments
+        ):
             return candidate
     return None
 

@@ -164,6 +164,7 @@ _F64 = 8  # bytes per float64 element
         ("mlp_two_layers", (8 * 16 + 16 * 32 + 32 * 4) * _F64),  # the inputs: x @ w1 recomputed, no mask
         ("bilinear_form", (8 * 16 + 16 * 12 + 8 * 12) * _F64),  # the inputs: x @ m recomputed
         ("log_softmax_and_logsumexp", 8 * 16 * _F64),  # log_probs: the softmax logsumexp's gradient needs
+        ("max_rows", 2 * 8 * 16),  # two bool masks, x > y and x < y: not x and y
     ],
 )
 def test_saves_what_a_hand_written_function_saves(name: str, expected: int, tmp_path: Path):
