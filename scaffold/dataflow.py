@@ -353,8 +353,11 @@ class _ForwardWriter(_Writer):
         formula = self.graph.derivation.node(v.name).forward
         steps, (reduced,) = straight_line([formula], taken, self.scalars)
         taken |= {step.name for step in steps}
-        temporaries = {step.name for step in steps}
-        lines = [f"{step.name} = {self.print(step.expr, extra=temporaries)}" for step in steps]
+        temporaries, lines = set(), []  # the tensors among them: one over scalars alone is a Python number
+        for step in steps:
+            if any(s.name in temporaries or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
+                temporaries.add(step.name)
+            lines.append(f"{step.name} = {self.print(step.expr, extra=temporaries)}")
         return lines + [f"{v.name} = {self._unaliased(self.print(reduced, extra=temporaries))}"]
 
     @staticmethod

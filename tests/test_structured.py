@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import math
 import warnings
 from pathlib import Path
 
@@ -292,6 +293,31 @@ def test_functions_bind_arguments_without_inspecting_forward(tmp_path: Path, mon
     monkeypatch.setattr(inspect, "_signature_from_function", refuse)
     module.layer_norm(*inputs, *scalars).sum().backward()
     module.LayerNormFunction.apply(*inputs, *scalars)[0].sum().backward()  # the result, then what backward reads
+
+
+def test_a_part_over_scalars_alone_is_python_math(tmp_path: Path):
+    """A repeated part of an elementwise node that reads only scalars (the wing loss's 1/eps) is a Python number:
+    what reads it alone takes math's functions (torch.log of a float is a TypeError)."""
+    wing = "Piecewise((w*log(1 + Abs(d)/eps), Abs(d) < w), (Abs(d) - (w - w*log(1 + w/eps)), True))"
+    spec = make_spec(
+        "row_wing",
+        wing.replace("d", "sum(x, dim=-1) - y"),
+        {"x": {"shape": [4, 5]}, "y": {"shape": [4]}},
+        {"w": {"type": "float", "default": 10.0}, "eps": {"type": "float", "default": 2.0}},
+    )
+    (tmp_path / "row_wing.py").write_text(generate_op(spec)["row_wing.py"], encoding="utf-8")
+    module_spec = importlib.util.spec_from_file_location(f"_row_wing_{next(_counter)}", tmp_path / "row_wing.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    x = (torch.randn(4, 5, dtype=torch.float64) * 8).requires_grad_()
+    y = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    d = x.sum(-1) - y
+    w, eps = 10.0, 2.0
+    expected = torch.where(d.abs() < w, w * torch.log1p(d.abs() / eps), d.abs() - (w - w * math.log(1 + w / eps)))
+    out = module.row_wing(x, y, w, eps)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(out.sum(), (x, y))
+    torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (x, y)), rtol=1e-12, atol=1e-12)
 
 
 def test_generated_tests_pass(generated_folder):
