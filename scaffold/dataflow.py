@@ -887,6 +887,10 @@ class _Planner(_ForwardWriter):
                 # the example's shapes agree, the shapes at call time need not: node may have leading
                 # dimensions that target has not
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
+            elif static != want and target in self.graph.hoisted and self._reads_arguments(target):
+                # a part hoisted out of a formula is as large at call time as the tensor arguments it reads,
+                # which may broadcast beyond the example's shapes (a parameter declared [] given per element)
+                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
             code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.graph.positional)
         if outer != "1":
             # by what the texts print as: outer * (a + b), -(a - b)
@@ -913,6 +917,10 @@ class _Planner(_ForwardWriter):
         else:
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
+
+    def _reads_arguments(self, name: str) -> bool:
+        """Whether the value ``name`` reads a tensor argument (not only reductions' results)."""
+        return any(self.graph.values[r].kind == TENSOR for r in self.graph.values[name].reads)
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate (under "memory", not fused: or on an argument, as

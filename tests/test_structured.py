@@ -295,6 +295,26 @@ def test_functions_bind_arguments_without_inspecting_forward(tmp_path: Path, mon
     module.LayerNormFunction.apply(*inputs, *scalars)[0].sum().backward()  # the result, then what backward reads
 
 
+def test_a_part_hoisted_from_a_parameter_follows_the_parameters_shape_at_call_time(tmp_path: Path):
+    """``1/theta`` and ``k*log(theta)`` are hoisted out of the formula (computed once, as theta is declared
+    []); given theta and k per element, their gradients are summed to those shapes at call time, not over
+    everything (before: every element of theta's gradient was the total, silently)."""
+    forward = "log(sum(exp(x), dim=-1, keepdim=True)) - x/theta - k*log(theta)"
+    tensors = {"x": {"shape": [4, 5]}, "k": {"shape": []}, "theta": {"shape": [], "domain": [0.5, 2.0]}}
+    (tmp_path / "hoisted.py").write_text(generate_op(make_spec("hoisted", forward, tensors))["hoisted.py"])
+    module_spec = importlib.util.spec_from_file_location(f"_hoisted_{next(_counter)}", tmp_path / "hoisted.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    for shape in [(), (4, 5), (4, 1)]:
+        k = torch.full(shape, 2.0, dtype=torch.float64).add_(torch.rand(shape, dtype=torch.float64)).requires_grad_()
+        theta = torch.full(shape, 1.5, dtype=torch.float64).add_(torch.rand(shape, dtype=torch.float64))
+        theta.requires_grad_()
+        expected = torch.logsumexp(x, -1, keepdim=True) - x / theta - k * torch.log(theta)
+        got = torch.autograd.grad(module.hoisted(x, k, theta).sum(), (k, theta))
+        torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (k, theta)), rtol=1e-12, atol=1e-12)
+
+
 def test_a_part_over_scalars_alone_is_python_math(tmp_path: Path):
     """A repeated part of an elementwise node that reads only scalars (the wing loss's 1/eps) is a Python number:
     what reads it alone takes math's functions (torch.log of a float is a TypeError)."""
