@@ -251,6 +251,36 @@ class _Graph:
                 return a, first
         return None
 
+    def reads_arguments(self, name: str) -> bool:
+        """Whether the value ``name`` reads a tensor argument (not only reductions' results)."""
+        return any(self.values[r].kind == TENSOR for r in self.values[name].reads)
+
+    def custom_shape(self, name: str, shapes: dict[str, tuple[int, ...]], where: str) -> tuple[int, ...]:
+        """The example shape of the custom gradient of ``name`` (of the tensors ``shapes``, by name): refused
+        where those do not broadcast together, or the result not to ``name``'s shape."""
+        want = self.shape(name)
+        try:
+            have = _broadcast_checked(list(shapes.values()))
+        except ValueError:
+            listed = ", ".join(f"{n} {list(shape)}" for n, shape in sorted(shapes.items()))
+            raise ExpressionError(
+                f"the gradient of {name!r} combines tensors whose shapes do not broadcast together: {listed}",
+                where=where,
+                hint="grad has the output's shape (a reduced output's with its reduced dimensions as 1); "
+                "keepdim=True keeps a reduced dimension as 1",
+            ) from None
+        try:
+            _broadcast_checked([have, want])
+        except ValueError:
+            raise ExpressionError(
+                f"the gradient of {name!r} has shape {list(have)}, which does not broadcast to the shape of {name!r}, "
+                f"{list(want)}",
+                where=where,
+                hint="a gradient has its tensor's shape, or one that broadcasts to it (it is summed back over the "
+                "broadcast dimensions); keepdim=True keeps a reduced dimension as 1",
+            ) from None
+        return have
+
     def rule_shape(self, node: Value, operand: int, g_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The example shape of the gradient a structural node passes to an operand."""
         call = node.expr
@@ -747,7 +777,7 @@ class _Planner(_ForwardWriter):
             }
             grads = [s.name for s in expr.free_symbols if s.name in shapes]
             named = {r: self.graph.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
-            have = self._custom_shape(name, named, where)
+            have = self.graph.custom_shape(name, named, where)
             for grad in grads:
                 if len(shapes[grad]) < len(have) and not self.graph.trailing_aligned(aligned[grad]):
                     raise ExpressionError(
@@ -801,32 +831,6 @@ class _Planner(_ForwardWriter):
             upstream[symbol] = sympy.Symbol(code, real=True)
             shapes[code], sources[code] = shape, self.graph.sources[output]
         return upstream, shapes, sources, aligned
-
-    def _custom_shape(self, name: str, shapes: dict[str, tuple[int, ...]], where: str) -> tuple[int, ...]:
-        """The example shape of the custom gradient of ``name`` (of the tensors ``shapes``, by name): refused
-        where those do not broadcast together, or the result not to ``name``'s shape."""
-        want = self.graph.shape(name)
-        try:
-            have = _broadcast_checked(list(shapes.values()))
-        except ValueError:
-            listed = ", ".join(f"{n} {list(shape)}" for n, shape in sorted(shapes.items()))
-            raise ExpressionError(
-                f"the gradient of {name!r} combines tensors whose shapes do not broadcast together: {listed}",
-                where=where,
-                hint="grad has the output's shape (a reduced output's with its reduced dimensions as 1); "
-                "keepdim=True keeps a reduced dimension as 1",
-            ) from None
-        try:
-            _broadcast_checked([have, want])
-        except ValueError:
-            raise ExpressionError(
-                f"the gradient of {name!r} has shape {list(have)}, which does not broadcast to the shape of {name!r}, "
-                f"{list(want)}",
-                where=where,
-                hint="a gradient has its tensor's shape, or one that broadcasts to it (it is summed back over the "
-                "broadcast dimensions); keepdim=True keeps a reduced dimension as 1",
-            ) from None
-        return have
 
     def _temporaries(
         self, steps: tuple[Step, ...], reduced: dict[str, sympy.Expr], g: str, lines: list[Line]
@@ -887,7 +891,7 @@ class _Planner(_ForwardWriter):
                 # the example's shapes agree, the shapes at call time need not: node may have leading
                 # dimensions that target has not
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
-            elif static != want and target in self.graph.hoisted and self._reads_arguments(target):
+            elif static != want and target in self.graph.hoisted and self.graph.reads_arguments(target):
                 # a part hoisted out of a formula is as large at call time as the tensor arguments it reads,
                 # which may broadcast beyond the example's shapes (a parameter declared [] given per element)
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
@@ -917,10 +921,6 @@ class _Planner(_ForwardWriter):
         else:
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
-
-    def _reads_arguments(self, name: str) -> bool:
-        """Whether the value ``name`` reads a tensor argument (not only reductions' results)."""
-        return any(self.graph.values[r].kind == TENSOR for r in self.graph.values[name].reads)
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate (under "memory", not fused: or on an argument, as
