@@ -25,6 +25,7 @@ intermediate again where the elementwise plan reads an output instead. The exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import re
 import sys
@@ -33,16 +34,15 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from scaffold import compile_op, program, spec_from_mapping, structural  # noqa: E402
+from one_pipeline_probe import add_selection, selected, structured_path  # noqa: E402
+
+from scaffold import compile_op, spec_from_mapping  # noqa: E402
 from scaffold.errors import ScaffoldError  # noqa: E402
 from scaffold.plan import BackwardPlan  # noqa: E402
 from scaffold.program import broadcast  # noqa: E402
-from tests.catalogue import OPS  # noqa: E402
-from tests.realistic import FORMULAS, FOUND  # noqa: E402
 
-GROUPS = {"catalogue": [op.mapping() for op in OPS], "realistic": [*FORMULAS, *FOUND]}
 POLICIES = ("memory", "time")
 FLOAT, BOOL = 4, 1  # bytes an element
 
@@ -110,14 +110,8 @@ def _plans(mapping: dict, policy: str, forced: bool):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = spec_from_mapping({**mapping, "policy": policy}, source=f"{mapping['name']}.toml")
-        saved = program.Program.structured, structural.has_structural
-        if forced:
-            program.Program.structured = property(lambda self: True)
-            structural.has_structural = lambda expr: True
-        try:
+        with structured_path() if forced else contextlib.nullcontext():
             return compile_op(spec)
-        finally:
-            program.Program.structured, structural.has_structural = saved
 
 
 def inventory(mappings: list[dict], policy: str) -> tuple[dict, list, list, int]:
@@ -152,16 +146,10 @@ def _describe(kept: dict[str, tuple[int, int]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", default="catalogue,realistic", help="comma-separated: catalogue, realistic")
-    parser.add_argument("--ops", default="", help="comma-separated op names (default: every op of the groups)")
+    add_selection(parser)
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: memory, time")
     args = parser.parse_args(argv)
-    groups = [g for g in args.groups.split(",") if g]
-    unknown = sorted(set(groups) - set(GROUPS))
-    if unknown:
-        parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
-    wanted = {n for n in args.ops.split(",") if n}
-    mappings = [m for g in groups for m in GROUPS[g] if not wanted or m["name"] in wanted]
+    mappings = [m for chosen in selected(parser, args).values() for m in chosen]
     for policy in [p for p in args.policies.split(",") if p]:
         more, recomputes, refused, compared = inventory(mappings, policy)
         total = sum(map(len, more.values()))

@@ -19,10 +19,12 @@ share added before summing, 0/0 in a hoisted power, a cancelling reference); CI 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,24 +38,44 @@ from tests.realistic import FORMULAS, FOUND  # noqa: E402
 GROUPS = {"catalogue": [op.mapping() for op in OPS], "realistic": [*FORMULAS, *FOUND]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_selection(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the ops: --groups and --ops (scripts/keeping_inventory.py takes them too)."""
     parser.add_argument("--groups", default="catalogue,realistic", help="comma-separated: catalogue, realistic")
     parser.add_argument("--ops", default="", help="comma-separated op names (default: every op of the groups)")
-    parser.add_argument("--keep", type=Path, help="generate into this folder and keep it")
-    args = parser.parse_args(argv)
+
+
+def selected(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """The spec mappings of the ops that --groups and --ops choose, by group (an unknown group: an error)."""
     groups = [g for g in args.groups.split(",") if g]
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
         parser.error(f"unknown group(s) {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
     wanted = {n for n in args.ops.split(",") if n}
+    return {g: [m for m in GROUPS[g] if not wanted or m["name"] in wanted] for g in groups}
+
+
+@contextlib.contextmanager
+def structured_path() -> Iterator[None]:
+    """Inside it every program is structured, and build_program lifts each output into a node."""
+    saved = program.Program.structured, structural.has_structural
     program.Program.structured = property(lambda self: True)
     structural.has_structural = lambda expr: True
-    with tempfile.TemporaryDirectory() as temporary:
+    try:
+        yield
+    finally:
+        program.Program.structured, structural.has_structural = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_selection(parser)
+    parser.add_argument("--keep", type=Path, help="generate into this folder and keep it")
+    args = parser.parse_args(argv)
+    chosen = selected(parser, args)
+    with structured_path(), tempfile.TemporaryDirectory() as temporary:
         folder = args.keep or Path(temporary)
         status = 0
-        for group in groups:
-            mappings = [m for m in GROUPS[group] if not wanted or m["name"] in wanted]
+        for group, mappings in chosen.items():
             status |= _probe(group, mappings, folder / group)
     return status
 
