@@ -22,6 +22,7 @@ backward can keep instead of recomputing (:mod:`.dataflow`: a hand-written Layer
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -29,7 +30,7 @@ import sympy
 from . import structural
 from .errors import ExpressionError
 from .expression import ParsedExpression
-from .spec import OpSpec
+from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
 from .structural import Structural
 
 #: Kinds of value: an argument of the op, or the kind of node that computes it.
@@ -169,6 +170,7 @@ class _Lifter:
         self.by_expr: dict[sympy.Basic, sympy.Symbol] = {}  # a node's formula -> its value
         self.written: dict[str, sympy.Basic] = {n: s for n, s in parsed.symbols.items()}  # value -> as written
         self.taken = {*parsed.symbols, *(s.name for s in parsed.steps), *parsed.output_names}
+        self.code_names: dict[str, str] = {}  # a step's or output's name -> its value's (see code_name)
         self.where = f"{spec.source}: forward"
         self.tensors = {parsed.symbols[n] for n in parsed.tensor_names}
         self.scalars = {s.name for s in spec.scalars}
@@ -180,11 +182,11 @@ class _Lifter:
         for name, written in zip(self.parsed.output_names, self.parsed.exprs):
             expr = structural.stable_forms(written)  # log(sum(exp(x))) -> logsumexp(x)
             if isinstance(expr, Structural):
-                symbol = self.node(expr.with_operands(*map(self.operand, expr.operand_exprs)), name or "out", expr)
+                symbol = self.node(expr.with_operands(*map(self.operand, expr.operand_exprs)), name, expr, "out")
             else:
                 lifted = self.lift(expr)
                 fresh = lifted.is_Symbol and lifted.name not in self.parsed.symbols
-                symbol = lifted if fresh else self.node(self.combined(lifted, output=True), name or "out", expr)
+                symbol = lifted if fresh else self.node(self.combined(lifted, output=True), name, expr, "out")
             outputs.append(Output(name, written, self.shapes[symbol.name], symbol.name))
         if len({o.value for o in outputs}) < len(outputs):
             twins = [o.name for o in outputs if sum(p.value == o.value for p in outputs) > 1]
@@ -242,7 +244,7 @@ class _Lifter:
     def node(self, formula: sympy.Basic, name: str | None, written: sympy.Basic, stem: str = "tmp") -> sympy.Symbol:
         """The value of the node computing ``formula`` (over values), added unless there is one; ``written``
         is the formula over the arguments, for messages and for naming it after the step that assigns it
-        (else ``name``, else ``stem`` numbered)."""
+        (else ``name``, else ``stem`` numbered, an output's before a call's own), renamed by :func:`code_name`."""
         if not isinstance(formula, Structural):
             formula = self.hoisted(formula, formula)
         if formula in self.by_expr:
@@ -255,7 +257,11 @@ class _Lifter:
                 where=self.at(line),
                 hint="reduce, normalize or multiply expressions of the tensor arguments",
             )
-        name = self.step_name(written) or name or self.fresh(formula.stem if isinstance(formula, Structural) else stem)
+        given = _step_name(self.parsed, written, self.code_names) or name
+        if given:
+            name = self.code_names.setdefault(given, code_name(given, self.taken))
+        else:
+            name = self.fresh(formula.stem if isinstance(formula, Structural) and stem == "tmp" else stem)
         self.taken.add(name)
         kind = formula.kind if isinstance(formula, Structural) else ELEMENTWISE
         shape = self.shape(formula, written, line)
@@ -341,13 +347,6 @@ class _Lifter:
                 return step.line
         return len(self.parsed.steps) + 1 if self.parsed.steps else 0
 
-    def step_name(self, written: sympy.Basic) -> str | None:
-        """The name of the step whose value is ``written``, unless a node has it already."""
-        for step in self.parsed.steps:
-            if step.value == written and step.name not in self.shapes:
-                return step.name
-        return None
-
     def fresh(self, stem: str) -> str:
         """``stem`` numbered (tmp0, tmp1; probs, probs1) so that no value has it yet."""
         k = 0
@@ -357,6 +356,33 @@ class _Lifter:
 
     def at(self, line: int) -> str:
         return f"{self.where}, line {line}" if line else self.where
+
+
+#: Endings of the names the generated code builds from a value's (x_shape, x_tangent, grad_h_returned).
+_SUFFIXES = (*RESERVED_SUFFIXES, "_returned")
+
+
+def _step_name(parsed: ParsedExpression, written: sympy.Basic, named: dict[str, str]) -> str | None:
+    """The name of the step whose value is ``written``, unless a node has it already (is in ``named``)."""
+    for step in parsed.steps:
+        if step.value == written and step.name not in named:
+            return step.name
+    return None
+
+
+def code_name(given: str, taken: set[str]) -> str:
+    """The generated code's name of a value the user named ``given`` (a step or an output of a structured
+    program), none of ``taken`` unless ``given`` itself: ``given``, renamed where it would take a name the
+    generated code builds (the gradient ``grad_x`` of an argument x, whose own gradient in a second derivative
+    is ``grad_grad_x``; a temporary tmp0, a mask, a shape ``x_shape``, a tangent) or uses (ctx, output,
+    torch), as plan names several outputs: ``out_`` in front of a name that starts as generated ones do,
+    ``_`` after one it uses."""
+    name = given
+    if name.startswith(RESERVED_PREFIXES) or re.fullmatch(r"mask\d*", name):
+        name = f"out_{name}"
+    while name != given and name in taken or name in RESERVED_ARGUMENT_NAMES or name.endswith(_SUFFIXES):
+        name += "_"
+    return name
 
 
 def _combination(

@@ -6,6 +6,7 @@ check every output, and each used alone.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -20,6 +21,11 @@ from scaffold.spec import spec_to_toml, spec_with_flags
 from .conftest import SPECS, GeneratedRun, background_run, import_generated, make_spec
 
 X = {"x": {"shape": [3, 4]}}
+_PROBE = importlib.util.spec_from_file_location(
+    "one_pipeline_probe", Path(__file__).resolve().parent.parent / "scripts" / "one_pipeline_probe.py"
+)
+probe = importlib.util.module_from_spec(_PROBE)
+_PROBE.loader.exec_module(probe)
 
 
 def test_textbook_split_and_transform_matches_its_hand_written_backward(tmp_path):
@@ -124,6 +130,30 @@ def test_names_of_the_generated_code_are_renamed_inside_it():
     plan = compile_op(spec).plan
     assert [o.value for o in plan.outputs] == ["output_", "out_grad_x", "out_tmp0", "out_mask"]
     assert len({n for o in plan.outputs for n in (o.value, o.grad)}) == 8
+
+
+def test_names_of_the_generated_code_are_renamed_inside_it_on_the_structured_path(tmp_path):
+    # grad_x's upstream gradient was grad_grad_x, the name the double backward gives x's gradient's own
+    fields = dict(MULTI_OUTPUT_OPS["awkward_names"])
+    spec = make_spec("awkward_structured", fields.pop("forward"), fields.pop("tensors"), **fields)
+    with probe.structured_path():
+        module = import_generated(tmp_path, spec)
+    source = (tmp_path / "awkward_structured.py").read_text()
+    assert "def backward(ctx, grad_output_, grad_out_grad_x, grad_out_tmp0, grad_out_mask):" in source
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    assert torch.autograd.gradgradcheck(module.awkward_structured, (x,))
+
+
+def test_a_step_named_as_a_gradient_keeps_its_own_name_apart_in_a_structured_op(tmp_path):
+    # the softmax (read by its own rule) was saved as grad_w, which w's gradient then overwrote
+    forward = "tmp0 = x*w\ngrad_w = softmax(tmp0, dim=-1)\ny = grad_w*tmp0"
+    module = import_generated(
+        tmp_path, make_spec("step_named_grad", forward, {"x": {"shape": [3, 4]}, "w": {"shape": [4]}})
+    )
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradcheck(module.step_named_grad, (x, w))
 
 
 def test_one_named_output_is_a_plain_tensor():
