@@ -251,6 +251,14 @@ class _Graph:
                 return a, first
         return None
 
+    def follows_arguments(self, name: str) -> bool:
+        """Whether the value ``name`` is a tensor argument or elementwise math of one (through elementwise
+        nodes only): as large at call time as the arguments it is given, whatever the example's shapes."""
+        value = self.values.get(name)
+        if value is None or value.kind not in (TENSOR, ELEMENTWISE):
+            return False
+        return value.kind == TENSOR or any(self.follows_arguments(r) for r in value.reads)
+
     def reads_arguments(self, name: str) -> bool:
         """Whether the value ``name`` reads a tensor argument (not only reductions' results)."""
         return any(self.values[r].kind == TENSOR for r in self.values[name].reads)
@@ -740,11 +748,9 @@ class _Planner(_ForwardWriter):
             outer = sympy.S.One
             if self.graph.values[read].kind != TENSOR and have != want:
                 # factors constant along the dimensions summed over multiply the sum, not each term
-                summed = _summed_dims(have, want)
                 factors = sympy.Mul.make_args(expr)
-                constant = [
-                    f for f in factors if all(d < 0 or shape_of(f)[d] == 1 for d in _aligned(summed, shape_of(f), have))
-                ]
+                summed = _summed_dims(have, want)
+                constant = _constant_factors(factors, summed, have, shape_of, temporaries, self.graph)
                 if constant and len(constant) < len(factors):
                     outer = sympy.Mul(*constant)
                     expr = sympy.Mul(*[f for f in factors if f not in constant])
@@ -1359,6 +1365,19 @@ def _comments_with_their_code(lines: list[Line]) -> list[Line]:
         if line.text.startswith("#") and line.indent == after.indent:
             result[k] = Line(line.text, after.guard, line.indent)
     return result
+
+
+def _constant_factors(factors, summed, have, shape_of, temporaries, graph: _Graph) -> list[sympy.Expr]:
+    """The ``factors`` constant along the dimensions ``summed`` over (by the example's shapes), which multiply
+    the sum rather than each term; not one that reads a tensor argument elementwise
+    (:meth:`_Graph.follows_arguments`): that may be larger at call time than in the example (a parameter
+    declared [] given per element), and the sum would take it once for all its elements."""
+    return [
+        f
+        for f in factors
+        if all(d < 0 or shape_of(f)[d] == 1 for d in _aligned(summed, shape_of(f), have))
+        and not any(graph.follows_arguments(n) for n in _closure(f.free_symbols, temporaries))
+    ]
 
 
 def _closure(symbols, temporaries: dict[str, sympy.Expr]) -> set[str]:

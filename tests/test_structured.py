@@ -315,6 +315,28 @@ def test_a_part_hoisted_from_a_parameter_follows_the_parameters_shape_at_call_ti
         torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (k, theta)), rtol=1e-12, atol=1e-12)
 
 
+def test_a_factor_read_from_a_parameter_is_not_taken_out_of_a_sum_over_its_dimensions(tmp_path: Path):
+    """sigma's gradient sums over the rows; 1/nu (nu declared []) is constant along them in the example and
+    was taken out of that sum as a factor: given nu per element, each element of sigma's gradient was the sum
+    times every row's 1/nu, silently (Student's t negative log-likelihood through the structured path)."""
+    forward = "log(sum(exp(x), dim=-1, keepdim=True)) + log(sigma) + (nu + 1)/2*log(1 + (x/sigma)**2/nu)"
+    tensors = {"x": {"shape": [4, 5]}, "sigma": {"shape": [5], "domain": [0.5, 2.0]}, "nu": {"shape": []}}
+    (tmp_path / "student.py").write_text(generate_op(make_spec("student", forward, tensors))["student.py"])
+    module_spec = importlib.util.spec_from_file_location(f"_student_{next(_counter)}", tmp_path / "student.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, dtype=torch.float64, generator=generator)
+    sigma = torch.rand(5, dtype=torch.float64, generator=generator).add_(1).requires_grad_()
+    for shape in [(), (4, 5)]:
+        nu = torch.rand(shape, dtype=torch.float64, generator=generator).add_(1).requires_grad_()
+        expected = (
+            torch.logsumexp(x, -1, keepdim=True) + torch.log(sigma) + (nu + 1) / 2 * torch.log1p((x / sigma) ** 2 / nu)
+        )
+        got = torch.autograd.grad(module.student(x, sigma, nu).sum(), (sigma, nu))
+        torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (sigma, nu)), rtol=1e-12, atol=1e-12)
+
+
 def test_a_part_over_scalars_alone_is_python_math(tmp_path: Path):
     """A repeated part of an elementwise node that reads only scalars (the wing loss's 1/eps) is a Python number:
     what reads it alone takes math's functions (torch.log of a float is a TypeError)."""
