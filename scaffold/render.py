@@ -1354,16 +1354,36 @@ def second_shapes(
     sizes stay equal, so that broadcasting and a product's inner dimensions still fit), and a leading
     dimension of SECOND_BATCH more for the tensors that are not learnable and have the most dimensions of
     those, as a batch of calls has; without that dimension where ``fits`` says the op cannot take it (a
-    vector that must stay one, a learnable tensor's dimensions it would no longer broadcast with)."""
+    vector that must stay one, a learnable tensor's dimensions it would no longer broadcast with). Then
+    each 0-d tensor at the shape of the others (:func:`_per_element`)."""
     resized = [tuple(n if n == 1 else n + 1 for n in shape) for shape in shapes]
     ranks = [len(shape) for t, shape in zip(spec.tensors, shapes) if not t.learnable]
-    if not ranks:
-        return resized
-    batched = [
-        (SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape
-        for t, shape in zip(spec.tensors, resized)
-    ]
-    return batched if fits(batched) else resized
+    seconds = resized
+    if ranks:
+        batched = [
+            (SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape
+            for t, shape in zip(spec.tensors, resized)
+        ]
+        seconds = batched if fits(batched) else resized
+    return _per_element(seconds, fits)
+
+
+def _per_element(shapes: list[tuple[int, ...]], fits: Callable[[list[tuple[int, ...]]], bool]) -> list[tuple[int, ...]]:
+    """``shapes`` with each 0-d tensor (a parameter declared ``[]``, theta) at the shape the others broadcast
+    to, where ``fits`` says the op takes it: a user may give it per element, and its gradient must then have
+    that shape (one summed to (), each element given the total, passes every check at a 0-d theta)."""
+    shapes = list(shapes)
+    for i, shape in enumerate(shapes):
+        others = [s for k, s in enumerate(shapes) if k != i]
+        if shape or not others:
+            continue
+        try:
+            full = _broadcast_checked(others)
+        except ValueError:
+            continue
+        if full and fits(candidate := [*shapes[:i], full, *shapes[i + 1 :]]):
+            shapes = candidate
+    return shapes
 
 
 def _broadcasts(shapes: list[tuple[int, ...]]) -> bool:

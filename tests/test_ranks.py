@@ -256,7 +256,8 @@ def test_check_ranks_compiles_without_graph_breaks(tmp_path: Path):
 # -- the generated test of a second shape ----------------------------------------------------------------
 
 #: Each op broken the way main generated it: dims counted from the back of the example's rank, a full
-#: reduction over the example's one dimension, a weight gradient not summed over batch dimensions.
+#: reduction over the example's one dimension, a weight gradient not summed over batch dimensions, a 0-d
+#: parameter's gradient summed to ().
 BROKEN = {
     "sq": (
         "sum(x*x, dim=1)",
@@ -268,6 +269,18 @@ BROKEN = {
         "Max(x @ transpose(w, 0, 1) + b, 0)",
         {"x": {"shape": [8, 16]}, "w": {"shape": [32, 16], "learnable": True}, "b": {"shape": [32]}},
         [(r"\.sum_to_size\(transposed\.shape\)", "")],
+    ),
+    # a parameter declared [] whose gradient is the total at every element (right only at a 0-d beta): the
+    # second shape gives beta per element, the others' shape; elementwise and structured
+    "swish_beta": (
+        "x*sigmoid(beta*x)",
+        {"x": {"shape": [4, 5]}, "beta": {"shape": [], "learnable": True}},
+        [(r"\.sum_to_size\(beta_shape\)", ".sum().expand(beta_shape)")],
+    ),
+    "swish_rows": (
+        "sum(x*sigmoid(beta*x), dim=-1)",
+        {"x": {"shape": [4, 5]}, "beta": {"shape": [], "learnable": True}},
+        [(r"\.sum_to_size\(beta_shape\)", ".sum().expand(beta_shape)")],
     ),
 }
 
@@ -290,4 +303,4 @@ def test_the_second_shape_test_fails_for_ops_right_at_the_example_rank_only(back
     result = background_results
     failed = set(re.findall(r"FAILED \S*?test_(\w+)\.py::(test_\w+)", result.stdout))
     assert failed == {(f"{name}_broken", "test_second_shape") for name in BROKEN}, result.stdout[-3000:]
-    assert "\n3 failed, 9 passed" in result.stdout, result.stdout[-3000:]
+    assert f"\n{len(BROKEN)} failed, {3 * len(BROKEN)} passed" in result.stdout, result.stdout[-3000:]

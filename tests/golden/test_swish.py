@@ -43,6 +43,7 @@ OP = OpTests(
             typical=0.5,
             extremes=(-10000.0, -100.0, -30.0, -10.0, -1.0, -0.001, 0.001, 1.0, 10.0, 30.0, 100.0, 10000.0),
             learnable=True,
+            second_shape=(2, 4, 5),
             init=Init("constant", (1.0,)),
         ),
     ],
