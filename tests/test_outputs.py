@@ -156,6 +156,17 @@ def test_a_step_named_as_a_gradient_keeps_its_own_name_apart_in_a_structured_op(
     assert torch.autograd.gradcheck(module.step_named_grad, (x, w))
 
 
+def test_steps_named_as_the_generated_codes_own_names_are_renamed_in_a_structured_op(tmp_path):
+    # a step named out took the name of the unnamed output's value: _backward(..., out, out), a SyntaxError
+    forward = "out = sum(x, dim=-1, keepdim=True)\nmask = out*x\ntorch = exp(mask)\nsum(torch*x, dim=-1)"
+    module = import_generated(tmp_path, make_spec("steps_named_out", forward, X))
+    source = (tmp_path / "steps_named_out.py").read_text()
+    assert "out_ = x.sum(dim=-1, keepdim=True)" in source
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    assert torch.autograd.gradcheck(module.steps_named_out, (x,))
+    assert torch.autograd.gradgradcheck(module.steps_named_out, (x,))
+
+
 def test_one_named_output_is_a_plain_tensor():
     named = generate_op(make_spec("sq", "h = x*x\ny = h + 1", X, outputs=["y"]))["sq.py"]
     assert "def backward(ctx, grad_output):" in named and "-> torch.Tensor:" in named
