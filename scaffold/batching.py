@@ -11,8 +11,9 @@ That is the batch computed item by item where every step of the forward keeps th
   dimension alone; one over dims counted from the front, or over every dimension, does not;
 * ``a @ b`` of matrices broadcasts its leading dimensions as an elementwise step; of a vector, only where
   the vector is not batched, or is the left operand of a matrix (``v @ W``, rows against ``W``);
-* and each output has the batch dimension, first and with no size-1 dimension after it: it reads a
-  batched input, and has as many dimensions as the inputs brought in.
+* and each output the op returns (hidden ones too: a mask, an intermediate backward reads) has the batch
+  dimension, first and with no size-1 dimension after it: it reads a batched input, and has as many
+  dimensions as the inputs brought in.
 
 Which inputs are batched is known at call time only: :func:`batching` lists the cases (each tensor argument
 batched or not) in which one call is right, at the example's ranks; the rule calls the op once in those, and
@@ -23,10 +24,11 @@ elementwise steps whose every output reads every tensor argument is right in one
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import structural
-from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value
+from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, broadcast
 
 #: Beyond this many tensor arguments the cases are not listed (2**n of them): the op gets no rule.
 MAX_LISTED = 8
@@ -41,11 +43,15 @@ class Batching:
     one_call: tuple[tuple[bool, ...], ...]  # the cases (tensor arguments batched or not) one call computes
 
 
-def batching(program: Program, returned: tuple[str, ...], exact: frozenset[str]) -> Batching | None:
-    """The batching of a custom op returning the values ``returned``, whose tensor arguments ``exact`` must
-    have exactly their example's rank; None where no case is computed in one call."""
+def batching(
+    program: Program, returned: tuple[str, ...], exact: frozenset[str], masks: Mapping[str, tuple[str, ...]] = {}
+) -> Batching | None:
+    """The batching of a custom op returning the values ``returned`` (among them ``masks``: each a condition
+    on the values it reads, not a value of the program), whose tensor arguments ``exact`` must have exactly
+    their example's rank; None where no case is computed in one call."""
     tensors = [v for v in program.values if v.kind == TENSOR]
-    if len(tensors) > MAX_LISTED:
+    names = {v.name for v in program.values}
+    if len(tensors) > MAX_LISTED or not all(r in names for reads in masks.values() for r in reads):
         return None
     ranks = tuple(len(t.shape) for t in tensors)
     cases = [c for c in itertools.product((False, True), repeat=len(tensors)) if any(c)]
@@ -53,12 +59,15 @@ def batching(program: Program, returned: tuple[str, ...], exact: frozenset[str])
         case
         for case in cases
         if not any(b and t.name in exact for b, t in zip(case, tensors))
-        and _one_call(program, returned, {t.name for b, t in zip(case, tensors) if b})
+        and _one_call(program, returned, {t.name for b, t in zip(case, tensors) if b}, masks)
     )
     if not one_call:
         return None
     nodes = [v for v in program.values if v.kind not in (TENSOR, SCALAR) and v.name not in program.backward_only]
-    reads_all = all(_reads(program, name) >= {t.name for t in tensors} for name in returned)
+    reads = {
+        n: set().union(*(_reads(program, r) for r in masks[n])) if n in masks else _reads(program, n) for n in returned
+    }
+    reads_all = all(r >= {t.name for t in tensors} for r in reads.values())
     elementwise = len(one_call) == len(cases) and reads_all and all(v.kind == ELEMENTWISE for v in nodes)
     return Batching(elementwise, ranks, one_call)
 
@@ -71,23 +80,29 @@ def _reads(program: Program, name: str) -> set[str]:
     return set().union(*(_reads(program, r) for r in value.reads))
 
 
-def _one_call(program: Program, returned: tuple[str, ...], batched: set[str]) -> bool:
+def _one_call(
+    program: Program, returned: tuple[str, ...], batched: set[str], masks: Mapping[str, tuple[str, ...]]
+) -> bool:
     """Whether one call on the batch, each input in ``batched`` batch first and padded under the others'
     rank, computes every returned value batch first: each value's dimension count in that call (None: not
     batched), step by step."""
     rank = max(len(v.shape) for v in program.values if v.kind == TENSOR)
     dims: dict[str, int | None] = {}
-    for v in program.values:
-        if v.kind == TENSOR:
-            dims[v.name] = rank + 1 if v.name in batched else None
-        elif v.kind == SCALAR or v.name in program.backward_only:
-            dims[v.name] = None
-        else:
-            try:
+    shapes = {v.name: v.shape for v in program.values}
+    try:
+        for v in program.values:
+            if v.kind == TENSOR:
+                dims[v.name] = rank + 1 if v.name in batched else None
+            elif v.kind == SCALAR or v.name in program.backward_only:
+                dims[v.name] = None
+            else:
                 dims[v.name] = _step(program, v, dims)
-            except _ApartError:
-                return False
-    return all(dims[n] is not None and dims[n] == len(program.value(n).shape) + 1 for n in returned)
+        for mask, reads in masks.items():
+            dims[mask] = _broadcast(program, list(reads), dims)
+            shapes[mask] = broadcast([shapes[r] for r in reads])
+    except _ApartError:
+        return False
+    return all(dims[n] is not None and dims[n] == len(shapes[n]) + 1 for n in returned)
 
 
 class _ApartError(Exception):

@@ -88,6 +88,7 @@ class ProgramPlan:
     visible: tuple[str, ...]  # the outputs' values
     hidden: tuple[str, ...]  # intermediates and masks forward returns for backward
     masks: tuple[str, ...]  # those of the hidden outputs that are bool masks
+    mask_reads: tuple[tuple[str, tuple[str, ...]], ...]  # each mask and the values its condition reads
     saved: tuple[str, ...]  # what setup_context saves for backward, in order
     saved_notes: tuple[str, ...]  # why, one line each
     upstream: tuple[str, ...]  # backward's gradient parameters, one per returned value
@@ -365,6 +366,17 @@ class _Writer:
         self.imports |= printed.imports
         return printed.text
 
+    def _parameters(self, saved, grad_names, hidden_values) -> list[tuple[str, str]]:
+        """What backward takes, each with the value whose shape it has: the saved values, the restated
+        softmaxes' statistics, the outputs' gradients and the hidden outputs'."""
+        parameters = [(n, n) for n in saved if n in self.graph.values]
+        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
+        return (
+            parameters
+            + [(grad_names[v], v) for v in self.graph.visible]
+            + [(returned_grad(h), h) for h in hidden_values]
+        )
+
     def _temporary(self) -> str:
         return _fresh(self.taken)
 
@@ -562,15 +574,14 @@ class _Planner(_ForwardWriter):
         forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
-        parameters = [(n, n) for n in saved if n in self.graph.values]
-        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
-        parameters += [(grad_names[v], v) for v in self.graph.visible] + [(returned_grad(h), h) for h in hidden_values]
+        parameters = self._parameters(saved, grad_names, hidden_values)
         return ProgramPlan(
             forward=tuple(forward),
             returns=tuple(self.graph.visible) + tuple(hidden),
             visible=tuple(self.graph.visible),
             hidden=tuple(hidden),
             masks=tuple(self.masks.values()),
+            mask_reads=tuple((m, tuple(sorted(s.name for s in c.free_symbols))) for c, m in self.masks.items()),
             saved=tuple(saved),
             saved_notes=tuple(notes),
             upstream=tuple(upstream),

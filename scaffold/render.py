@@ -1825,10 +1825,11 @@ def _program_batching(
     spec: OpSpec, program: Program, plan: ProgramPlan, requirements: tuple[RankRequirement, ...]
 ) -> Batching | None:
     """Where a structured custom op's vmap rule calls the op once (:mod:`.batching`); None: no rule, vmap runs
-    the op once per item. Not where the op returns hidden outputs (as the elementwise path's op has none)."""
-    if spec.target != "custom_op" or plan.hidden:
+    the op once per item. Not where it returns a softmax's statistics (fused: backward restates it)."""
+    if spec.target != "custom_op" or plan.constants:
         return None
-    return batching(program, plan.visible, frozenset(r.tensor for r in requirements if r.exact))
+    exact = frozenset(r.tensor for r in requirements if r.exact)
+    return batching(program, plan.returns, exact, dict(plan.mask_reads))
 
 
 def _program_backward_args(plan: ProgramPlan) -> list[str]:

@@ -287,22 +287,27 @@ def _vmap_against_loop(op, inputs: list[torch.Tensor], in_dims: tuple) -> tuple:
     return in_dims
 
 
-@pytest.mark.parametrize("name", ["quadratic", "swish_gate"])
+@pytest.mark.parametrize("name", ["quadratic", "swish_gate", "leaky_relu", "huber"])
 def test_an_elementwise_op_through_the_structured_path_batches_in_one_call(tmp_path: Path, name: str):
-    """The rule of the elementwise path: inputs batched at any dimension, or not, one call of the op."""
+    """The rule of the elementwise path: inputs batched at any dimension, or not, one call of the op; also
+    where the op returns hidden outputs (leaky_relu's mask, huber's input - target) that read every input."""
     module = _structured(tmp_path, _spec(name, namespace=f"scaffold_tests_s{name}"))
     assert "_ONE_CALL" not in vars(module)  # the elementwise rule, which needs no check at call time
     inputs = [torch.randn(t.shape, dtype=torch.float64) for t in _spec(name).tensors]
-    for in_dims in [(0,) * len(inputs), (1,) * len(inputs), (None,) + (0,) * (len(inputs) - 1)]:
+    n = len(inputs)
+    for in_dims in [(0,) * n, (1,) * n] + ([(None,) + (0,) * (n - 1)] if n > 1 else []):
         calls = _one_calls(module)
         assert calls == list(_vmap_against_loop(getattr(module, name), inputs, in_dims)), in_dims
 
 
 #: Structured ops whose every step keeps a leading batch dimension first (dims counted from the end,
 #: products of matrices), and the cases one call computes: (a) all of them, (b) some (a batched vector
-#: operand of ``@`` must stay a vector; a transpose(weight, 0, 1) counts from the front).
+#: operand of ``@`` must stay a vector; a transpose(weight, 0, 1) counts from the front; a hidden output
+#: must be batched too: layer_norm's mu and rsqrt read x alone, div's 1/y reads y alone).
 _BATCHED = {
     "softmax_textbook": [(True,)],
+    "layer_norm": [(True, False, False), (True, False, True), (True, True, False), (True, True, True)],
+    "div": [(False, True), (True, True)],
     "attention": [c for c in itertools.product((False, True), repeat=3) if any(c)],
     "matvec": [(True, False)],
     "linear_gelu_learned": [(False, False, True), (True, False, False), (True, False, True)],
