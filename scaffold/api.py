@@ -46,7 +46,9 @@ def compile_op(spec: OpSpec) -> CompiledOp:
         _check_other_sizes(spec)
         where = f"{spec.source}: forward"
         derivation = derive_program(program, where=where)
-        plan = plan_program(derivation, where=where, fused=spec.fuse, policy=spec.policy)
+        plan = plan_program(
+            derivation, where=where, fused=spec.fuse, policy=spec.policy, custom_op=spec.target == "custom_op"
+        )
         return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, derivation))
     derivation = derive(program, where=f"{spec.source}: forward")
     domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)

@@ -88,6 +88,7 @@ class ProgramPlan:
     visible: tuple[str, ...]  # the outputs' values
     hidden: tuple[str, ...]  # intermediates and masks forward returns for backward
     masks: tuple[str, ...]  # those of the hidden outputs that are bool masks
+    mask_reads: tuple[tuple[str, tuple[str, ...]], ...]  # each mask and the values its condition reads
     saved: tuple[str, ...]  # what setup_context saves for backward, in order
     saved_notes: tuple[str, ...]  # why, one line each
     upstream: tuple[str, ...]  # backward's gradient parameters, one per returned value
@@ -113,18 +114,24 @@ class ProgramPlan:
 
 
 def plan_program(
-    derivation: ProgramDerivation, *, where: str, fused: bool = False, policy: str = "memory"
+    derivation: ProgramDerivation,
+    *,
+    where: str,
+    fused: bool = False,
+    policy: str = "memory",
+    custom_op: bool = False,
 ) -> ProgramPlan:
-    """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`).
+    """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`);
+    ``custom_op``: the op is a torch.library custom op, whose outputs may not alias its inputs nor each other.
     Where it saves masks, it is planned again without a mask for any condition on values it saves anyway
     (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
     where it keeps ``t`` and ``x``): one byte an element less."""
     with error_context(where):
-        plan = _Planner(derivation, where, fused=fused, policy=policy).plan()
+        plan = _Planner(derivation, where, fused=fused, policy=policy, custom_op=custom_op).plan()
         if plan.masks:
             unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
             unmasked = _with_math_of(unmasked, derivation.program)
-            plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy).plan()
+            plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy, custom_op=custom_op).plan()
         return plan
 
 
@@ -327,10 +334,12 @@ class _Writer:
         *,
         fused: bool = False,
         policy: str = "memory",
+        custom_op: bool = False,
     ) -> None:
         self.graph = graph = _Graph(derivation)
         self.policy = policy
         self.fused = fused  # the code runs through torch.compile
+        self.custom_op = custom_op  # a torch.library custom op: what forward returns is a tensor of its own
         self.unmasked = unmasked  # values backward has anyway: conditions on them need no mask
         self.for_memory: set[str] = set()  # values recomputed under the policy "memory" (from _Keeping)
         self.restated: dict[str, tuple[str, str]] = {}  # softmax -> (its maximum, its log-sum), per row (likewise)
@@ -365,6 +374,17 @@ class _Writer:
         self.imports |= printed.imports
         return printed.text
 
+    def _parameters(self, saved, grad_names, hidden_values) -> list[tuple[str, str]]:
+        """What backward takes, each with the value whose shape it has: the saved values, the restated
+        softmaxes' statistics, the outputs' gradients and the hidden outputs'."""
+        parameters = [(n, n) for n in saved if n in self.graph.values]
+        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
+        return (
+            parameters
+            + [(grad_names[v], v) for v in self.graph.visible]
+            + [(returned_grad(h), h) for h in hidden_values]
+        )
+
     def _temporary(self) -> str:
         return _fresh(self.taken)
 
@@ -373,21 +393,23 @@ class _ForwardWriter(_Writer):
     """forward's code and forward mode's (jvp): each value from what it reads, as written or (an elementwise
     step) through the elementwise plan's straight-line code."""
 
-    def forward_expr(self, v: Value) -> str:
-        """``v``'s forward as one expression, as written (no shared steps): what jvp and a restated softmax
-        compute again."""
+    def forward_expr(self, v: Value, copy: bool = False) -> str:
+        """The code computing ``v`` from what it reads, as forward computes it and as backward and jvp
+        compute again; ``copy``: a tensor of its own where it may be another value or a view of one (a custom
+        op's output)."""
         if v.kind == ELEMENTWISE:
-            return self._unaliased(self.print(self.graph.derivation.node(v.name).forward))
+            return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
-        return forward_code(v.expr, operands)
+        code = forward_code(v.expr, operands)
+        return f"{code}.clone()" if copy and v.kind == TRANSPOSE else code
 
-    def forward_statements(self, v: Value, taken: set[str]) -> list[str]:
+    def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
         """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
         eager forms the elementwise plan computes (mish from one sigmoid, a guarded branch) and its repeated
         subexpressions computed once (:func:`.plan.straight_line`), in temporaries not in ``taken`` (which
-        gains them)."""
+        gains them); ``copy`` as :meth:`forward_expr`'s."""
         if v.kind != ELEMENTWISE:
-            return [f"{v.name} = {self.forward_expr(v)}"]
+            return [f"{v.name} = {self.forward_expr(v, copy)}"]
         formula = self.graph.derivation.node(v.name).forward
         steps, (reduced,) = straight_line([formula], taken, self.scalars)
         taken |= {step.name for step in steps}
@@ -396,13 +418,16 @@ class _ForwardWriter(_Writer):
             if any(s.name in temporaries or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
                 temporaries.add(step.name)
             lines.append(f"{step.name} = {self.print(step.expr, extra=temporaries)}")
-        return lines + [f"{v.name} = {self._unaliased(self.print(reduced, extra=temporaries))}"]
+        return lines + [f"{v.name} = {self._unaliased(self.print(reduced, extra=temporaries), copy)}"]
 
     @staticmethod
-    def _unaliased(code: str) -> str:
+    def _unaliased(code: str, copy: bool = False) -> str:
         """A value that may be another one itself (an input, or a case between values on a bool scalar) is a
-        view of it: forward may not return one tensor twice, nor an input as it is."""
-        return f"{_atom(code)}[...]" if _may_alias(code) else code
+        view of it: forward may not return one tensor twice, nor an input as it is; a custom op may not
+        return a view of one either (``copy``): a copy."""
+        if not _may_alias(code):
+            return code
+        return f"{_atom(code)}.clone()" if copy else f"{_atom(code)}[...]"
 
     @property
     def scalars(self) -> frozenset[sympy.Symbol]:
@@ -411,10 +436,12 @@ class _ForwardWriter(_Writer):
             self.graph.program.parsed.symbols[n] for n in self.graph.scalars
         )
 
-    def _forward_lines(self) -> list[str]:
+    def _forward_lines(self, returned: frozenset[str] = frozenset()) -> list[str]:
         """forward's statements. A log_softmax and a logsumexp of the same value along the same dimension
         share their work, as torch computes each: the maximum, and the log of the sum of exponentials of the
-        value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that)."""
+        value shifted by it (one reduction, not two; log_probs = shifted - that, lse = maximum + that).
+        In a custom op, a ``returned`` value that may be an input or another returned value, or a view of one,
+        is a copy."""
         lines, shared = [], {}
         # forward's temporaries are its own (backward's may take the same names), besides the statistics kept
         taken = set(self.named) | {stat for stats in self.restated.values() for stat in stats}
@@ -430,7 +457,7 @@ class _ForwardWriter(_Writer):
             key = _log_normalizer(v)
             partners = [w for w in self.graph.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
-                lines += self.forward_statements(v, taken)
+                lines += self.forward_statements(v, taken, self.custom_op and self._may_share(v, returned))
                 continue
             operand, dim = key
             if key not in shared:
@@ -444,6 +471,19 @@ class _ForwardWriter(_Writer):
                 lse = f"{largest} + {log_sum}"
                 lines.append(f"{v.name} = {lse}" if v.expr.keepdim else f"{v.name} = ({lse}).squeeze({dim})")
         return lines
+
+    def _may_share(self, v: Value, returned: frozenset[str]) -> bool:
+        """Whether the returned value ``v`` may share its memory with an input or another returned value: an
+        elementwise one that may be either itself (the printed code tells), a transpose of one."""
+        if v.name not in returned or v.kind not in (ELEMENTWISE, TRANSPOSE):
+            return False
+        operand = v.expr.operand_exprs[0] if v.kind == TRANSPOSE else None
+        while operand is not None and operand.name not in returned:
+            read = self.graph.values[operand.name]
+            operand = read.expr.operand_exprs[0] if read.kind == TRANSPOSE else None
+            if read.kind == TENSOR:
+                return True
+        return v.kind == ELEMENTWISE or operand is not None
 
     def _restated(self, name: str) -> str:
         """The recomputation of a restated softmax: from its statistics, or (where autograd records backward,
@@ -539,18 +579,17 @@ class _Planner(_ForwardWriter):
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
         recompute_lines = self._recompute_lines(recomputed, lines)
-        forward = self._forward_lines()
+        forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
-        parameters = [(n, n) for n in saved if n in self.graph.values]
-        parameters += [(stat, v) for v, stats in self.restated.items() for stat in stats]
-        parameters += [(grad_names[v], v) for v in self.graph.visible] + [(returned_grad(h), h) for h in hidden_values]
+        parameters = self._parameters(saved, grad_names, hidden_values)
         return ProgramPlan(
             forward=tuple(forward),
             returns=tuple(self.graph.visible) + tuple(hidden),
             visible=tuple(self.graph.visible),
             hidden=tuple(hidden),
             masks=tuple(self.masks.values()),
+            mask_reads=tuple((m, tuple(sorted(s.name for s in c.free_symbols))) for c, m in self.masks.items()),
             saved=tuple(saved),
             saved_notes=tuple(notes),
             upstream=tuple(upstream),

@@ -21,6 +21,7 @@ import jinja2
 import sympy
 
 from ._version import __version__
+from .batching import Batching, batching
 from .dataflow import ProgramPlan
 from .derivation import KINK_CONVENTION, Derivation
 from .domain import InputDomain
@@ -479,8 +480,10 @@ class CustomOpView:
     returns_type: str  # every output the op returns, hidden ones included
     hidden: list[str]  # the hidden outputs (intermediates backward reads), in order
     fake_call: str  # what computes the outputs on fake tensors: the forward's own math
-    vmap: bool  # elementwise: a batching rule that runs the op once on the whole batch
+    vmap: str  # the vmap rule: "" (none), "elementwise" (one call), "checked" (one call in the cases listed)
     out_dims: str  # the vmap rule's out_dims
+    one_call: str = ""  # "checked": the cases one call computes, as a set of tuples of bools
+    ranks: str = ""  # "checked": each tensor argument's example rank, as a tuple
 
 
 def custom_op_view(
@@ -491,11 +494,16 @@ def custom_op_view(
     fake_call: str,
     *,
     elementwise: bool,
+    batched: Batching | None = None,
 ) -> CustomOpView | None:
-    """The custom op's view, or None for a plain Function (``target = "function"``)."""
+    """The custom op's view, or None for a plain Function (``target = "function"``). Its vmap rule: an
+    ``elementwise`` op's calls it once; a structured op's as its ``batched`` says (:mod:`.batching`)."""
     if spec.target != "custom_op":
         return None
     count = visible + len(hidden)
+    vmap = "elementwise" if elementwise and not hidden else ""
+    if batched is not None:
+        vmap = "elementwise" if batched.elementwise else "checked"
     return CustomOpView(
         qualname=f"{spec.namespace or namespace}::{spec.name}",
         params=[t.name for t in spec.tensors] + [f"{s.name}={s.default!r}" for s in spec.scalars],
@@ -503,9 +511,16 @@ def custom_op_view(
         returns_type=f"tuple[{', '.join(['torch.Tensor'] * count)}]" if count > 1 else "torch.Tensor",
         hidden=list(hidden),
         fake_call=fake_call,
-        vmap=elementwise and not hidden,
+        vmap=vmap,
         out_dims="0" if count == 1 else f"({', '.join(['0'] * count)})",
+        one_call="{" + ", ".join(_tuple(case) for case in batched.one_call) + "}" if batched else "",
+        ranks=_tuple(batched.ranks) if batched else "",
     )
+
+
+def _tuple(items: Sequence) -> str:
+    """A tuple as Python writes it: ``(True,)`` for one item."""
+    return f"({', '.join(map(repr, items))}{',' if len(items) == 1 else ''})"
 
 
 def _may_be_input(expr: sympy.Basic, tensors: frozenset[sympy.Symbol]) -> bool:
@@ -1763,6 +1778,7 @@ def program_module_view(
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
     double, double_imports = _program_double_backward(spec, plan)
+    batched = _program_batching(spec, program, plan, requirements)
     return ProgramView(
         version=__version__,
         source=spec.source,
@@ -1814,8 +1830,8 @@ def program_module_view(
         jvp_lines=list(plan.jvp),
         jvp_returns=list(plan.jvp_returns),
         module=module,
-        sizes_check=size_checks(spec),
-        custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False),
+        sizes_check=size_checks(spec, batched_rule=batched is not None),
+        custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False, batched=batched),
         rank_checks=_rank_checks(spec, requirements),
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
@@ -1823,6 +1839,17 @@ def program_module_view(
         custom_grad_names=_custom_grad_names(program),
         double=double,
     )
+
+
+def _program_batching(
+    spec: OpSpec, program: Program, plan: ProgramPlan, requirements: tuple[RankRequirement, ...]
+) -> Batching | None:
+    """Where a structured custom op's vmap rule calls the op once (:mod:`.batching`); None: no rule, vmap runs
+    the op once per item. Not where it returns a softmax's statistics (fused: backward restates it)."""
+    if spec.target != "custom_op" or plan.constants:
+        return None
+    exact = frozenset(r.tensor for r in requirements if r.exact)
+    return batching(program, plan.returns, exact, dict(plan.mask_reads))
 
 
 def _program_backward_args(plan: ProgramPlan) -> list[str]:

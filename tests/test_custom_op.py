@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaffold import ScaffoldError, generate_op, spec_from_mapping
+from scaffold import ScaffoldError, compile_op, generate_op, spec_from_mapping
+from scaffold.batching import batching
 from scaffold.cli import main
 
 try:
@@ -246,3 +247,148 @@ def test_a_fused_custom_op_stays_compiled_through_opcheck(tmp_path: Path):
     expected = torch.autograd.grad(module.SwishFunction.apply(x, beta).sum(), (x, beta))
     torch.testing.assert_close(grads, expected)
     assert module._fused_backward.compiled and None not in module._fused_backward.compiled.values()
+
+
+# --- the structured path (rules -> dataflow -> program_op.py.j2), which is to carry every op -----------------
+
+_probe_spec = importlib.util.spec_from_file_location(
+    "one_pipeline_probe", Path(__file__).resolve().parent.parent / "scripts" / "one_pipeline_probe.py"
+)
+_probe = importlib.util.module_from_spec(_probe_spec)
+_probe_spec.loader.exec_module(_probe)
+
+
+def _structured(tmp_path: Path, spec) -> object:
+    """The op generated through the structured path, elementwise or not (as the probe forces it)."""
+    with _probe.structured_path():
+        return _generated(tmp_path, spec)
+
+
+def _one_calls(module) -> list:
+    """Records the vmap rule's one-call batches: each _batch_first call's batch dimension."""
+    calls = []
+    batch_first = module._batch_first
+    module._batch_first = lambda *args: (calls.append(args[1]), batch_first(*args))[1]
+    return calls
+
+
+def _vmap_against_loop(op, inputs: list[torch.Tensor], in_dims: tuple) -> tuple:
+    """vmap over a batch of 3 in ``in_dims`` (None: that input is not batched; 1 for a 0-dim one: 0)
+    against a loop of the op; the in_dims it used."""
+    in_dims = tuple(None if d is None else min(d, x.dim()) for x, d in zip(inputs, in_dims))
+    batched = [x if d is None else torch.stack([x + k for k in range(3)], dim=d) for x, d in zip(inputs, in_dims)]
+    out = torch.func.vmap(op, in_dims=in_dims)(*batched)
+    items = [op(*(x if d is None else x.select(d, k) for x, d in zip(batched, in_dims))) for k in range(3)]
+    if isinstance(out, tuple):
+        expected = tuple(torch.stack(o) for o in zip(*items))
+    else:
+        expected = torch.stack(items)
+    torch.testing.assert_close(out, expected, msg=lambda m: f"in_dims={in_dims}: {m}")
+    return in_dims
+
+
+@pytest.mark.parametrize("name", ["quadratic", "swish_gate", "leaky_relu", "huber"])
+def test_an_elementwise_op_through_the_structured_path_batches_in_one_call(tmp_path: Path, name: str):
+    """The rule of the elementwise path: inputs batched at any dimension, or not, one call of the op; also
+    where the op returns hidden outputs (leaky_relu's mask, huber's input - target) that read every input."""
+    module = _structured(tmp_path, _spec(name, namespace=f"scaffold_tests_s{name}"))
+    assert "_ONE_CALL" not in vars(module)  # the elementwise rule, which needs no check at call time
+    inputs = [torch.randn(t.shape, dtype=torch.float64) for t in _spec(name).tensors]
+    n = len(inputs)
+    for in_dims in [(0,) * n, (1,) * n] + ([(None,) + (0,) * (n - 1)] if n > 1 else []):
+        calls = _one_calls(module)
+        assert calls == list(_vmap_against_loop(getattr(module, name), inputs, in_dims)), in_dims
+
+
+#: Structured ops whose every step keeps a leading batch dimension first (dims counted from the end,
+#: products of matrices), and the cases one call computes: (a) all of them, (b) some (a batched vector
+#: operand of ``@`` must stay a vector; a transpose(weight, 0, 1) counts from the front; a hidden output
+#: must be batched too: layer_norm's mu and rsqrt read x alone, div's 1/y reads y alone).
+_BATCHED = {
+    "softmax_textbook": [(True,)],
+    "layer_norm": [(True, False, False), (True, False, True), (True, True, False), (True, True, True)],
+    "div": [(False, True), (True, True)],
+    "attention": [c for c in itertools.product((False, True), repeat=3) if any(c)],
+    "matvec": [(True, False)],
+    "linear_gelu_learned": [(False, False, True), (True, False, False), (True, False, True)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BATCHED))
+def test_a_structured_op_batches_in_one_call_where_that_is_right(tmp_path: Path, name: str):
+    """vmap against a loop, inputs batched at dimension 0, at 1, and one not batched: one call of the op in
+    the cases the rule lists, one call per item in the others; either way the loop's result."""
+    module = _structured(tmp_path, _spec(name, namespace=f"scaffold_tests_b{name}"))
+    assert sorted(module._ONE_CALL) == sorted(_BATCHED[name])
+    inputs = [torch.randn(t.shape, dtype=torch.float64) for t in _spec(name).tensors]
+    n = len(inputs)
+    cases = [(0,) * n, (1,) * n] + [tuple(None if i == j else 0 for i in range(n)) for j in range(n) if n > 1]
+    for in_dims in cases:
+        calls = _one_calls(module)
+        in_dims = _vmap_against_loop(getattr(module, name), inputs, in_dims)
+        one_call = tuple(d is not None for d in in_dims) in _BATCHED[name]
+        assert calls == (list(in_dims) if one_call else []), in_dims
+
+
+@pytest.mark.parametrize(
+    ("forward", "shapes", "one_call"),
+    [
+        ("sum(x, dim=1)", {"x": [4, 5]}, None),  # counted from the front: no rule, vmap's own loop
+        ("sum(x) + y", {"x": [5], "y": [5]}, {(False, True)}),  # over every dimension
+        ("sum(x * y, dim=-1)", {"x": [4], "y": [3, 4]}, {(True, False), (False, True), (True, True)}),  # padded
+    ],
+)
+def test_a_structured_op_that_one_call_would_get_wrong_runs_per_item(tmp_path: Path, forward, shapes, one_call):
+    """Where moving the batch dimension first would change what a step computes, the rule calls the op
+    once per item (or the op has none): vmap's result is the loop's in every case."""
+    tensors = {name: {"shape": shape} for name, shape in shapes.items()}
+    namespace = f"t_r{len(forward)}"
+    spec = spec_from_mapping(
+        {"name": "reduced", "forward": forward, "tensors": tensors, "target": "custom_op", "namespace": namespace},
+        source="test",
+    )
+    module = _generated(tmp_path, spec)
+    assert getattr(module, "_ONE_CALL", None) == one_call
+    inputs = [torch.randn(shape, dtype=torch.float64) for shape in shapes.values()]
+    n = len(inputs)
+    for in_dims in [(0,) * n, (1,) * n, *[tuple(None if i == j else 0 for i in range(n)) for j in range(n)]]:
+        if all(d is None for d in in_dims):
+            continue
+        calls = _one_calls(module) if one_call else []
+        in_dims = _vmap_against_loop(module.reduced, inputs, in_dims)
+        once = one_call and tuple(d is not None for d in in_dims) in one_call
+        assert calls == (list(in_dims) if once else []), in_dims
+
+
+def test_a_reduced_value_broadcast_into_a_larger_one_is_not_batched_in_one_call():
+    """``sum(x, dim=-1) + y`` with x (3, 4) and y (2, 3): x batched first, the sum (B, 3) would line its batch
+    dimension up with y's 2 (scaffold.batching); y batched alone is right."""
+    tensors = {"x": {"shape": [3, 4]}, "y": {"shape": [2, 3]}}
+    spec = spec_from_mapping({"name": "r", "forward": "sum(x, dim=-1) + y", "tensors": tensors}, source="test")
+    compiled = compile_op(spec)
+    assert batching(compiled.program, compiled.plan.visible, frozenset()).one_call == ((False, True),)
+
+
+@pytest.mark.parametrize("name", ["flip_sign", "identity_and_square"])
+def test_an_output_that_is_an_input_is_a_copy_through_the_structured_path(tmp_path: Path, name: str):
+    """A custom op may not return an input, nor a view of one (opcheck's schema test): flip_sign's
+    ``x if flag else -x`` and identity_and_square's ``same = x`` return copies."""
+    module = _structured(tmp_path, _spec(name, namespace=f"scaffold_tests_a{name}"))
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(getattr(module, name), (x, True) if name == "flip_sign" else (x,))
+    out = getattr(module, name)(x)
+    same = out[0] if isinstance(out, tuple) else out
+    assert same.data_ptr() != x.data_ptr()
+
+
+def test_a_transposed_input_is_a_copy(tmp_path: Path):
+    """``transpose(x, -1, -2)`` is a view of x: the custom op returns a copy; of a value of its own, the view."""
+    mapping = {"name": "swapped", "tensors": {"x": {"shape": [3, 4]}}, "target": "custom_op"}
+    for forward, namespace, copied in [
+        ("transpose(x, -1, -2)", "t_t1", True),
+        ("transpose(exp(x), -1, -2)", "t_t2", False),
+    ]:
+        spec = spec_from_mapping({**mapping, "forward": forward, "namespace": namespace}, source="test")
+        module = _generated(tmp_path, spec)
+        assert (".clone()" in Path(module.__file__).read_text(encoding="utf-8")) == copied
+        torch.library.opcheck(module.swapped, (torch.randn(3, 4, dtype=torch.float64, requires_grad=True),))
