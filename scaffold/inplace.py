@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import functions
-from .printing import PRINTED_FUNCTIONS, PRINTED_METHODS
+from .printing import PRINTED_FUNCTIONS, PRINTED_MASK_FUNCTIONS, PRINTED_METHODS
 
 #: torch functions whose result is a fresh float tensor (given float tensor arguments): the registry's, and
 #: what the printer writes besides them.
@@ -158,6 +158,8 @@ class _Rewriter:
         parts = [self.kind(a) for a in operands]
         if any(p.kind == OTHER for p in parts):
             return OPAQUE
+        if name in PRINTED_MASK_FUNCTIONS:  # torch.logical_or(x, y): a new mask
+            return Kind(BOOL, frozenset().union(*(p.deps for p in parts))) if parts else OPAQUE
         values = parts[1:] if name == "torch.where" else parts  # where's condition is a mask
         if not any(p.kind == TENSOR for p in values):
             return OPAQUE  # torch.where(mask, 1.0, 0.0) is float32 whatever the inputs are
@@ -284,7 +286,7 @@ def _operands(node: ast.AST) -> list[ast.expr] | None:
     if not isinstance(node, ast.Call):
         return None
     values = [*node.args, *(k.value for k in node.keywords)]
-    if _dotted(node.func) in _FRESH_CALLS:
+    if _dotted(node.func) in _FRESH_CALLS | PRINTED_MASK_FUNCTIONS:
         return values
     if isinstance(node.func, ast.Attribute) and node.func.attr in PRINTED_METHODS:
         return [node.func.value, *values]

@@ -15,7 +15,12 @@ that the math does not have. Each rewrite here keeps the value and changes the c
 * :func:`products_with_exp`: ``xexpy(x, y)`` becomes ``x * finite_at_zero(exp(y), x)``, 0 (not 0 * inf)
   where x = 0, with exp(y) one temporary;
 * :func:`one_logarithm_of_odds`: ``c*log(u) - c*log1p(-u)`` (binary cross-entropy's target gradient) is
-  computed as ``c*logit(u)`` (``c*log(a / (1 + b))`` where u is guarded), one logarithm, not two.
+  computed as ``c*logit(u)`` (``c*log(a / (1 + b))`` where u is guarded), one logarithm, not two;
+* :func:`negated_weights`: ``-xlog1py(1 - y, -p)`` is ``xlog1py(y - 1, -p)``, a weight that costs what
+  ``1 - y`` does, and no negation;
+* :func:`guarded_sums`: ``1 + log_argument(-1, 0, y, x)`` (xlog1py's guarded argument, where only one plus it
+  is read) is ``log_argument(0, 1, 1 + y, x)``, one plus ``y`` guarded, whose pole is 0, which is cheaper
+  to test than -1.
 """
 
 from __future__ import annotations
@@ -334,3 +339,54 @@ def _odds_pair(a: sympy.Expr, b: sympy.Expr) -> bool:
             return False
         b = b.args[2]
     return sympy.expand(a + b) == 0
+
+
+def guarded_sums(exprs: list[sympy.Expr], names: Iterator[sympy.Symbol], definitions: Replacements) -> list[sympy.Expr]:
+    """``exprs`` with each ``1 + log_argument(-1, 0, y, x)`` written ``log_argument(0, 1, t, x)``, ``t`` a new
+    temporary for ``1 + y`` (appended to ``definitions``; the guard reads it twice), where ``exprs`` read that
+    guarded argument only so (no ``log1p`` of it remains): binary cross-entropy's ``1 - p`` guarded where
+    ``p = 1`` and ``y = 1``, as the denominator of its log-odds and of its gradient in ``p``.
+
+    Exact: ``1 + y`` is 0 where ``y`` is -1 and nowhere else (near -1 the sum is exact), and where the guard
+    holds both are 1. A test against 0 is the cheaper one (:meth:`.printing.TorchPrinter._print_log_argument`),
+    and ``1 + y`` is computed once, where today's form negated, guarded, then added 1."""
+    sums = {
+        node: argument
+        for e in exprs
+        for node in sympy.preorder_traversal(e)
+        if node.is_Add and len(node.args) == 2 and sympy.S.One in node.args
+        for argument in node.args
+        if isinstance(argument, stable.log_argument) and argument.args[:2] == (-1, 0)
+    }
+    if not sums:
+        return exprs
+    replaced = [e.xreplace({node: sympy.Dummy() for node in sums}) for e in exprs]
+    still_read = {n for e in replaced for n in sympy.preorder_traversal(e) if isinstance(n, stable.log_argument)}
+    replacements = {}
+    for node, argument in sorted(sums.items(), key=lambda item: sympy.default_sort_key(item[0])):
+        if argument in still_read:
+            continue
+        _, _, y, x = argument.args
+        total = next(names)
+        definitions.append((total, 1 + y))
+        replacements[node] = stable.log_argument(0, 1, total, x)
+    return [e.xreplace(replacements) for e in exprs] if replacements else exprs
+
+
+def negated_weights(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with each ``-xlogy(x, y)`` (and ``xlog1py``) whose weight ``x`` is a sum with a number term
+    written ``xlogy(-x, y)``: ``-(1 - y) * log1p(-p)`` as ``(y - 1) * log1p(-p)``, one negation fewer (binary
+    cross-entropy's forward). Exact: negation is, and the weight is 0 where its negation is."""
+
+    def negated(node: sympy.Mul) -> sympy.Expr:
+        coefficient, rest = node.as_coeff_Mul()
+        if coefficient != -1 or not isinstance(rest, (stable.xlogy, stable.xlog1py)):
+            return node
+        x, y = rest.args
+        if not (x.is_Add and any(t.is_Number for t in x.args)):
+            return node
+        return type(rest)(-x, y)
+
+    if not expr.has(stable.xlogy, stable.xlog1py):
+        return expr
+    return expr.replace(lambda n: n.is_Mul, negated)

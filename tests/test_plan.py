@@ -11,11 +11,11 @@ import sympy
 import torch
 from sympy.codegen.cfunctions import log1p
 
-from scaffold import generate_op, lowering, write_files
+from scaffold import generate_op, lowering, plan, write_files
 from scaffold.api import compile_op
 from scaffold.plan import OUTPUT
 from scaffold.printing import NEG_ABS, print_torch
-from scaffold.stable import log_argument, logit, neg_abs
+from scaffold.stable import log_argument, logit, neg_abs, xlog1py, xlogy
 
 from .conftest import make_spec
 
@@ -352,3 +352,47 @@ def test_a_log_and_the_log1p_of_its_negation_are_one_logarithm_of_the_odds():
         sympy.log(log_argument(-1, 0, u, v)) - log1p(-u),  # the guard of a log1p around a log
     ):
         assert odds(other) == other
+
+
+def test_one_plus_a_guarded_log1p_argument_is_the_guarded_sum():
+    """lowering.guarded_sums: 1 + log_argument(-1, 0, y, x) is log_argument(0, 1, t, x), t = 1 + y a
+    temporary (the guard reads it twice), where nothing reads the guarded argument otherwise; a log1p of it
+    keeps the guard as it is."""
+    u, v = sympy.symbols("u v", real=True)
+    guarded = log_argument(-1, 0, -u, 1 - v)
+    names = iter(sympy.symbols("t0:4"))
+    definitions = []
+    t0 = sympy.Symbol("t0")
+    assert lowering.guarded_sums([v / (1 + guarded)], names, definitions) == [v / log_argument(0, 1, t0, 1 - v)]
+    assert definitions == [(t0, 1 - u)]
+    read = [v / (1 + guarded) + log1p(guarded)]
+    assert lowering.guarded_sums(read, iter(sympy.symbols("t0:4")), []) == read
+    # exact: 1 - u is 0 where u is 1 and nowhere else, and both guards give 1 at their point
+    for us, vs in (([1.0, 1.0, 0.5, 1 - 2**-24], [1.0, 0.5, 1.0, 1.0]),):
+        us, vs = torch.tensor(us), torch.tensor(vs)
+        before = 1 + torch.where((1 - vs == 0) & (-us == -1), 0, -us)
+        after = torch.where(torch.logical_or(1 - us, 1 - vs), 1 - us, 1)
+        assert torch.equal(before, after)
+
+
+def test_a_negated_product_with_a_log_negates_its_weight():
+    """lowering.negated_weights: -xlog1py(1 - y, -p) is xlog1py(y - 1, -p), no negation of the product;
+    a weight with no number to take the sign (y) keeps it."""
+    p, y = sympy.symbols("p y", real=True)
+    assert lowering.negated_weights(-xlog1py(1 - y, -p) - xlogy(y, p)) == xlog1py(y - 1, -p) - xlogy(y, p)
+    assert lowering.negated_weights(2 - xlogy(y, p)) == 2 - xlogy(y, p)
+
+
+def test_a_reciprocal_read_as_a_factor_is_divided_by():
+    """plan._divisors: a temporary 1/e read only as a factor is e, and each product divides by it (two
+    divisions, not a reciprocal and two multiplies); one read elsewhere (a sum's term) stays a reciprocal,
+    and so does one of scalars alone."""
+    x, y, z, alpha = sympy.symbols("x y z alpha", real=True)
+    scalars = frozenset({alpha})
+    steps, (first, second) = plan.straight_line([x / (y + z), x**2 / (y + z)], {"x", "y", "z"}, scalars)
+    assert [(s.name, s.expr) for s in steps] == [("tmp0", y + z)]
+    assert (str(first), str(second)) == ("x/tmp0", "x**2/tmp0")
+    steps, _ = plan.straight_line([x / (y + z), 1 / (y + z) + x], {"x", "y", "z"}, scalars)
+    assert [s.expr for s in steps] == [1 / (y + z)]
+    steps, _ = plan.straight_line([x / (alpha + 1), y / (alpha + 1)], {"x", "y"}, scalars)
+    assert [s.expr for s in steps] == [1 / (alpha + 1)]

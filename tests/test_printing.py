@@ -202,7 +202,11 @@ def test_the_derivatives_of_xlogy_share_one_guarded_argument():
         partials = [sympy.diff(expr, x), sympy.diff(expr, y)]
         argument = stable.log_argument(pole, safe, y, x)
         assert all(p.has(argument) and not p.has(Piecewise) for p in partials), partials
-        assert print_torch(argument, TENSORS, where="test").text == f"torch.where((x == 0) & (y == {pole}), {safe}, y)"
+        # a pole at 0 is tested by logical_or, one kernel where (x == 0) & (y == 0) is three
+        printed = "torch.where((x == 0) & (y == -1), 0, y)"
+        if pole == 0:
+            printed = "torch.where(torch.logical_or(y, x), y, 1)"
+        assert print_torch(argument, TENSORS, where="test").text == printed
         # exact: 0 where x = 0 and y is the pole (the convention); the log's pole where only y is at it
         xs = torch.tensor([0.0, 0.0, 0.5, 2.0], dtype=torch.float64)
         ys = torch.tensor([pole, 0.5, pole, 3.0], dtype=torch.float64)
