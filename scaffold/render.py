@@ -1655,6 +1655,9 @@ class ProgramView(_Entry):
     unpack: list[str]
     output_unpack: list[str]
     optional_grads: bool
+    # the tensors whose tangent jvp may receive as None: every one where setup_context turns off
+    # materializing (autograd passes zeros for a missing tangent otherwise, as torch.func's jvp does)
+    unmaterialized_tangents: list[str]
     masks: list[str]
     saved: list[str]
     saved_comment: list[str]
@@ -1766,6 +1769,7 @@ def program_module_view(
             n if n in plan.masks or n in plan.saved or (optional and n in plan.visible) else "_" for n in plan.returns
         ],
         optional_grads=optional,
+        unmaterialized_tangents=tensor_names if optional else [],
         masks=[*plan.constants, *plan.masks],  # marked non-differentiable
         saved=list(plan.saved),
         saved_comment=["Saved for backward:"]

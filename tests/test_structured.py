@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaffold import compile_op, generate_op, spec_from_mapping, write_files
@@ -338,6 +339,30 @@ def test_a_part_over_scalars_alone_is_python_math(tmp_path: Path):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     got = torch.autograd.grad(out.sum(), (x, y))
     torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (x, y)), rtol=1e-12, atol=1e-12)
+
+
+def _jvp_source(name: str) -> str:
+    source = _files(name)[f"{name}.py"]
+    return source.split("    def jvp(", 1)[1].split("\n\n\n", 1)[0]
+
+
+def test_jvp_takes_the_tangents_autograd_materializes(tmp_path: Path):
+    """With one output, setup_context keeps autograd's default materialize_grads: jvp gets zeros for an input
+    without a tangent (as from torch.func.jvp), so it does not test each tangent for None. An op with several
+    outputs turns materializing off: its jvp fills a missing tangent with zeros."""
+    assert "_tangent is None" not in _jvp_source("matvec")
+    assert "x_tangent = torch.zeros_like(x) if x_tangent is None else x_tangent" in _jvp_source(
+        "log_softmax_and_logsumexp"
+    )
+    module = _module("matvec", tmp_path)
+    (w, x), _ = _inputs("matvec")
+    tangent = torch.randn(x.shape, dtype=torch.float64)
+
+    def tangent_of(op):  # x's tangent only: w's is materialized as zeros
+        with forward_ad.dual_level():
+            return forward_ad.unpack_dual(op(w.detach(), forward_ad.make_dual(x.detach(), tangent))).tangent
+
+    torch.testing.assert_close(tangent_of(module.matvec), tangent_of(_BY_NAME["matvec"].native), rtol=1e-9, atol=1e-10)
 
 
 def test_generated_tests_pass(generated_folder):
