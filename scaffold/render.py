@@ -1857,16 +1857,18 @@ def _returning(lines: list[str], returns: list[str]) -> list[str]:
 
 
 def _program_saved_comment(plan: ProgramPlan) -> list[str]:
-    """The comment on what setup_context saves: the inputs in one line ("Saved for backward: the inputs x
-    and w"), then each other tensor with why it is kept, one note a line."""
+    """The comment on what setup_context saves: where it saves inputs alone, one line ("Saved for backward:
+    the inputs x and w"); else a note a line, the inputs in one ("x and w: the inputs"), each other tensor
+    with why it is kept."""
     inputs = [n for n, note in zip(plan.saved, plan.saved_notes) if note == f"{n}: an input"]
     notes = [note for n, note in zip(plan.saved, plan.saved_notes) if n not in inputs]
     listed = ", ".join(inputs[:-1]) + " and " + inputs[-1] if len(inputs) > 1 else "".join(inputs)
-    first = f"Saved for backward: the input{'s' if len(inputs) > 1 else ''} {listed}" if inputs else ""
+    the_inputs = f"the input{'s' if len(inputs) > 1 else ''}"
     if not notes:
-        return [first]
+        return [f"Saved for backward: {the_inputs} {listed}"]
+    notes = [f"{listed}: {the_inputs}"] * bool(inputs) + notes
     wrap = functools.partial(textwrap.wrap, width=COMMENT_WIDTH, initial_indent="  ", subsequent_indent="    ")
-    return [f"{first}; and" if first else "Saved for backward:"] + [line for note in notes for line in wrap(note)]
+    return ["Saved for backward:"] + [line for note in notes for line in wrap(note)]
 
 
 def _program_backward_args(plan: ProgramPlan) -> list[str]:

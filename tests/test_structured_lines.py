@@ -18,15 +18,17 @@ from scaffold import generate_op, spec_from_mapping
 
 try:
     from .catalogue import OPS
+    from .structured_catalogue import STRUCTURED
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS
+    from structured_catalogue import STRUCTURED
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 _spec = importlib.util.spec_from_file_location("one_pipeline_probe", SCRIPTS / "one_pipeline_probe.py")
 probe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(probe)
 
-_BY_NAME = {op.name: op for op in OPS}
+_BY_NAME = {op.name: op for op in [*OPS, *STRUCTURED]}
 # README's quick start: scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0
 QUICK_START = {
     "name": "swish",
@@ -82,6 +84,8 @@ def test_the_inputs_saved_are_named_in_one_line():
     assert ": an input" not in text
     relu = _module_text("relu")
     assert "# Saved for backward:\n        #   mask: a bool mask, one byte an element, instead of x" in relu
+    layer_norm = _module_text("layer_norm")
+    assert "# Saved for backward:\n        #   x and weight: the inputs\n        #   mu: a reduction's" in layer_norm
 
 
 def test_a_saved_inputs_shape_is_read_from_it_not_kept_on_ctx():
