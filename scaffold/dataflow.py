@@ -501,29 +501,43 @@ class _ForwardWriter(_Writer):
         lines = []
         emitter = _Everything(self)
         tangents = {n: n + TANGENT for n in self.graph.tensor_args}
+        taken = set(self.named) | {v.name + TANGENT for v in self.graph.program.values}
         scalars: set[str] = set()
         for v in self.graph.nodes:
             lines.append(f"{v.name} = {self.forward_expr(v)}")
             scalars |= {s.name for s in v.expr.free_symbols if s.name in self.graph.scalars}
             t = v.name + TANGENT
             if v.kind == ELEMENTWISE:
-                partials = dict(self.graph.derivation.node(v.name).partials)
-                total = sympy.Add(
-                    *[sympy.Symbol(tangents[r], real=True) * partials[r] for r in partials if r in tangents]
-                )
-                scalars |= {s.name for s in total.free_symbols if s.name in self.graph.scalars}
-                code = self.print(total, extra=set(tangents.values()) | {t})
-                if total == 0:  # flat in everything it reads: zeros of its value's shape, dtype and device
-                    code = f"torch.zeros_like({v.name})"
+                lines += self._elementwise_tangent(v, tangents, taken, scalars)
             else:
                 operands = [tangents[str(o)] for o in v.expr.operand_exprs]
-                code = tangent_code(v, operands, emitter)
+                lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
             tangents[v.name] = t
-            lines.append(f"{t} = {code}")
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
         returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
         return _live(lines, returns), returns, sorted(scalars)
+
+    def _elementwise_tangent(self, v: Value, tangents: dict[str, str], taken: set[str], scalars: set[str]) -> list[str]:
+        """An elementwise step's tangent: each tangent it reads times the step's partial derivative in it,
+        summed, the subexpressions the partials share computed once first (as the elementwise plan's jvp),
+        in temporaries not in ``taken`` (which gains them); ``scalars`` gains the scalars it reads."""
+        partials = dict(self.graph.derivation.node(v.name).partials)
+        reads = [r for r in partials if r in tangents and partials[r] != 0]
+        if not reads:  # flat in everything it reads: zeros of its value's shape, dtype and device
+            return [f"{v.name}{TANGENT} = torch.zeros_like({v.name})"]
+        steps, reduced = straight_line([partials[r] for r in reads], taken, self.scalars)
+        taken |= {step.name for step in steps}
+        extra, lines = set(tangents.values()) | {v.name + TANGENT}, []
+        for step in steps:  # the tensors among them: one over scalars alone is a Python number
+            if any(s.name in extra or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
+                extra.add(step.name)
+            lines.append(f"{step.name} = {self.print(step.expr, extra=extra)}")
+        total = sympy.Add(*[sympy.Symbol(tangents[r], real=True) * p for r, p in zip(reads, reduced)])
+        scalars |= {s.name for e in (total, *(step.expr for step in steps)) for s in e.free_symbols} & set(
+            self.graph.scalars
+        )
+        return [*lines, f"{v.name}{TANGENT} = {self.print(total, extra=extra)}"]
 
 
 class _Planner(_ForwardWriter):
@@ -701,10 +715,10 @@ class _Planner(_ForwardWriter):
                     c.kind != MATMUL and self.graph.outranks(c.name, name) for c in self.graph.program.consumers(name)
                 ):
                     shapes_read.add(name)
-                    lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
+                    _bring(lines, g, index, lambda code, name=name: f"{_atom(code)}.sum_to_size({name}_shape)")
                 continue
             shapes_read.add(name)
-            lines.append(Line(f"{g} = {_brought_to(g, have, want, name)}", index))
+            _bring(lines, g, index, lambda code, have=have, want=want, name=name: _brought_to(code, have, want, name))
         return shapes_read
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
@@ -1563,6 +1577,28 @@ def _may_alias(code: str) -> bool:
         return leaves(node.body) + leaves(node.orelse) if isinstance(node, ast.IfExp) else [node]
 
     return any(isinstance(leaf, ast.Name) for leaf in leaves(ast.parse(code, mode="eval").body))
+
+
+def _bring(lines: list[Line], g: str, guard: frozenset[int], brought: Callable[[str], str]) -> None:
+    """The gradient ``g`` brought to its argument's shape (``brought``: the code of that, from ``g``'s code),
+    in its last assignment where that is a statement of its own under ``guard`` that nothing after it
+    reads (``grad_w = (g * x).sum_to_size(w_shape)``, as a careful engineer writes it), else in a statement
+    appended to ``lines`` (``g = brought(g)``, where ``brought`` reads ``g`` more than once)."""
+    assigned = f"{g} = "
+    read = re.compile(rf"\b{re.escape(g)}\b")
+    for k in range(len(lines) - 1, -1, -1):
+        line = lines[k]
+        if not line.text.startswith(assigned):
+            if read.search(line.text):
+                break  # read (or assigned in a block) after its last statement of its own
+            continue
+        code = line.text[len(assigned) :]
+        once = len(read.findall(brought(g))) == 1
+        if line.indent == 0 and line.guard == guard and "#" not in code and once:
+            lines[k] = Line(assigned + brought(code), guard)
+            return
+        break
+    lines.append(Line(assigned + brought(g), guard))
 
 
 def _atom(code: str) -> str:

@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import math
+import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -1668,8 +1669,6 @@ def _standalone_runtime() -> str:
 class ProgramView(_Entry):
     """What ``templates/program_op.py.j2`` lays out: a structured op's code, from :mod:`.dataflow`."""
 
-    defines_forward = True
-
     version: str
     source: str
     name: str
@@ -1678,6 +1677,7 @@ class ProgramView(_Entry):
     forward_doc: list[str]  # the forward as written, a line per step
     rules_doc: list[str]
     partials_doc: list[tuple[str, str]]
+    one_step: bool  # the forward is one elementwise step: its partial derivatives say how backward goes
     imports: list[str]
     arguments: list[str]
     tensor_names: list[str]
@@ -1685,11 +1685,14 @@ class ProgramView(_Entry):
     functional_params: list[str]
     returns_type: str
     apply_suffix: str
-    forward_lines: list[str]
+    forward_lines: list[str]  # the forward's statements, its return last
     returns: list[str]
     unpack: list[str]
     output_unpack: list[str]
     optional_grads: bool
+    # the tensors whose tangent jvp may receive as None: every one where setup_context turns off
+    # materializing (autograd passes zeros for a missing tangent otherwise, as torch.func's jvp does)
+    unmaterialized_tangents: list[str]
     masks: list[str]
     saved: list[str]
     saved_comment: list[str]
@@ -1700,6 +1703,7 @@ class ProgramView(_Entry):
     zero_fills: list[tuple[str, str]]
     backward_scalars: list[str]
     grads: list[str]
+    unset_grads: list[str]  # the gradients _backward sets to None first: each one its first statement may not set
     backward_blocks: list[Block]
     returns_backward: list[str]
     jvp_params: list[str]
@@ -1729,6 +1733,30 @@ class ProgramView(_Entry):
 
     @property
     def backward_fused(self) -> bool:
+        return self.fuse
+
+    @property
+    def backward_doc(self) -> str:
+        """_backward's docstring, one paragraph as the elementwise path writes it: whose math it is, how it
+        runs, and whether it works in place."""
+        text = f"The gradients' math, from {self.camel}Function's saved tensors"
+        if self.double:
+            text += f" (and _{self.camel}Backward's forward)"
+        elif self.fuse:
+            text += "; run through torch.compile, except in a second derivative"
+        if self.backward_in_place:
+            text += ". It overwrites its temporaries in place where nothing else reads them; " + (
+                "torch.func transforms run it through _runtime.out_of_place"
+                if self.double
+                else "where autograd or a torch.func transform records this code (a second derivative), it runs "
+                "through _runtime.out_of_place"
+            )
+        return "\n    ".join(textwrap.wrap(f'"""{text}."""', DOC_WIDTH))
+
+    @property
+    def defines_forward(self) -> bool:
+        """Whether the module defines _forward itself (fused: torch.compile's); else _apply.py.j2 does,
+        where the Function's forward computes in place, for torch.compile's twin."""
         return self.fuse
 
 
@@ -1779,6 +1807,8 @@ def program_module_view(
     visible = len(plan.visible)
     double, double_imports = _program_double_backward(spec, plan)
     batched = _program_batching(spec, program, plan, requirements)
+    fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
+    blocks = _program_blocks(plan, tensor_names)
     return ProgramView(
         version=__version__,
         source=spec.source,
@@ -1788,6 +1818,7 @@ def program_module_view(
         forward_doc=_program_forward_doc(spec, parsed, arguments),
         rules_doc=[_docstring_text(r) for r in plan.rule_docs],
         partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
+        one_step=not plan.rule_docs and len({w.split(" / ")[0] for w, _ in plan.elementwise_docs}) == 1,
         imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
@@ -1795,29 +1826,26 @@ def program_module_view(
         functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
         returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]" if visible > 1 else "torch.Tensor",
         apply_suffix=("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else "",
-        forward_lines=list(plan.forward),
+        forward_lines=_returning(list(plan.forward), list(plan.returns)),
         returns=list(plan.returns),
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
         output_unpack=[
             n if n in plan.masks or n in plan.saved or (optional and n in plan.visible) else "_" for n in plan.returns
         ],
         optional_grads=optional,
+        unmaterialized_tangents=tensor_names if optional else [],
         masks=[*plan.constants, *plan.masks],  # marked non-differentiable
         saved=list(plan.saved),
-        saved_comment=["Saved for backward:"]
-        + [
-            line
-            for note in plan.saved_notes
-            for line in textwrap.wrap(note, COMMENT_WIDTH, initial_indent="  ", subsequent_indent="    ")
-        ],
+        saved_comment=_program_saved_comment(plan),
         ctx_scalars=ctx_scalars,
-        shapes=list(plan.shapes),
+        shapes=[n for n in plan.shapes if n not in plan.saved],  # kept on ctx: backward has the saved ones
         zero_outputs=list(plan.visible) if optional else [],
         upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
         zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
-        backward_blocks=_program_blocks(plan, tensor_names),
+        unset_grads=_unset([f"grad_{n}" for n in tensor_names], blocks),
+        backward_blocks=blocks,
         fuse=spec.fuse,
         returned_grads=list(plan.upstream[len(plan.visible) :]),
         backward_params=_program_backward_params(plan),
@@ -1827,11 +1855,12 @@ def program_module_view(
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
         jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
         jvp_scalars=list(plan.jvp_scalars),
-        jvp_lines=list(plan.jvp),
+        jvp_lines=_returning(list(plan.jvp), list(plan.jvp_returns)),
         jvp_returns=list(plan.jvp_returns),
         module=module,
         sizes_check=size_checks(spec, batched_rule=batched is not None),
-        custom_op=custom_op_view(spec, namespace, visible, plan.hidden, "_forward", elementwise=False, batched=batched),
+        # the fake kernel runs the forward: _forward where fused, else the Function's own (as the elementwise path)
+        custom_op=custom_op_view(spec, namespace, visible, plan.hidden, fake, elementwise=False, batched=batched),
         rank_checks=_rank_checks(spec, requirements),
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
@@ -1852,10 +1881,47 @@ def _program_batching(
     return batching(program, plan.returns, exact, dict(plan.mask_reads))
 
 
+def _unset(grads: list[str], blocks: list[Block]) -> list[str]:
+    """The gradients that _backward's statements may leave unset (None, then): all but those whose first
+    statement sets them, unguarded and without reading them (``grad_x = grad_output * mask``)."""
+    lines = [("    " if block.guard else "") + line for block in blocks for line in block.lines]  # nested: indented
+    unset = []
+    for g in grads:
+        read = re.compile(rf"\b{re.escape(g)}\b")
+        first = next((line for line in lines if read.search(line)), None)
+        if first is None or not first.startswith(f"{g} = ") or read.search(first[len(g) + 3 :]):
+            unset.append(g)
+    return unset
+
+
+def _returning(lines: list[str], returns: list[str]) -> list[str]:
+    """``lines`` and the statement returning ``returns``: ``return expr`` for a lone value the last line
+    computes (not ``out = expr; return out``)."""
+    (last, code) = lines[-1].split(" = ", 1) if lines and " = " in lines[-1] else ("", "")
+    if len(returns) == 1 and last == returns[0]:
+        return [*lines[:-1], f"return {code}"]
+    return [*lines, f"return {', '.join(returns)}"]
+
+
+def _program_saved_comment(plan: ProgramPlan) -> list[str]:
+    """The comment on what setup_context saves: where it saves inputs alone, one line ("Saved for backward:
+    the inputs x and w"); else a note a line, the inputs in one ("x and w: the inputs"), each other tensor
+    with why it is kept."""
+    inputs = [n for n, note in zip(plan.saved, plan.saved_notes) if note == f"{n}: an input"]
+    notes = [note for n, note in zip(plan.saved, plan.saved_notes) if n not in inputs]
+    listed = ", ".join(inputs[:-1]) + " and " + inputs[-1] if len(inputs) > 1 else "".join(inputs)
+    the_inputs = f"the input{'s' if len(inputs) > 1 else ''}"
+    if not notes:
+        return [f"Saved for backward: {the_inputs} {listed}"]
+    notes = [f"{listed}: {the_inputs}"] * bool(inputs) + notes
+    wrap = functools.partial(textwrap.wrap, width=COMMENT_WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return ["Saved for backward:"] + [line for note in notes for line in wrap(note)]
+
+
 def _program_backward_args(plan: ProgramPlan) -> list[str]:
     """What Function.backward passes _backward: the upstream gradients, the saved tensors, then from ctx."""
-    numbers = [*plan.backward_scalars, *(f"{n}_shape" for n in plan.shapes)]
-    return ["ctx.needs_input_grad", *plan.upstream, *plan.saved, *(f"ctx.{n}" for n in numbers)]
+    shapes = [f"{n}.shape" if n in plan.saved else f"ctx.{n}_shape" for n in plan.shapes]  # a saved input's own
+    return ["ctx.needs_input_grad", *plan.upstream, *plan.saved, *(f"ctx.{n}" for n in plan.backward_scalars), *shapes]
 
 
 def _program_backward_params(plan: ProgramPlan) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaffold import compile_op, generate_op, spec_from_mapping, write_files
@@ -244,12 +245,17 @@ def _backward_source(name: str) -> str:
     return source.split("def _backward(", 1)[1].split("\n\n\n", 1)[0]
 
 
+def _forward_source(source: str) -> str:
+    """The Function's forward in a generated module."""
+    return source.split("    def forward(", 1)[1].split("def setup_context(", 1)[0]
+
+
 def test_a_norms_statistic_is_hoisted_and_saved():
     """1/sqrt(var + eps) is computed once per row in forward and saved: backward has no root to take, and
     neither var nor the mean square is kept (saved bytes: test_saves_what_a_hand_written_function_saves)."""
     for name, saved in [("layer_norm", "x, weight, mu, rsqrt"), ("rms_norm", "x, weight, rsqrt")]:
         source = _files(name)[f"{name}.py"]
-        assert "    rsqrt = torch.rsqrt(" in source.split("def _backward(", 1)[0]
+        assert "        rsqrt = torch.rsqrt(" in _forward_source(source)
         assert f"ctx.save_for_backward({saved})" in source
         backward = _backward_source(name)
         assert "sqrt" not in backward.replace("rsqrt", ""), backward
@@ -262,11 +268,10 @@ def test_elementwise_steps_share_their_work_as_elementwise_ops_do():
     """A structured op's elementwise steps get the elementwise plan's code: a repeated subexpression in
     forward computed once, mish from one sigmoid (not PyTorch's mish, two sigmoids' worth on a CPU), and
     backward's products distributed where the gradients then share a factor with grad_output."""
-    forward = _files("linear_gelu_learned")["linear_gelu_learned.py"].split("def _backward(", 1)[0]
-    assert "tmp0 = bias + product" in forward and "out = tmp0 * torch.sigmoid(1.702 * tmp0)" in forward, forward
+    forward = _forward_source(_files("linear_gelu_learned")["linear_gelu_learned.py"])
+    assert "tmp0 = bias + product" in forward and "return tmp0 * torch.sigmoid(1.702 * tmp0)" in forward, forward
     spec = make_spec("mean_mish", "mean(x*tanh(softplus(x)), dim=-1)", {"x": {"shape": [4, 8]}})
-    source = generate_op(spec)["mean_mish.py"]
-    forward = source.split("def _backward(", 1)[0]
+    forward = _forward_source(generate_op(spec)["mean_mish.py"])
     assert forward.count("torch.sigmoid(x)") == 1 and "functional.mish" not in forward, forward
     assert "tmp0 = grad_output * torch.sigmoid(h)" in _backward_source("swiglu")
 
@@ -360,6 +365,30 @@ def test_a_part_over_scalars_alone_is_python_math(tmp_path: Path):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     got = torch.autograd.grad(out.sum(), (x, y))
     torch.testing.assert_close(got, torch.autograd.grad(expected.sum(), (x, y)), rtol=1e-12, atol=1e-12)
+
+
+def _jvp_source(name: str) -> str:
+    source = _files(name)[f"{name}.py"]
+    return source.split("    def jvp(", 1)[1].split("\n\n\n", 1)[0]
+
+
+def test_jvp_takes_the_tangents_autograd_materializes(tmp_path: Path):
+    """With one output, setup_context keeps autograd's default materialize_grads: jvp gets zeros for an input
+    without a tangent (as from torch.func.jvp), so it does not test each tangent for None. An op with several
+    outputs turns materializing off: its jvp fills a missing tangent with zeros."""
+    assert "_tangent is None" not in _jvp_source("matvec")
+    assert "x_tangent = torch.zeros_like(x) if x_tangent is None else x_tangent" in _jvp_source(
+        "log_softmax_and_logsumexp"
+    )
+    module = _module("matvec", tmp_path)
+    (w, x), _ = _inputs("matvec")
+    tangent = torch.randn(x.shape, dtype=torch.float64)
+
+    def tangent_of(op):  # x's tangent only: w's is materialized as zeros
+        with forward_ad.dual_level():
+            return forward_ad.unpack_dual(op(w.detach(), forward_ad.make_dual(x.detach(), tangent))).tangent
+
+    torch.testing.assert_close(tangent_of(module.matvec), tangent_of(_BY_NAME["matvec"].native), rtol=1e-9, atol=1e-10)
 
 
 def test_generated_tests_pass(generated_folder):
