@@ -1794,7 +1794,6 @@ def program_module_view(
     domains: tuple[InputDomain, ...],
     namespace: str = DEFAULT_NAMESPACE,
 ) -> ProgramView:
-    parsed = program.parsed
     requirements = rank_requirements(program)
     learnable = {t.name for t in spec.tensors if t.learnable}
     tensor_names = [t.name for t in spec.tensors]
@@ -1814,11 +1813,7 @@ def program_module_view(
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
-        doc=_docstring_text(spec.doc.strip()),
-        forward_doc=_program_forward_doc(spec, parsed, arguments),
-        rules_doc=[_docstring_text(r) for r in plan.rule_docs],
-        partials_doc=[(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
-        one_step=not plan.rule_docs and len({w.split(" / ")[0] for w, _ in plan.elementwise_docs}) == 1,
+        **_program_docs(spec, program, plan, arguments),
         imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
@@ -1864,10 +1859,22 @@ def program_module_view(
         rank_checks=_rank_checks(spec, requirements),
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
-        custom_gradients=[(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
-        custom_grad_names=_custom_grad_names(program),
         double=double,
     )
+
+
+def _program_docs(spec: OpSpec, program: Program, plan: ProgramPlan, arguments: list[str]) -> dict:
+    """The docstrings' fields of a structured op's view: the op's own text, its forward, the rules and partial
+    derivatives its backward follows, and the custom gradients as the spec gives them."""
+    return {
+        "doc": _docstring_text(spec.doc.strip()),
+        "forward_doc": _program_forward_doc(spec, program.parsed, arguments),
+        "rules_doc": [_docstring_text(r) for r in plan.rule_docs],
+        "partials_doc": [(w, _docstring_text(f)) for w, f in plan.elementwise_docs],
+        "one_step": not plan.rule_docs and len({w.split(" / ")[0] for w, _ in plan.elementwise_docs}) == 1,
+        "custom_gradients": [(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
+        "custom_grad_names": _custom_grad_names(program),
+    }
 
 
 def _program_batching(
