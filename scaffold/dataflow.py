@@ -9,7 +9,8 @@ What backward reads decides what is kept from forward, as a careful hand-written
 
 * tensor arguments and outputs are saved as they are (they exist anyway);
 * a condition of a derivative on an intermediate (relu(x @ w + b)'s ``x @ w + b > 0``) is saved as a
-  bool mask, one byte an element, and the intermediate itself is not kept;
+  bool mask, one byte an element, and the intermediate itself is not kept; one on tensor arguments alone
+  where the cost model plan.make_plan uses (:mod:`.cost`) ranks the mask first under the policy;
 * the result of a reduction, softmax or product that backward reads (a norm's per-row statistic,
   attention's probabilities) is saved: forward returns it as a hidden output, so that a second
   derivative reaches it (a Function's intermediates are saved that way);
@@ -17,6 +18,8 @@ What backward reads decides what is kept from forward, as a careful hand-written
   the same way, and its derivatives are written in terms of its own value where they can be
   (``-rsqrt**3/2``, not ``-(var + eps)**(-3/2)/2``), so that backward needs neither what it reads nor a
   root at every element (a compiler fusing backward into one loop recomputes such parts per element);
+  one of what backward keeps anyway (snake's ``1/a`` beside ``a``) only under "time": the cost model
+  ranks its elements first under "memory";
 * other elementwise intermediates and transposes are recomputed in backward from what is saved: they cost
   one pass over memory, not a tensor kept alive between forward and backward.
 
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from . import structural
+from . import cost, structural
 from .double_backward import DoubleBackward, Node, composed_gradients, derive_double_backward
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
@@ -121,7 +124,7 @@ def plan_program(
     policy: str = "memory",
     custom_op: bool = False,
 ) -> ProgramPlan:
-    """The plan of a structured program under ``policy`` (see :meth:`_Planner._recomputed_for_memory`);
+    """The plan of a structured program under ``policy`` (see :meth:`_Keeping._recomputed_for_memory`);
     ``custom_op``: the op is a torch.library custom op, whose outputs may not alias its inputs nor each other.
     Where it saves masks, it is planned again without a mask for any condition on values it saves anyway
     (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
@@ -348,6 +351,7 @@ class _Writer:
         self.imports: set[str] = set()
         self.custom_reads: set[str] = set()  # values custom gradients read that depend on a tensor they are given for
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
+        self.argument_masks: dict[str, frozenset[sympy.Basic]] = {}  # node -> the conditions on arguments masked
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
@@ -387,6 +391,46 @@ class _Writer:
 
     def _temporary(self) -> str:
         return _fresh(self.taken)
+
+    # -- masks -------------------------------------------------------------------------------------------
+
+    def _masked(self, partial: sympy.Expr, node: str) -> sympy.Expr:
+        """``partial`` (of the node ``node``) with each condition on an intermediate read from a bool mask
+        forward saves, and each on tensor arguments alone that the cost model chose to mask for the node
+        (:func:`_argument_masks`: relu's ``x > 0`` under "memory", as plan.make_plan keeps it)."""
+        tensors = {n for n, v in self.graph.values.items() if v.kind != SCALAR}
+        if node not in self.argument_masks:
+            self.argument_masks[node] = _argument_masks(
+                self.graph, node, self.unmasked, self.taken, self.policy, self.fused
+            )
+        chosen = self.argument_masks[node]
+
+        def maskable(condition: sympy.Basic) -> bool:
+            read = {s.name for s in condition.free_symbols} & tensors
+            if not read or read <= self.unmasked:
+                return False
+            return condition in chosen or any(self.graph.values[n].kind != TENSOR for n in read)
+
+        def mask_of(condition: sympy.Basic) -> sympy.Symbol:
+            if condition not in self.masks:
+                taken = {*self.graph.values, *self.masks.values()}
+                self.masks[condition] = next(
+                    n for n in ("mask", *(f"mask{k}" for k in range(1, 10**6))) if n not in taken
+                )
+            return sympy.Symbol(self.masks[condition])
+
+        def replace(node: sympy.Basic) -> sympy.Basic:
+            if isinstance(node, sympy.Heaviside):
+                if node.args[1] in (0, 1) and (maskable(step_relational(node)) or cost.step_condition(node) in chosen):
+                    return sympy.Piecewise((1, mask_of(step_relational(node))), (0, True))
+                return node
+            pairs = [
+                (p.expr, mask_of(p.cond) if p.cond is not sympy.true and maskable(p.cond) else p.cond)
+                for p in node.args
+            ]
+            return sympy.Piecewise(*pairs)
+
+        return partial.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), replace)
 
 
 class _ForwardWriter(_Writer):
@@ -755,7 +799,7 @@ class _Planner(_ForwardWriter):
         docs += [(f"d {node.name} / d {read}", math_text(partials[read])) for read in targets]
         targets = [read for read in targets if partials[read] != 0]  # a value only a condition reads
         for read in targets:
-            partial = self._masked(partials[read])
+            partial = self._masked(partials[read], node.name)
             emitter.request_symbols(partial)
             exprs.append(grad_symbol * partial)
         steps, reduced = straight_line(exprs, self.taken, self.scalars, cheapest=True)
@@ -981,41 +1025,6 @@ class _Planner(_ForwardWriter):
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
 
-    def _masked(self, partial: sympy.Expr) -> sympy.Expr:
-        """``partial`` with each condition on an intermediate (under "memory", not fused: or on an argument, as
-        plan.make_plan keeps relu's ``x > 0``) read from a bool mask forward saves."""
-        kinds = (SCALAR,) if self.policy == "memory" and not self.fused else (TENSOR, SCALAR)
-        intermediates = {sympy.Symbol(n, real=True) for n, v in self.graph.values.items() if v.kind not in kinds}
-        saved = {sympy.Symbol(n, real=True) for n in self.unmasked}
-
-        def maskable(symbols: set[sympy.Symbol]) -> bool:
-            tensors = {s for s in symbols if s.name in self.graph.values and self.graph.values[s.name].kind != SCALAR}
-            return bool(tensors & intermediates) and not tensors <= saved
-
-        def mask_of(condition: sympy.Basic) -> sympy.Symbol:
-            if condition not in self.masks:
-                taken = {*self.graph.values, *self.masks.values()}
-                self.masks[condition] = next(
-                    n for n in ("mask", *(f"mask{k}" for k in range(1, 10**6))) if n not in taken
-                )
-            return sympy.Symbol(self.masks[condition])
-
-        def replace(node: sympy.Basic) -> sympy.Basic:
-            if isinstance(node, sympy.Heaviside):
-                if node.args[1] in (0, 1) and maskable(node.free_symbols):
-                    return sympy.Piecewise((1, mask_of(step_relational(node))), (0, True))
-                return node
-            pairs = [
-                (
-                    p.expr,
-                    mask_of(p.cond) if maskable(p.cond.free_symbols) and p.cond is not sympy.true else p.cond,
-                )
-                for p in node.args
-            ]
-            return sympy.Piecewise(*pairs)
-
-        return partial.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), replace)
-
     def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
         """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
         empty guard, always, where some line that reads it runs always)."""
@@ -1085,7 +1094,8 @@ class _SecondOrder:
                 partials = {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
             wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
             reached |= set(wanted)
-            nodes.insert(0, Node(v.name, node.forward, tuple((r, planner._masked(partials[r])) for r in wanted)))
+            masked = tuple((r, planner._masked(partials[r], v.name)) for r in wanted)
+            nodes.insert(0, Node(v.name, node.forward, masked))
         if planner.masks != masks:
             planner.masks = masks
             return None
@@ -1156,8 +1166,7 @@ class _Keeping:
                             wanted.add(s.name)
                             changed = True
         self._recomputed_for_custom(wanted, recomputed)
-        if self.policy == "memory":
-            self._recomputed_for_memory(wanted, recomputed)
+        self._recomputed_for_memory(wanted, recomputed)
         for name in list(wanted):
             if self.graph.values[name].kind == SCALAR:
                 wanted.discard(name)
@@ -1189,17 +1198,24 @@ class _Keeping:
         return saved, self._in_order(recomputed), hidden, notes
 
     def _recomputed_for_memory(self, wanted: set[str], recomputed: set[str]) -> None:
-        """Under the policy "memory": each product or softmax backward reads (not an output) is recomputed
-        in backward where that needs only what backward keeps anyway (the bilinear form's ``x @ m`` from
-        ``x`` and ``m``, attention's probabilities from ``q`` and ``k``): the tensor is not kept between
-        forward and backward, at the cost of computing it again. A reduction's result or a hoisted part
-        (a norm's per-row statistics) stays saved: a few elements a row, as a hand-written Function keeps
-        them. Under "time" all of them are saved, as forward computed them."""
+        """Each product or softmax backward reads (not an output) is recomputed in backward under the policy
+        "memory" where that needs only what backward keeps anyway (the bilinear form's ``x @ m`` from ``x``
+        and ``m``, attention's probabilities from ``q`` and ``k``): the tensor is not kept between forward
+        and backward, at the cost of computing it again; under "time" it is kept, as forward computed it. So
+        is a part hoisted out of a formula, of arguments that backward keeps anyway (snake's ``1/a`` beside
+        ``a``), where the cost model ranks that first (:func:`_recomputed_first`). A reduction's result or a
+        hoisted part of one (a norm's per-row statistics) stays saved: a few elements a row, as a
+        hand-written Function keeps them."""
         changed = True
         while changed:
             changed = False
             for name in [v.name for v in self.graph.nodes if v.name in wanted and v.name not in recomputed]:
-                if self.graph.values[name].kind not in (MATMUL, SOFTMAX) or name in self.graph.visible:
+                v = self.graph.values[name]
+                if v.kind in (MATMUL, SOFTMAX):
+                    again = self.policy == "memory"
+                else:
+                    again = _recomputed_first(v, self.graph, self.policy, self.fused)
+                if not again or name in self.graph.visible:
                     continue
                 chain = self._recomputable(name, wanted - {name}, recomputed)
                 if chain is not None:
@@ -1239,7 +1255,8 @@ class _Keeping:
                 return True
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and value not in self.graph.hoisted
+            hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1381,9 +1398,51 @@ class _Everything(_Requests):
         return f"{name}.shape"
 
 
+def _recomputed_first(v: Value, graph: _Graph, policy: str, fused: bool) -> bool:
+    """Whether ``v`` is a part hoisted out of a formula, of tensor arguments and scalars alone, that the cost
+    model (:mod:`.cost`) would compute again in backward before it keeps it from forward: under "memory"
+    (its elements not kept), not under "time" (the operations of computing it again)."""
+    if v.name not in graph.hoisted or v.kind != ELEMENTWISE:
+        return False
+    if any(graph.values[r].kind not in (TENSOR, SCALAR) for r in v.reads):
+        return False  # a norm's 1/sqrt(var + eps): a few elements a row, kept as a hand-written Function does
+    elements = _elements(v.shape)
+    again = cost.Cost(0, cost.operations_of(v.expr, {n for n in graph.values if graph.is_tensor(n)}))
+    kept = cost.Cost(elements, 0, (1 + cost.WRITE_WEIGHT) * elements)
+    return cost.rank(again, policy, fused) < cost.rank(kept, policy, fused)
+
+
+def _argument_masks(
+    graph: _Graph, node: str, unmasked: frozenset[str], taken: set[str], policy: str, fused: bool
+) -> frozenset[sympy.Basic]:
+    """The conditions on tensor arguments alone that the node ``node``'s gradients read from bool masks:
+    of every set of them, the one the cost model (:mod:`.cost`) ranks first under the policy, as
+    plan.make_plan chooses its masks. A mask costs a pass in forward and a byte an element, the argument
+    it spares four: relu's ``x > 0`` is a mask under "memory", leaky_relu's under "time" too (backward's
+    ``where`` on it costs as much as on ``x > 0``), elu's under neither (backward reads x anyway), nor
+    one on arguments backward has anyway (``unmasked``)."""
+    upstream = sympy.Symbol(f"grad_{node}", real=True)
+    exprs = [upstream * p for read, p in graph.derivation.node(node).partials if graph.upstream[read] and p != 0]
+    values = {n: v.shape for n, v in graph.values.items() if v.kind != SCALAR}
+    arguments = {sympy.Symbol(n, real=True) for n in graph.tensor_args}
+    tensors = {sympy.Symbol(n, real=True) for n in values}
+    saved = {sympy.Symbol(n, real=True) for n in unmasked}
+    found = [
+        c
+        for c in cost.conditions(exprs, tensors)
+        if (c.free_symbols & tensors) <= arguments and not (c.free_symbols & tensors) <= saved
+    ]
+    sizes = cost.Sizes(shapes=values, outputs={}, upstream=frozenset({upstream.name}))
+
+    def ranked(chosen: tuple[sympy.Basic, ...]) -> tuple[float, float]:
+        return cost.rank(cost.with_masks(exprs, chosen, taken, sizes)[2], policy, fused)
+
+    return frozenset(min(cost.subsets(found), key=ranked))
+
+
 def _mask_instead(graph: _Graph, condition: sympy.Basic) -> str:
     """What a mask of ``condition`` stands in for, in its note: the intermediate it reads, or the tensor
-    arguments (a mask on an argument only under the policy "memory", see _Planner._masked)."""
+    arguments (a mask on arguments where the cost model chose one, see _argument_masks)."""
     read = sorted(s.name for s in condition.free_symbols if s.name in graph.values)
     if any(graph.values[n].kind not in (TENSOR, SCALAR) for n in read):
         return "the intermediate its condition reads"

@@ -14,9 +14,9 @@ Decides what the generated backward (and jvp) compute and what the forward must 
   instead of the four or eight of the float input they are computed from; and intermediates of the
   forward (``input - target``, ``sigmoid(beta*x)``), which forward returns as hidden outputs. Each choice is
   costed in bytes saved (relative to the example shapes of the spec) and in tensor operations in backward,
-  each weighted by what its kernel costs (KERNEL_WEIGHTS; plus the forward's work to build masks and
-  intermediates); the spec's ``policy`` says which comes first: ``"memory"`` (the default) the bytes,
-  ``"time"`` the operations;
+  each weighted by what its kernel costs (plus the forward's work to build masks and intermediates): the
+  cost model of :mod:`.cost`, which the structured planner (:mod:`.dataflow`) shares; the spec's
+  ``policy`` says which comes first: ``"memory"`` (the default) the bytes, ``"time"`` the operations;
 * exactly the tensors the formulas use are saved; scalars they use become ctx attributes;
 * before CSE, each formula is lowered (:mod:`.lowering`): a branch's input kept inside its region,
   powers of a quotient computed as such, a sum that appears in several multiples computed once,
@@ -40,9 +40,10 @@ from dataclasses import dataclass
 import sympy
 
 from . import lowering
+from .cost import WRITE_WEIGHT, Cost, Mask, Sizes, mask_subsets, operations_of, rank, with_masks
 from .derivation import Derivation, differentiate
 from .double_backward import DoubleBackward, derive_double_backward
-from .program import Program, broadcast
+from .program import Program
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
 from .stable import DerivativeKernel, gelu_grad, ndtr, neg_abs, sigmoid, silu, softplus, stabilize, tanh_softplus
 
@@ -93,26 +94,6 @@ class DerivativeCode:
         exprs = [t.expr for t in self.terms] + [s.expr for b in self.shared for s in b.steps]
         exprs += [s.expr for t in self.terms for s in t.steps]
         return {s.name for e in exprs for s in e.free_symbols}
-
-
-@dataclass(frozen=True)
-class Mask:
-    """A condition of the forward saved for backward as a bool tensor: ``name = condition``."""
-
-    name: str
-    condition: sympy.Basic
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a choice of saved tensors costs, relative to the op's example shapes."""
-
-    elements: float  # saved elements, each mask element counting 1/4 (bool next to float32)
-    operations: float  # backward's tensor operations, weighted (KERNEL_WEIGHTS), and the forward's extra ones
-    # Fused mode: elements moved beyond what forward and backward must (read the inputs and grad_output,
-    # write the output and the gradients): backward's reads of what it saves, forward's writes of hidden
-    # outputs and each mask's eager pass in setup_context, writes weighing WRITE_WEIGHT.
-    moved: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -221,13 +202,13 @@ def _cheapest_elimination(
     shares it: swish's ``grad_output * sigmoid(u) * sigmoid(-u)`` once, for the gradient of x and of beta,
     instead of ``sigmoid(u) * sigmoid(-u)`` once and a multiply by grad_output in each."""
     best = _eliminate(exprs, taken, scalars, fused)
-    cost = _code_operations(*best, scalars)
+    cost = _codeoperations_of(*best, scalars)
     unfused = _unfused(exprs)
     for variant in ([_distributed(e) for e in exprs], unfused, [_distributed(e) for e in unfused]):
         if variant == exprs:
             continue
         other = _eliminate(variant, taken, scalars, fused)
-        other_cost = _code_operations(*other, scalars)
+        other_cost = _codeoperations_of(*other, scalars)
         if other_cost < cost:
             best, cost = other, other_cost
     return best
@@ -349,7 +330,7 @@ def _distributed(expr: sympy.Expr) -> sympy.Expr:
     return sympy.Add(*(sympy.Mul(*terms) for terms in itertools.product(*factors)))
 
 
-def _code_operations(steps: Replacements, exprs: list[sympy.Expr], scalars: frozenset[sympy.Symbol]) -> float:
+def _codeoperations_of(steps: Replacements, exprs: list[sympy.Expr], scalars: frozenset[sympy.Symbol]) -> float:
     """What straight-line code (temporaries, then the final expressions) costs: :func:`_operations`."""
     temporaries = {s for s, _ in steps}
     tensors = {s.name for e in [*(e for _, e in steps), *exprs] for s in e.free_symbols} - {
@@ -358,7 +339,7 @@ def _code_operations(steps: Replacements, exprs: list[sympy.Expr], scalars: froz
     for s, e in steps:  # a temporary is a tensor where it reads one
         if any(f.name in tensors for f in e.free_symbols):
             tensors.add(s.name)
-    return _operations([*(e for _, e in steps), *exprs], tensors)
+    return operations_of([*(e for _, e in steps), *exprs], tensors)
 
 
 def straight_line(
@@ -501,8 +482,8 @@ def make_plan(derivation: Derivation, spec: OpSpec | None = None) -> BackwardPla
     # be an output of the op that its users see.
     keeps = len(outputs) == 1 and (spec is None or spec.target != "custom_op")
     kept = _Intermediates(derivation, names, scalars, taken, where) if keeps else None
-    candidates = _candidates(derivation, plain, values, set(grads), kept, taken, _Sizes(program, outputs))
-    exprs, masks, cost, chosen = min(candidates, key=lambda c: _rank(c[2], policy, fused))
+    candidates = _candidates(derivation, plain, values, set(grads), kept, taken, _sizes(program, outputs))
+    exprs, masks, cost, chosen = min(candidates, key=lambda c: rank(c[2], policy, fused))
     if chosen:  # the kept intermediates named saved, saved1, ... in order
         renamed = kept.rename(chosen)
         exprs = [e.xreplace(renamed) for e in exprs]
@@ -580,6 +561,8 @@ def _candidates(derivation, plain, values, grads, kept, taken, sizes) -> list[tu
     """Every way backward may compute the gradients ``plain``: reading the outputs ``values`` or not,
     each subset of the intermediates ``kept`` may save, each subset of steps as masks; (exprs, masks, cost,
     chosen intermediates) each, the plain one first; ``grads`` are the upstream gradients."""
+    parsed = derivation.parsed
+    tensors = {parsed.symbols[n] for n in parsed.tensor_names}
     variants = [plain]
     for chosen in _output_subsets(derivation, values):
         with_outputs = [e.xreplace(chosen) for e in plain]
@@ -589,8 +572,8 @@ def _candidates(derivation, plain, values, grads, kept, taken, sizes) -> list[tu
     for variant in variants:
         for chosen in kept.subsets(variant) if kept is not None else [()]:
             replaced = [e.xreplace(kept.replacements(chosen)) for e in variant] if chosen else variant
-            for subset in _mask_subsets(replaced, derivation.parsed, grads):
-                exprs, masks, cost = _with_masks(replaced, subset, taken, sizes)
+            for subset in mask_subsets(replaced, tensors, grads):
+                exprs, masks, cost = with_masks(replaced, subset, taken, sizes)
                 if chosen:
                     if not kept.readable(chosen, exprs):
                         continue
@@ -692,7 +675,7 @@ class _Intermediates:
                 if (isinstance(node, sympy.Function) or tensor_terms >= 2) and -node not in found:
                     found.setdefault(node)
         tensors = {s.name for s in self.inputs}
-        ranked = sorted(found, key=lambda n: -_operations(n, tensors))
+        ranked = sorted(found, key=lambda n: -operations_of(n, tensors))
         return ranked[:MAX_INTERMEDIATES]
 
     def subsets(self, exprs: list[sympy.Expr]) -> list[tuple[sympy.Expr, ...]]:
@@ -760,7 +743,7 @@ class _Intermediates:
         forward's extra work."""
         tensors = {s.name for s in self.inputs}
         kept = sum(sizes.of({s.name for s in t.free_symbols}) for t in chosen)
-        extra = sum(_operations(t, tensors) for t in chosen if not any(f.has(t) for f in self.forwards))
+        extra = sum(operations_of(t, tensors) for t in chosen if not any(f.has(t) for f in self.forwards))
         return Cost(cost.elements + kept, cost.operations + extra, cost.moved + (1 + WRITE_WEIGHT) * kept)
 
     def backward(self, chosen: tuple[sympy.Expr, ...], taken: set[str]) -> tuple[Term, ...]:
@@ -821,173 +804,11 @@ def _output_subsets(derivation: Derivation, values: list[sympy.Symbol]) -> list[
     return [dict(c) for k in range(len(candidates), 0, -1) for c in itertools.combinations(candidates, k)]
 
 
-# -- the cost model ---------------------------------------------------------------------------------
-
-#: Conditions considered for masks, at most: every subset of them is costed.
-MAX_MASKED_CONDITIONS = 6
-#: Bytes of a bool element relative to a float32 one.
-MASK_WEIGHT = 0.25
-#: What writing an element costs relative to reading one (a CPU reads a cache line before it writes it).
-WRITE_WEIGHT = 2
-
-
-class _Sizes:
-    """Elements of the tensors backward may read, from the example shapes of the program's values."""
-
-    def __init__(self, program: Program, names: tuple[OutputNames, ...]) -> None:
-        self.shapes = {n: program.value(n).shape for n in program.tensor_names}
-        self.outputs = {n.value: math.prod(o.shape) for n, o in zip(names, program.outputs)}
-        self.upstream = {n.grad for n in names}
-
-    def of(self, names: set[str]) -> int:
-        """Elements of the broadcast of the named tensors' shapes."""
-        return math.prod(broadcast([self.shapes[n] for n in sorted(names) if n in self.shapes]))
-
-
-def _rank(cost: Cost, policy: str, fused: bool = False) -> tuple[float, float]:
-    """Eager code keeps its saved tensors, and memory counts what it keeps; fused code runs as two
-    compiled kernels, whose time is the bytes they move (or their work, under policy 'time')."""
-    kept = cost.moved if fused else cost.elements
-    return (kept, cost.operations) if policy == "memory" else (cost.operations, kept)
-
-
-def _conditions(
-    exprs: list[sympy.Expr], tensors: set[sympy.Symbol], upstream: set[sympy.Symbol] = frozenset()
-) -> list[sympy.Basic]:
-    """Tensor conditions of the formulas that a bool mask could stand for: those of Piecewise and of steps
-    (Heaviside, 0 or 1 at 0), except where the printer keeps a branch's or a step's other factors inside
-    the region using the condition itself (see lowering.needs_guard). A mask is computed in setup_context,
-    before any gradient exists: a condition that reads an ``upstream`` gradient (a custom gradient's
-    ``grad < 0``) stays in backward, and of ``(x >= bound) | (grad < 0)`` only ``x >= bound`` may be a mask."""
-
-    def maskable(condition: sympy.Basic) -> list[sympy.Basic]:
-        if not condition.free_symbols & tensors:
-            return []
-        if not condition.free_symbols & upstream:
-            return [condition]
-        if isinstance(condition, (sympy.And, sympy.Or)):
-            return [c for arg in condition.args for c in maskable(arg)]
-        return []
-
-    def needs_guard(value: sympy.Basic) -> bool:
-        return lowering.needs_guard(value, lambda e: bool(e.free_symbols & tensors))
-
-    found: list[sympy.Basic] = []
-    for expr in exprs:
-        nodes = list(sympy.preorder_traversal(expr))
-        # A step whose other factors would overflow outside it is printed with their input kept inside it.
-        guarded = {
-            f
-            for n in nodes
-            if isinstance(n, sympy.Mul) and needs_guard(n)
-            for f in n.args
-            if isinstance(f, sympy.Heaviside)
-        }
-        for node in nodes:
-            if isinstance(node, sympy.Piecewise) and not any(needs_guard(p.expr) for p in node.args):
-                conds = [c for p in node.args for c in maskable(p.cond)]
-            elif (
-                isinstance(node, sympy.Heaviside)
-                and node.args[1] in (0, 1)
-                and node.free_symbols & tensors
-                and not node.free_symbols & upstream
-                and node not in guarded
-            ):
-                conds = [_step_condition(node)]
-            else:
-                continue
-            found += [c for c in conds if c not in found]
-    return found
-
-
-def _step_condition(step: sympy.Heaviside) -> sympy.Basic:
-    """Where a step (0 or 1 at 0) is 1, as a comparison of its positive and negative terms: x > y."""
-    arg, at_zero = step.args
-    constant, terms = arg.as_coeff_add()
-    positive = sympy.Add(*[t for t in terms if not t.could_extract_minus_sign()])
-    negative = sympy.Add(*[-t for t in terms if t.could_extract_minus_sign()])
-    if positive == 0:  # c - v > 0: v < c
-        return (sympy.Lt if at_zero == 0 else sympy.Le)(negative, constant)
-    return (sympy.Gt if at_zero == 0 else sympy.Ge)(positive, negative - constant)
-
-
-def _mask_subsets(
-    exprs: list[sympy.Expr], parsed, upstream: set[sympy.Symbol] = frozenset()
-) -> list[tuple[sympy.Basic, ...]]:
-    conditions = _conditions(exprs, {parsed.symbols[n] for n in parsed.tensor_names}, upstream)
-    if len(conditions) > MAX_MASKED_CONDITIONS:
-        return [(), tuple(conditions)]
-    return [c for k in range(len(conditions) + 1) for c in itertools.combinations(conditions, k)]
-
-
-def _with_masks(
-    exprs: list[sympy.Expr], conditions: tuple[sympy.Basic, ...], taken: set[str], sizes: _Sizes
-) -> tuple[list[sympy.Expr], tuple[Mask, ...], Cost]:
-    """``exprs`` with each of ``conditions`` read from a saved mask, the masks, and what it all costs."""
-    names = (n for n in (f"mask{i}" if i else "mask" for i in range(10**6)) if n not in taken)
-    masks = tuple(Mask(next(names), c) for c in conditions)
-    symbols = {m.condition: sympy.Symbol(m.name) for m in masks}
-
-    def mask(node: sympy.Basic) -> sympy.Basic:
-        if isinstance(node, sympy.Heaviside):
-            if node.args[1] in (0, 1) and _step_condition(node) in symbols:
-                return sympy.Piecewise((1, symbols[_step_condition(node)]), (0, True))
-            return node
-        # a condition a mask stands for, or one of the terms of a condition's And/Or (the rest reads grad)
-        pairs = [(p.expr, symbols.get(p.cond, p.cond.xreplace(symbols))) for p in node.args]
-        return sympy.Piecewise(*pairs)
-
-    if symbols:
-        exprs = [e.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), mask) for e in exprs]
-    read = {s.name for e in exprs for s in e.free_symbols}
-    tensors = set(sizes.shapes)
-    elements = sum(sizes.of({n}) for n in read & tensors)
-    elements += sum(size for name, size in sizes.outputs.items() if name in read)
-    extra = set(sizes.outputs) | sizes.upstream | set(symbols.values())
-    operations = _operations(exprs, tensors | extra)
-    moved = elements
-    for m in masks:
-        if m.name in read:
-            condition_tensors = {s.name for s in m.condition.free_symbols} & tensors
-            size = sizes.of(condition_tensors)
-            elements += MASK_WEIGHT * size
-            operations += _operations(m.condition, tensors)
-            # an eager pass in setup_context reads the condition's tensors and writes the mask
-            moved += sum(sizes.of({n}) for n in condition_tensors) + (1 + WRITE_WEIGHT) * MASK_WEIGHT * size
-    return exprs, masks, Cost(elements, operations, moved)
-
-
-#: What one call of a function costs, in passes of a multiply over the same elements: PyTorch's float32 CPU
-#: kernels (4M elements, one thread, torch 2.13), measured and rounded. tanh is five times sigmoid there,
-#: and the functions without a vectorized CPU kernel (asinh, erfcx, ndtr, log_ndtr, xlog1py) twenty to
-#: forty multiplies, so a plan that recomputes them is not "one operation" slower than one that reads them.
-#: On a GPU every elementwise kernel costs about one pass over memory; the weights only order choices.
-#: Functions not listed cost one pass.
-KERNEL_WEIGHTS: dict[str, float] = {
-    "exp": 1.5, "exp2": 1, "log": 2.5, "log2": 2, "log10": 2, "log1p": 1.5, "expm1": 2,
-    "tanh": 4, "sinh": 2.5, "cosh": 2.5, "asinh": 36, "acosh": 30, "atanh": 3,
-    "sin": 2, "cos": 2, "tan": 3.5, "asin": 3, "acos": 3, "atan": 4, "atan2": 3,
-    "erf": 3, "erfc": 3, "erfcx": 40, "ndtr": 19, "log_ndtr": 43, "log_ndtr_grad": 43, "loggamma": 9,
-    "softplus": 2.5, "tanh_softplus": 5, "logsigmoid": 8, "log_softplus": 4, "logaddexp": 3, "mish": 6, "gelu": 1.5,
-    "xlogy": 6, "xlog1py": 23, "xexpy": 2, "logit": 2.5, "silu": 1.5,
-}  # fmt: skip
-
-
-def _operations(expr: sympy.Basic | list[sympy.Basic], tensors: set) -> float:
-    """What computing ``expr`` (or all of a list, sharing their common subexpressions as backward's CSE
-    does) costs when printed as torch code, roughly: tensor operations weighted by KERNEL_WEIGHTS."""
-    names = {t if isinstance(t, str) else t.name for t in tensors}
-    exprs = expr if isinstance(expr, list) else [expr]
-    nodes = {node for e in exprs for node in sympy.preorder_traversal(e)}
-    count = 0.0
-    for node in nodes:
-        if node.is_Atom or not any(s.name in names for s in node.free_symbols):
-            continue
-        if isinstance(node, (sympy.Add, sympy.Mul)):
-            tensor_args = sum(1 for a in node.args if any(s.name in names for s in a.free_symbols))
-            count += tensor_args - 1 + (tensor_args < len(node.args))
-        elif isinstance(node, sympy.Piecewise):
-            count += len(node.args) - 1
-        elif not isinstance(node, sympy.functions.elementary.piecewise.ExprCondPair):
-            count += KERNEL_WEIGHTS.get(type(node).__name__, 1)
-    return count
+def _sizes(program: Program, names: tuple[OutputNames, ...]) -> Sizes:
+    """The example sizes of the tensors backward may read: the program's, its outputs' by their names in
+    the generated code, and the upstream gradients'."""
+    return Sizes(
+        shapes={n: program.value(n).shape for n in program.tensor_names},
+        outputs={n.value: math.prod(o.shape) for n, o in zip(names, program.outputs)},
+        upstream=frozenset(n.grad for n in names),
+    )

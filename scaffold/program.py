@@ -22,6 +22,7 @@ backward can keep instead of recomputing (:mod:`.dataflow`: a hand-written Layer
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -236,7 +237,7 @@ class _Lifter:
     def combined(self, lifted: sympy.Basic, output: bool = False) -> sympy.Basic:
         """An operand's or output's ``lifted`` with its :func:`_combination` (``input - target``) a node."""
         arguments = {*self.tensors, *(self.parsed.symbols[n] for n in self.scalars)} if output else None
-        if (combination := _combination(lifted, self.tensors, arguments)) is None:
+        if (combination := _combination(lifted, self.tensors, arguments, self.shapes if output else None)) is None:
             return lifted
         inner = self.node(combination, None, combination)
         return lifted.xreplace({combination: inner, -combination: -inner})
@@ -386,12 +387,18 @@ def code_name(given: str, taken: set[str]) -> str:
 
 
 def _combination(
-    formula: sympy.Basic, tensors: set[sympy.Symbol], arguments_only: set[sympy.Symbol] | None = None
+    formula: sympy.Basic,
+    tensors: set[sympy.Symbol],
+    arguments_only: set[sympy.Symbol] | None = None,
+    shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> sympy.Expr | None:
     """The smallest part of ``formula`` through which it reads all of its (two or more) tensor arguments,
     where there is one and it is not the whole: ``input - target`` in ``(input - target)**2``; given
     ``arguments_only`` (the arguments), failing that, the part of arguments alone through which it reads the
-    most of them, two or more (gaussian_nll's ``input - target`` beside ``var``).
+    most of them, two or more (gaussian_nll's ``input - target`` beside ``var``). Given the values' ``shapes``
+    too (an output's formula), another of those parts instead where backward reads fewer elements through it
+    (:func:`_backward_elements`): lerp's ``y - x`` (the output, ``x + weight*(y - x)``, is flat in the ``x``
+    outside it), barron's ``y_pred - y`` (not ``((y_pred - y)/c)**2``, whose derivative reads both).
 
     Computed as a node of its own, it is all backward needs of them (``2*(input - target)``): saving it
     costs one tensor where recomputing it costs them all (:mod:`.dataflow` decides which).
@@ -414,14 +421,53 @@ def _combination(
         # by sort key last: a set's order varies between processes, and so would the node on a tie
         key=lambda node: (-len(node.free_symbols & arguments), sympy.count_ops(node), sympy.default_sort_key(node)),
     )
+    chosen = next(
+        (
+            c
+            for c in candidates
+            if not formula.xreplace({c: marker, -c: -marker}).free_symbols & c.free_symbols & arguments
+        ),
+        None,
+    )
+    if (
+        arguments_only is None
+        or shapes is None
+        or (fewest := _backward_elements(formula, chosen, tensors, shapes)) is None
+    ):
+        return chosen
     for candidate in candidates:
-        if (
-            not formula.xreplace({candidate: marker, -candidate: -marker}).free_symbols
-            & candidate.free_symbols
-            & arguments
-        ):
-            return candidate
-    return None
+        elements = _backward_elements(formula, candidate, tensors, shapes)
+        if elements is not None and elements < fewest:
+            fewest, chosen = elements, candidate
+    return chosen
+
+
+def _backward_elements(
+    formula: sympy.Basic, part: sympy.Expr | None, tensors: set[sympy.Symbol], shapes: dict[str, tuple[int, ...]]
+) -> int | None:
+    """The elements of the tensor arguments, and of ``part`` as a node of its own, that backward reads to
+    differentiate ``formula`` (the partials of the formula over the node, and of the node): what it keeps of
+    them at best. The node counts where backward reads none of its arguments besides; else backward
+    computes it again from them (:mod:`.dataflow` keeps such a node only so). None where sympy cannot
+    differentiate it."""
+    marker = sympy.Dummy(real=True)
+    outer = formula.xreplace({part: marker, -part: -marker}) if part is not None else formula
+    inner = part.free_symbols & tensors if part is not None else set()
+    shapes = {**shapes, marker.name: broadcast([shapes[s.name] for s in inner])}
+    pairs = [(outer, s) for s in outer.free_symbols & (tensors | {marker})] + [(part, s) for s in inner]
+    reads: set[sympy.Symbol] = set()
+    for expr, symbol in pairs:
+        try:
+            partial = sympy.diff(expr, symbol)
+        except (TypeError, ValueError, NotImplementedError):
+            return None
+        if partial.has(sympy.Derivative, sympy.Subs):
+            return None
+        reads |= partial.free_symbols
+    reads &= tensors | {marker}
+    if marker in reads and reads & inner:
+        reads = (reads | inner) - {marker}
+    return sum(math.prod(shapes[s.name]) for s in reads)
 
 
 def _costly(expr: sympy.Basic) -> bool:

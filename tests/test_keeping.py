@@ -86,10 +86,10 @@ def test_a_condition_on_math_of_what_backward_keeps_needs_no_mask():
     assert inventory._bytes(structured) == inventory._bytes(elementwise)
 
 
-def _realistic_kept(name: str) -> tuple[dict, dict]:
+def _realistic_kept(name: str, policy: str = "memory") -> tuple[dict, dict]:
     mapping = next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
-    elementwise = inventory._plans(mapping, "memory", forced=False)
-    structured = inventory._plans(mapping, "memory", forced=True)
+    elementwise = inventory._plans(mapping, policy, forced=False)
+    structured = inventory._plans(mapping, policy, forced=True)
     return (
         inventory.elementwise_kept(elementwise.plan, elementwise.program),
         inventory.structured_kept(structured.plan, structured.program),
@@ -102,16 +102,56 @@ def test_the_policy_time_keeps_the_argument_a_condition_reads():
     assert list(structured) == ["x"]
 
 
+@pytest.mark.parametrize(("name", "masks"), [("leaky_relu", 1), ("hardtanh", 2), ("softshrink", 1), ("pinball", 1)])
+def test_under_the_policy_time_the_cost_model_chooses_masks_as_the_elementwise_plan(name: str, masks: int):
+    """Under "time" a mask on an argument costs its pass in forward and spares backward the comparison (the
+    ``where`` of leaky_relu's two slopes reads it either way): as many operations, fewer bytes, so the cost
+    model (scaffold.cost) the two planners share chooses it, as plan.make_plan does."""
+    elementwise, structured = _kept(name, "time") if name in _BY_NAME else _realistic_kept(name, "time")
+    assert sum(size == inventory.BOOL for _, size in structured.values()) == masks
+    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+
+
+@pytest.mark.parametrize("name", ["snake", "cauchy"])
+def test_a_hoisted_part_of_what_backward_keeps_anyway_is_recomputed_under_memory(name: str):
+    """snake's ``1/a`` beside ``a``, cauchy's ``c**-2`` beside ``c``: computed again in backward under
+    "memory" (the cost model ranks its elements first), as the elementwise plan does; kept under "time"."""
+    elementwise, structured = _realistic_kept(name, "memory")
+    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+    mapping = next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
+    hoisted = inventory._plans(mapping, "memory", forced=True).program.hoisted
+    assert hoisted and not hoisted & set(structured)
+    _, structured = _realistic_kept(name, "time")
+    assert hoisted <= set(structured)
+
+
+@pytest.mark.parametrize(("name", "kept"), [("lerp", {"weight"}), ("barron", {"c"}), ("found_19", {"w"})])
+@pytest.mark.parametrize("policy", ["memory", "time"])
+def test_the_combination_backward_reads_instead_of_the_arguments_is_a_node(name: str, kept: set[str], policy: str):
+    """lerp's ``y - x`` (the output, ``x + weight*(y - x)``, is flat in the ``x`` outside it), barron's
+    ``y_pred - y`` (not ``((y_pred - y)/c)**2``, whose derivative reads both), found_19's ``x - y`` (not
+    ``w*(x - y)``): the part of the arguments through which backward reads the fewest elements is a node,
+    kept beside the small parameter instead of both arguments, as the elementwise plan keeps it (under
+    "time" barron keeps its hoisted ``c**-2`` besides: backward need not compute it again; found_19's
+    elementwise plan keeps more there, an intermediate beside the arguments)."""
+    elementwise, structured = _kept(name, policy) if name in _BY_NAME else _realistic_kept(name, policy)
+    mapping = _BY_NAME.get(name) or next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
+    hoisted = inventory._plans(mapping, policy, forced=True).program.hoisted
+    structured = {n: k for n, k in structured.items() if n not in hoisted}
+    assert kept < set(structured) and len(structured) == len(kept) + 1
+    assert inventory._bytes(structured) <= inventory._bytes(elementwise)
+
+
 def test_the_inventory_groups_what_the_structured_path_keeps_more_by_cause():
-    ops = "relu,mse,lerp"
+    ops = "relu,mse,logaddexp"
     command = [sys.executable, str(SCRIPTS / "keeping_inventory.py"), "--ops", ops, "--policies", "memory"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "policy memory: 3 elementwise ops compared; the structured path keeps more for 1"
-    # lerp's x - y (the output, x + weight*(y - x), reads x beside it), kept by the elementwise plan
-    lerp = "    lerp: [weight:1, saved:20] (84 B) vs [x:20, y:20, weight:1] (164 B)"
-    assert lines[1:3] == ["  intermediate: 1", lerp]
+    # logaddexp's x - y, of its stable form, kept by the elementwise plan; the program computes exp(x) + exp(y)
+    logaddexp = "    logaddexp: [saved:20] (80 B) vs [x:20, y:20] (160 B)"
+    assert lines[1:3] == ["  intermediate: 1", logaddexp]
 
 
 _NODES = """
