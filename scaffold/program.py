@@ -32,6 +32,7 @@ from . import structural
 from .errors import ExpressionError
 from .expression import ParsedExpression
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
+from .stable import stabilize
 from .structural import Structural
 
 #: Kinds of value: an argument of the op, or the kind of node that computes it.
@@ -421,6 +422,8 @@ def _combination(
         # by sort key last: a set's order varies between processes, and so would the node on a tie
         key=lambda node: (-len(node.free_symbols & arguments), sympy.count_ops(node), sympy.default_sort_key(node)),
     )
+    # a part the formula's stable form rewrites (exp(x) + exp(y) under a log: logaddexp) stays inside it
+    candidates = [c for c in candidates if _outside_stable_forms(formula, c, tensors)]
     chosen = next(
         (
             c
@@ -440,6 +443,16 @@ def _combination(
         if elements is not None and elements < fewest:
             fewest, chosen = elements, candidate
     return chosen
+
+
+def _outside_stable_forms(formula: sympy.Basic, part: sympy.Expr, tensors: set[sympy.Symbol]) -> bool:
+    """Whether ``formula``'s stable form (:func:`.stable.stabilize`) is the same with ``part`` a value of its
+    own: ``log(cosh(x - y))`` keeps ``x - y``; ``log(exp(x) + exp(y))`` becomes logaddexp only where it sees
+    the exponentials."""
+    marker = sympy.Dummy(real=True)
+    split = formula.xreplace({part: marker, -part: -marker})
+    whole = stabilize(formula, frozenset(tensors))
+    return stabilize(split, frozenset(tensors) | {marker}).xreplace({marker: part}) == whole
 
 
 def _backward_elements(

@@ -174,3 +174,11 @@ def test_the_combination_a_node_computes_is_the_same_in_every_process():
         for seed in range(6)
     }
     assert len(runs) == 1 and "t*x" in next(iter(runs)), runs
+
+
+def test_a_combination_the_stable_form_rewrites_stays_inside_it():
+    """``exp(x) + exp(y)`` reads both arguments, but under the log it is logaddexp's: made a node of its own, the
+    log would take it as it is, and exp(100) overflows float32 (inf where the value is 100)."""
+    plans = inventory._plans(_BY_NAME["logaddexp"], "memory", forced=True)
+    assert [v.name for v in plans.program.values if v.expr is not None] == ["out"]
+    assert any("torch.logaddexp(x, y)" in line for line in plans.plan.forward), plans.plan.forward
