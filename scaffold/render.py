@@ -1674,6 +1674,7 @@ class ProgramView(_Entry):
     module: ModuleCode
     sizes_check: SizeChecks | None  # _check_sizes, where tensors share a size name
     fuse: bool
+    neg_abs: bool  # fused code calls _neg_abs
     # hidden outputs' gradients backward takes: not None only in a second derivative (or a gradcheck)
     returned_grads: list[str]
     backward_params: list[str]
@@ -1691,10 +1692,7 @@ class ProgramView(_Entry):
     custom_gradients: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     custom_grad_names: str = ""
     double: DoubleBackwardView | None = None  # None: autograd differentiates _backward for a second derivative
-
-    @property
-    def backward_fused(self) -> bool:
-        return self.fuse
+    backward_fused: bool = False  # fused mode compiles backward too (not where it is one ATen kernel)
 
 
 @dataclass(frozen=True)
@@ -1783,6 +1781,8 @@ def program_module_view(
         grads=[f"grad_{n}" for n in tensor_names],
         backward_blocks=_program_blocks(plan, tensor_names),
         fuse=spec.fuse,
+        backward_fused=spec.fuse and not plan.one_kernel,
+        neg_abs=NEG_ABS in plan.helpers,
         returned_grads=list(plan.upstream[len(plan.visible) :]),
         backward_params=_program_backward_params(plan),
         backward_args=_program_backward_args(plan),
@@ -1837,10 +1837,12 @@ def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBac
         masks=list(plan.masks),
     )
     tensor_names, params = [t.name for t in spec.tensors], _program_backward_params(plan)
+    # its forward: the gradients, compiled where fused (not where they are one ATen kernel)
+    function = "_fused_backward" if spec.fuse and not plan.one_kernel else "_backward"
     view = double_backward_view(
-        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function="_backward"
+        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function=function
     )
-    assert not code.helpers, code.helpers  # only fused code's forms call helpers, and fused ops derive none
+    assert not code.helpers, code.helpers  # derived from the partials, not printed in fused code's forms
     return view, {IMPORTS[a] for a in code.imports}
 
 
