@@ -255,26 +255,6 @@ class _Graph:
                 return a, first
         return None
 
-    def partials(self, v: Value) -> dict[str, sympy.Expr]:
-        """The elementwise node ``v``'s partial derivatives as backward multiplies by them, by read: a hoisted
-        part's in terms of its own value, which backward has (``-rsqrt**3/2``); an output's in terms of
-        itself where that reads none of the tensors they read, and no more elements (tanh's, sigmoid's and
-        exp's, as a hand-written Function saves its output: the derivative kernel of one saved tensor, not
-        the forward computed again)."""
-        node = self.derivation.node(v.name)
-        partials = dict(node.partials)
-        own = sympy.Symbol(v.name, real=True)
-        if v.name in self.hoisted:
-            return {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
-        if v.name not in self.visible:
-            return partials
-        written = {read: _in_terms_of(p, node.forward, own) for read, p in partials.items()}
-        operands = {s.name for p in partials.values() for s in p.free_symbols if self.is_tensor(s.name)}
-        remaining = {s.name for p in written.values() for s in p.free_symbols if self.is_tensor(s.name)}
-        if not operands or remaining != {v.name}:
-            return partials
-        return written if _elements(v.shape) <= sum(_elements(self.shape(o)) for o in operands) else partials
-
     def reads_arguments(self, name: str) -> bool:
         """Whether the value ``name`` reads a tensor argument (not only reductions' results)."""
         return any(self.values[r].kind == TENSOR for r in self.values[name].reads)
@@ -361,6 +341,31 @@ class _Writer:
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
         self.named = frozenset(self.taken)  # the names every function of the module may not take
+
+    def partials(self, v: Value) -> dict[str, sympy.Expr]:
+        """The elementwise node ``v``'s partial derivatives as backward multiplies by them, by read: a hoisted
+        part's in terms of its own value, which backward has (``-rsqrt**3/2``); an output's in terms of
+        itself where that reads none of the tensors they read, and no more elements (tanh's, sigmoid's and
+        exp's, as a hand-written Function saves its output: the derivative kernel of one saved tensor, not
+        the forward computed again). Under "memory" only where those tensors are arguments, which backward
+        would keep: a product or softmax it reads is computed again there, not kept (matvec's ``tanh(w @ x)``
+        keeps ``w`` and ``x`` alone)."""
+        graph = self.graph
+        node = graph.derivation.node(v.name)
+        partials = dict(node.partials)
+        own = sympy.Symbol(v.name, real=True)
+        if v.name in graph.hoisted:
+            return {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
+        if v.name not in graph.visible:
+            return partials
+        written = {read: _in_terms_of(p, node.forward, own) for read, p in partials.items()}
+        operands = {s.name for p in partials.values() for s in p.free_symbols if graph.is_tensor(s.name)}
+        remaining = {s.name for p in written.values() for s in p.free_symbols if graph.is_tensor(s.name)}
+        if not operands or remaining != {v.name}:
+            return partials
+        if self.policy == "memory" and any(graph.values[o].kind != TENSOR for o in operands):
+            return partials
+        return written if _elements(v.shape) <= sum(_elements(graph.shape(o)) for o in operands) else partials
 
     # -- printing ----------------------------------------------------------------------------------------
 
@@ -720,7 +725,7 @@ class _Planner(_ForwardWriter):
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
         reciprocal square root) computed once, where some gradient that reads them is needed."""
-        partials = self.graph.partials(node)
+        partials = self.partials(node)
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
         docs += [(f"d {node.name} / d {read}", math_text(partials[read])) for read in targets]
@@ -1043,14 +1048,14 @@ class _SecondOrder:
         return derive_double_backward(parts, graph.tensor_args, [*grads, *tensors], every, taken, planner.where, share)
 
     def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
-        """The nodes as backward multiplies by their partials (:meth:`_Graph.partials`, conditions read from
+        """The nodes as backward multiplies by their partials (:meth:`_Writer.partials`, conditions read from
         masks), for the values some gradient reaches
         from ``reached``; None where that would need a mask backward does not read."""
         planner = self.planner
         graph, masks, nodes = planner.graph, dict(planner.masks), []
         for v in reversed(graph.nodes):
             node = graph.derivation.node(v.name)
-            partials = graph.partials(v)
+            partials = planner.partials(v)
             wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
             reached |= set(wanted)
             nodes.insert(0, Node(v.name, node.forward, tuple((r, planner._masked(partials[r])) for r in wanted)))

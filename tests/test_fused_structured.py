@@ -133,3 +133,12 @@ def _forced_fused_ops(folder: Path) -> GeneratedRun:
 def test_generated_tests_of_structured_fused_ops_pass(background_results):
     result = background_results
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("policy", "saved"), [("memory", ("w", "x")), ("time", ("w", "x", "out"))])
+def test_an_output_read_in_place_of_a_product_only_under_time(policy, saved):
+    # tanh(w @ x): under "memory" w @ x is computed again in backward and nothing of its size kept; under "time"
+    # backward reads the output, tanh_backward(grad, out), not the product kept and tanh of it computed again
+    spec = make_spec("matvec", "tanh(w @ x)", {"w": {"shape": [8, 16]}, "x": {"shape": [16]}}, policy=policy)
+    plan = compile_op(spec).plan
+    assert plan.saved == saved and plan.hidden == ()
