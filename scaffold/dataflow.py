@@ -1049,8 +1049,8 @@ class _SecondOrder:
 
     def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
         """The nodes as backward multiplies by their partials (:meth:`_Writer.partials`, conditions read from
-        masks), for the values some gradient reaches
-        from ``reached``; None where that would need a mask backward does not read."""
+        masks), for the values some gradient reaches from ``reached``; None where that would need a mask
+        backward does not read."""
         planner = self.planner
         graph, masks, nodes = planner.graph, dict(planner.masks), []
         for v in reversed(graph.nodes):

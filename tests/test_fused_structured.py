@@ -33,6 +33,7 @@ SPECS = {
     "logsigmoid": make_spec("logsigmoid", "-log(1 + exp(-x))", fuse=True),
     "tanh_op": make_spec("tanh_op", "tanh(x)", fuse=True),
 }
+DIV = make_spec("div", "x/y", {"x": {}, "y": {"shape": [4, 1], "domain": [0.5, 3.0]}}, fuse=True)
 #: The calls whose number in _forward and _backward says which fused forms the code computes.
 CALLS = ("torch.exp(", "torch.log(", "torch.erf(", "torch.sigmoid(", "torch.tanh(", "_neg_abs(", "softplus", "log1p")
 
@@ -81,6 +82,16 @@ def test_structured_fused_swish_takes_its_sigmoid_pair_from_one_exp():
     assert "grads = _gradients(ctx.needs_input_grad, grad_output, x, beta" in forced
 
 
+def test_a_hidden_outputs_gradient_goes_through_the_derived_double_backward_too():
+    # div's 1/y is a hidden output: its gradient (None but in a second derivative) is an argument of
+    # _fused_backward, which _DivBackward runs as its forward
+    with probe.structured_path():
+        text = generate_op(DIV)["div.py"]
+    assert "return out, inverse" in _function(text, "_forward")
+    assert "gradients = staticmethod(_fused_backward)" in text
+    assert re.search(r"grads = _gradients\(\s*ctx\.needs_input_grad, grad_output, grad_inverse_returned", text)
+
+
 def test_structured_fused_gelu_squares_erfs_argument_and_logsigmoid_takes_one_log():
     _, gelu = _both("gelu_erf")
     backward = _function(gelu, "_backward")
@@ -122,10 +133,11 @@ def test_the_structured_path_saves_the_output_its_derivative_is_written_in(forwa
 
 
 def _forced_fused_ops(folder: Path) -> GeneratedRun:
-    # gradcheck, gradgradcheck through the derived double backward, torch.func, the reference, the extremes
+    # gradcheck, gradgradcheck through the derived double backward, torch.func, the reference, the extremes;
+    # div keeps 1/y as a hidden output, whose gradient reaches the derived double backward's Function too
     with probe.structured_path():
-        for name in ("swish", "gelu_erf", "tanh_op"):
-            write_files(generate_op(SPECS[name]), folder)
+        for spec in (SPECS["swish"], SPECS["gelu_erf"], SPECS["tanh_op"], DIV):
+            write_files(generate_op(spec), folder)
     return GeneratedRun(folder)
 
 
