@@ -584,8 +584,7 @@ class _Planner(_ForwardWriter):
             jvp=tuple(jvp),
             jvp_returns=tuple(jvp_returns),
             jvp_scalars=tuple(jvp_scalars),
-            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
-            helpers=tuple(sorted(self.helpers)),
+            **self._printed(recompute_lines + lines),
             parameter_shapes=tuple(
                 (p, self.graph.row_shape(v) if p in constants else self.graph.shape(v)) for p, v in parameters
             ),
@@ -594,9 +593,17 @@ class _Planner(_ForwardWriter):
             rule_docs=tuple(rule_docs),
             constants=tuple(constants),
             recomputed=tuple(recomputed),
-            one_kernel=self._one_kernel(recompute_lines + lines),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
         )
+
+    def _printed(self, backward: list[Line]) -> dict:
+        """What the printed code needs of the module, its imports and its own functions (fused code's
+        ``_neg_abs``, which the template defines), and whether ``backward`` is one ATen kernel alone."""
+        return {
+            "imports": tuple(IMPORTS[a] for a in sorted(self.imports)),
+            "helpers": tuple(sorted(self.helpers)),
+            "one_kernel": self._one_kernel(backward),
+        }
 
     def _one_kernel(self, backward: list[Line]) -> bool:
         """Whether ``backward`` is one gradient, one of ATen's derivative kernels of a saved tensor (an

@@ -1780,9 +1780,7 @@ def program_module_view(
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
         backward_blocks=_program_blocks(plan, tensor_names),
-        fuse=spec.fuse,
-        backward_fused=spec.fuse and not plan.one_kernel,
-        neg_abs=NEG_ABS in plan.helpers,
+        **_program_fused(spec, plan),
         returned_grads=list(plan.upstream[len(plan.visible) :]),
         backward_params=_program_backward_params(plan),
         backward_args=_program_backward_args(plan),
@@ -1803,6 +1801,12 @@ def program_module_view(
         custom_grad_names=_custom_grad_names(program),
         double=double,
     )
+
+
+def _program_fused(spec: OpSpec, plan: ProgramPlan) -> dict[str, bool]:
+    """The ProgramView fields of fused mode: whether it is on, whether backward is compiled too (not where
+    it is one ATen kernel), and whether the code calls _neg_abs."""
+    return {"fuse": spec.fuse, "backward_fused": spec.fuse and not plan.one_kernel, "neg_abs": NEG_ABS in plan.helpers}
 
 
 def _program_backward_args(plan: ProgramPlan) -> list[str]:
