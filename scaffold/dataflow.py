@@ -41,7 +41,7 @@ from . import cost, structural
 from .double_backward import DoubleBackward, Node, composed_gradients, derive_double_backward
 from .errors import ExpressionError, error_context
 from .lowering import step_relational
-from .plan import Step, _share, straight_line
+from .plan import Step, _share, derivative_kernel_alone, straight_line
 from .printing import IMPORTS, POWER, PRODUCT, is_finite, math_text, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
@@ -103,6 +103,7 @@ class ProgramPlan:
     jvp_returns: tuple[str, ...]
     jvp_scalars: tuple[str, ...]
     imports: tuple[str, ...]
+    helpers: tuple[str, ...]  # the module's own functions the code calls (fused code's printing.NEG_ABS)
     # the example shape of each tensor backward takes (saved values, upstream gradients), for stage 6b
     parameter_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # and the arguments whose leading dimensions each has at call time (_Planner._sources)
@@ -112,6 +113,9 @@ class ProgramPlan:
     # hidden outputs that carry no gradient, before the masks: a restated softmax's statistics
     constants: tuple[str, ...] = ()
     recomputed: tuple[str, ...] = ()  # values backward computes again from what it has
+    # backward is one of ATen's grad * derivative kernels of a saved tensor alone (tanh_backward(grad, out)):
+    # fused code runs it eagerly (plan.one_derivative_kernel)
+    one_kernel: bool = False
     # backward's own backward, derived (None: autograd differentiates backward's code)
     double_backward: DoubleBackward | None = None
 
@@ -349,13 +353,40 @@ class _Writer:
         self.where = where
         self.zero_summed: set[str] = set()  # values some of whose gradient's shares sum to zero (not computed)
         self.imports: set[str] = set()
+        self.helpers: set[str] = set()  # the module's own functions the code calls (fused code's NEG_ABS)
         self.custom_reads: set[str] = set()  # values custom gradients read that depend on a tensor they are given for
         self.masks: dict[sympy.Basic, str] = {}  # condition -> mask name
         self.argument_masks: dict[str, frozenset[sympy.Basic]] = {}  # node -> the conditions on arguments masked
+        self.kernel_alone: str | None = None  # an elementwise node's gradient code, where one kernel alone
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
         self.named = frozenset(self.taken)  # the names every function of the module may not take
+
+    def partials(self, v: Value) -> dict[str, sympy.Expr]:
+        """The elementwise node ``v``'s partial derivatives as backward multiplies by them, by read: a hoisted
+        part's in terms of its own value, which backward has (``-rsqrt**3/2``); an output's in terms of
+        itself where that reads none of the tensors they read, and no more elements (tanh's, sigmoid's and
+        exp's, as a hand-written Function saves its output: the derivative kernel of one saved tensor, not
+        the forward computed again). Under "memory" only where those tensors are arguments, which backward
+        would keep: a product or softmax it reads is computed again there, not kept (matvec's ``tanh(w @ x)``
+        keeps ``w`` and ``x`` alone)."""
+        graph = self.graph
+        node = graph.derivation.node(v.name)
+        partials = dict(node.partials)
+        own = sympy.Symbol(v.name, real=True)
+        if v.name in graph.hoisted:
+            return {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
+        if v.name not in graph.visible:
+            return partials
+        written = {read: _in_terms_of(p, node.forward, own) for read, p in partials.items()}
+        operands = {s.name for p in partials.values() for s in p.free_symbols if graph.is_tensor(s.name)}
+        remaining = {s.name for p in written.values() for s in p.free_symbols if graph.is_tensor(s.name)}
+        if not operands or remaining != {v.name}:
+            return partials
+        if self.policy == "memory" and any(graph.values[o].kind != TENSOR for o in operands):
+            return partials
+        return written if _elements(v.shape) <= sum(_elements(graph.shape(o)) for o in operands) else partials
 
     # -- printing ----------------------------------------------------------------------------------------
 
@@ -374,8 +405,8 @@ class _Writer:
             lambda node: node.args[0] * finite_at_zero(sympy.exp(node.args[1]), node.args[0]),
         )
         printed = print_torch(expr, tensors, where=self.where, bools=bools, anchor=anchor, finite=finite)
-        assert not printed.helpers, printed.helpers  # elementwise fused code's; program_op.py.j2 defines none
         self.imports |= printed.imports
+        self.helpers |= printed.helpers
         return printed.text
 
     def _parameters(self, saved, grad_names, hidden_values) -> list[tuple[str, str]]:
@@ -449,13 +480,14 @@ class _ForwardWriter(_Writer):
 
     def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
         """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
-        eager forms the elementwise plan computes (mish from one sigmoid, a guarded branch) and its repeated
-        subexpressions computed once (:func:`.plan.straight_line`), in temporaries not in ``taken`` (which
-        gains them); ``copy`` as :meth:`forward_expr`'s."""
+        forms the elementwise plan computes (mish from one sigmoid, a guarded branch; in fused code a sigmoid
+        pair from one exponential, softplus from an exp and a log) and its repeated subexpressions computed
+        once (:func:`.plan.straight_line`), in temporaries not in ``taken`` (which gains them); ``copy`` as
+        :meth:`forward_expr`'s."""
         if v.kind != ELEMENTWISE:
             return [f"{v.name} = {self.forward_expr(v, copy)}"]
         formula = self.graph.derivation.node(v.name).forward
-        steps, (reduced,) = straight_line([formula], taken, self.scalars)
+        steps, (reduced,) = straight_line([formula], taken, self.scalars, self.fused)
         taken |= {step.name for step in steps}
         temporaries, lines = set(), []  # the tensors among them: one over scalars alone is a Python number
         for step in steps:
@@ -658,7 +690,7 @@ class _Planner(_ForwardWriter):
             jvp=tuple(jvp),
             jvp_returns=tuple(jvp_returns),
             jvp_scalars=tuple(jvp_scalars),
-            imports=tuple(IMPORTS[a] for a in sorted(self.imports)),
+            **self._printed(recompute_lines + lines),
             parameter_shapes=tuple(
                 (p, self.graph.row_shape(v) if p in constants else self.graph.shape(v)) for p, v in parameters
             ),
@@ -669,6 +701,22 @@ class _Planner(_ForwardWriter):
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
         )
+
+    def _printed(self, backward: list[Line]) -> dict:
+        """What the printed code needs of the module, its imports and its own functions (fused code's
+        ``_neg_abs``, which the template defines), and whether ``backward`` is one ATen kernel alone."""
+        return {
+            "imports": tuple(IMPORTS[a] for a in sorted(self.imports)),
+            "helpers": tuple(sorted(self.helpers)),
+            "one_kernel": self._one_kernel(backward),
+        }
+
+    def _one_kernel(self, backward: list[Line]) -> bool:
+        """Whether ``backward`` is one gradient, one of ATen's derivative kernels of a saved tensor (an
+        output's: tanh's, sigmoid's) alone."""
+        if len(self.graph.nodes) != 1 or self.kernel_alone is None or len(self.graph.tensor_args) != 1:
+            return False
+        return [line.text for line in backward] == [f"grad_{self.graph.tensor_args[0]} = {self.kernel_alone}"]
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
         """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its
@@ -790,10 +838,7 @@ class _Planner(_ForwardWriter):
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:
         """The gradient times each partial derivative, for each read; subexpressions they share (a norm's
         reciprocal square root) computed once, where some gradient that reads them is needed."""
-        partials = dict(self.graph.derivation.node(node.name).partials)
-        if node.name in self.graph.hoisted:  # in terms of its own value, which backward has
-            own = sympy.Symbol(node.name, real=True)
-            partials = {read: _in_terms_of(p, node.expr, own) for read, p in partials.items()}
+        partials = self.partials(node)
         grad_symbol = sympy.Symbol(g, real=True)
         exprs = []
         docs += [(f"d {node.name} / d {read}", math_text(partials[read])) for read in targets]
@@ -802,9 +847,11 @@ class _Planner(_ForwardWriter):
             partial = self._masked(partials[read], node.name)
             emitter.request_symbols(partial)
             exprs.append(grad_symbol * partial)
-        steps, reduced = straight_line(exprs, self.taken, self.scalars, cheapest=True)
+        steps, reduced = straight_line(exprs, self.taken, self.scalars, self.fused, cheapest=True)
         temporaries = {step.name: step.expr for step in steps}
         tensors, finite = self._temporaries(steps, dict(zip(targets, reduced)), g, lines)
+        if not steps and len(reduced) == 1 and derivative_kernel_alone(reduced[0], grad_symbol):
+            self.kernel_alone = self.print(reduced[0], extra=tensors, finite=finite)
 
         conditions = {mask: condition for condition, mask in self.masks.items()}
 
@@ -1051,16 +1098,12 @@ class _SecondOrder:
         """Backward's own backward (:mod:`.double_backward`), where every node is elementwise: each
         argument's gradient is then elementwise math in the upstream gradients (``upstream``, of the outputs
         and then of the ``hidden`` outputs) and the ``saved`` tensors. None (autograd differentiates
-        backward's code) where a node reduces, normalizes or multiplies matrices, in fused mode, and where
-        the spec gives custom gradients."""
+        backward's code) where a node reduces, normalizes or multiplies matrices, and where the spec gives
+        custom gradients. In fused mode too, as the elementwise plan does: the derived backward's Function
+        runs the compiled gradients as its forward."""
         planner = self.planner
         graph = planner.graph
-        if (
-            planner.fused
-            or graph.derivation.custom
-            or planner.zero_summed
-            or any(v.kind != ELEMENTWISE for v in graph.nodes)
-        ):
+        if graph.derivation.custom or planner.zero_summed or any(v.kind != ELEMENTWISE for v in graph.nodes):
             return None
         grads = [sympy.Symbol(g, real=True) for g in upstream]
         seeds: dict[str, list[sympy.Symbol]] = {}
@@ -1081,17 +1124,14 @@ class _SecondOrder:
         return derive_double_backward(parts, graph.tensor_args, [*grads, *tensors], every, taken, planner.where, share)
 
     def _chain_rule_nodes(self, reached: set[str]) -> list[Node] | None:
-        """The nodes as backward multiplies by their partials (:meth:`_Planner._elementwise_backward`: a hoisted
-        node's in terms of its own value, conditions read from masks), for the values some gradient reaches
-        from ``reached``; None where that would need a mask backward does not read."""
+        """The nodes as backward multiplies by their partials (:meth:`_Writer.partials`, conditions read from
+        masks), for the values some gradient reaches from ``reached``; None where that would need a mask
+        backward does not read."""
         planner = self.planner
         graph, masks, nodes = planner.graph, dict(planner.masks), []
         for v in reversed(graph.nodes):
             node = graph.derivation.node(v.name)
-            partials = dict(node.partials)
-            if v.name in graph.hoisted:
-                own = sympy.Symbol(v.name, real=True)
-                partials = {read: _in_terms_of(p, v.expr, own) for read, p in partials.items()}
+            partials = planner.partials(v)
             wanted = [r for r in v.reads if v.name in reached and graph.upstream[r] and partials[r] != 0]
             reached |= set(wanted)
             masked = tuple((r, planner._masked(partials[r], v.name)) for r in wanted)

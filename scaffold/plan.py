@@ -616,8 +616,13 @@ def one_derivative_kernel(plan: BackwardPlan) -> bool:
     terms = [t for t in plan.backward.terms if not t.is_zero]
     if plan.backward.shared or len(plan.outputs) != 1 or len(terms) != 1 or terms[0].steps:
         return False
-    grad = sympy.Symbol(plan.outputs[0].grad, real=True)
-    factors = sympy.Mul.make_args(terms[0].expr)
+    return derivative_kernel_alone(terms[0].expr, sympy.Symbol(plan.outputs[0].grad, real=True))
+
+
+def derivative_kernel_alone(expr: sympy.Expr, grad: sympy.Symbol) -> bool:
+    """Whether ``expr`` is ``grad`` times one of ATen's fused derivative kernels of a tensor it is given
+    (``tanh_backward(grad, out)``), and nothing else."""
+    factors = sympy.Mul.make_args(expr)
     return (
         len(factors) == 2
         and grad in factors

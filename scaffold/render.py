@@ -1713,6 +1713,7 @@ class ProgramView(_Entry):
     module: ModuleCode
     sizes_check: SizeChecks | None  # _check_sizes, where tensors share a size name
     fuse: bool
+    neg_abs: bool  # fused code calls _neg_abs
     # hidden outputs' gradients backward takes: not None only in a second derivative (or a gradcheck)
     returned_grads: list[str]
     backward_params: list[str]
@@ -1730,10 +1731,7 @@ class ProgramView(_Entry):
     custom_gradients: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     custom_grad_names: str = ""
     double: DoubleBackwardView | None = None  # None: autograd differentiates _backward for a second derivative
-
-    @property
-    def backward_fused(self) -> bool:
-        return self.fuse
+    backward_fused: bool = False  # fused mode compiles backward too (not where it is one ATen kernel)
 
     @property
     def backward_doc(self) -> str:
@@ -1741,9 +1739,14 @@ class ProgramView(_Entry):
         runs, and whether it works in place."""
         text = f"The gradients' math, from {self.camel}Function's saved tensors"
         if self.double:
-            text += f" (and _{self.camel}Backward's forward)"
-        elif self.fuse:
+            text += f" (and _{self.camel}Backward's forward)" + (", run through torch.compile" * self.backward_fused)
+        elif self.backward_fused:
             text += "; run through torch.compile, except in a second derivative"
+        if self.fuse and not self.backward_fused:
+            text += (
+                ". Not compiled: it is one ATen kernel, which torch.compile would fuse with nothing and call "
+                "through its own overhead"
+            )
         if self.backward_in_place:
             text += ". It overwrites its temporaries in place where nothing else reads them; " + (
                 "torch.func transforms run it through _runtime.out_of_place"
@@ -1841,7 +1844,7 @@ def program_module_view(
         grads=[f"grad_{n}" for n in tensor_names],
         unset_grads=_unset([f"grad_{n}" for n in tensor_names], blocks),
         backward_blocks=blocks,
-        fuse=spec.fuse,
+        **_program_fused(spec, plan),
         returned_grads=list(plan.upstream[len(plan.visible) :]),
         backward_params=_program_backward_params(plan),
         backward_args=_program_backward_args(plan),
@@ -1925,6 +1928,12 @@ def _program_saved_comment(plan: ProgramPlan) -> list[str]:
     return ["Saved for backward:"] + [line for note in notes for line in wrap(note)]
 
 
+def _program_fused(spec: OpSpec, plan: ProgramPlan) -> dict[str, bool]:
+    """The ProgramView fields of fused mode: whether it is on, whether backward is compiled too (not where
+    it is one ATen kernel), and whether the code calls _neg_abs."""
+    return {"fuse": spec.fuse, "backward_fused": spec.fuse and not plan.one_kernel, "neg_abs": NEG_ABS in plan.helpers}
+
+
 def _program_backward_args(plan: ProgramPlan) -> list[str]:
     """What Function.backward passes _backward: the upstream gradients, the saved tensors, then from ctx."""
     shapes = [f"{n}.shape" if n in plan.saved else f"ctx.{n}_shape" for n in plan.shapes]  # a saved input's own
@@ -1957,10 +1966,12 @@ def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBac
         masks=list(plan.masks),
     )
     tensor_names, params = [t.name for t in spec.tensors], _program_backward_params(plan)
+    # its forward: the gradients, compiled where fused (not where they are one ATen kernel)
+    function = "_fused_backward" if spec.fuse and not plan.one_kernel else "_backward"
     view = double_backward_view(
-        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function="_backward"
+        code, plan.double_backward, inputs, tensor_names, params, camel=spec.camel, function=function
     )
-    assert not code.helpers, code.helpers  # only fused code's forms call helpers, and fused ops derive none
+    assert not code.helpers, code.helpers  # derived from the partials, not printed in fused code's forms
     return view, {IMPORTS[a] for a in code.imports}
 
 
