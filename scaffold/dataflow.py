@@ -463,6 +463,22 @@ class _Writer:
 
         return partial.replace(lambda n: isinstance(n, (sympy.Piecewise, sympy.Heaviside)), replace)
 
+    def _printed(self, backward: list[Line]) -> dict:
+        """What the printed code needs of the module, its imports and its own functions (fused code's
+        ``_neg_abs``, which the template defines), and whether ``backward`` is one ATen kernel alone."""
+        return {
+            "imports": tuple(IMPORTS[a] for a in sorted(self.imports)),
+            "helpers": tuple(sorted(self.helpers)),
+            "one_kernel": self._one_kernel(backward),
+        }
+
+    def _one_kernel(self, backward: list[Line]) -> bool:
+        """Whether ``backward`` is one gradient, one of ATen's derivative kernels of a saved tensor (an
+        output's: tanh's, sigmoid's) alone."""
+        if len(self.graph.nodes) != 1 or self.kernel_alone is None or len(self.graph.tensor_args) != 1:
+            return False
+        return [line.text for line in backward] == [f"grad_{self.graph.tensor_args[0]} = {self.kernel_alone}"]
+
 
 class _ForwardWriter(_Writer):
     """forward's code and forward mode's (jvp): each value from what it reads, as written or (an elementwise
@@ -701,22 +717,6 @@ class _Planner(_ForwardWriter):
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
         )
-
-    def _printed(self, backward: list[Line]) -> dict:
-        """What the printed code needs of the module, its imports and its own functions (fused code's
-        ``_neg_abs``, which the template defines), and whether ``backward`` is one ATen kernel alone."""
-        return {
-            "imports": tuple(IMPORTS[a] for a in sorted(self.imports)),
-            "helpers": tuple(sorted(self.helpers)),
-            "one_kernel": self._one_kernel(backward),
-        }
-
-    def _one_kernel(self, backward: list[Line]) -> bool:
-        """Whether ``backward`` is one gradient, one of ATen's derivative kernels of a saved tensor (an
-        output's: tanh's, sigmoid's) alone."""
-        if len(self.graph.nodes) != 1 or self.kernel_alone is None or len(self.graph.tensor_args) != 1:
-            return False
-        return [line.text for line in backward] == [f"grad_{self.graph.tensor_args[0]} = {self.kernel_alone}"]
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
         """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its

@@ -79,7 +79,7 @@ def test_structured_fused_swish_takes_its_sigmoid_pair_from_one_exp():
     assert "def _neg_abs(t):" in forced
     # the derived double backward's Function runs the compiled gradients as its forward
     assert "gradients = staticmethod(_fused_backward)" in forced
-    assert "grads = _gradients(ctx.needs_input_grad, grad_output, x, beta" in forced
+    assert "return _gradients(ctx.needs_input_grad, grad_output, x, beta" in forced
 
 
 def test_a_hidden_outputs_gradient_goes_through_the_derived_double_backward_too():
@@ -89,7 +89,7 @@ def test_a_hidden_outputs_gradient_goes_through_the_derived_double_backward_too(
         text = generate_op(DIV)["div.py"]
     assert "return out, inverse" in _function(text, "_forward")
     assert "gradients = staticmethod(_fused_backward)" in text
-    assert re.search(r"grads = _gradients\(\s*ctx\.needs_input_grad, grad_output, grad_inverse_returned", text)
+    assert re.search(r"return _gradients\(\s*ctx\.needs_input_grad, grad_output, grad_inverse_returned", text)
 
 
 def test_structured_fused_gelu_squares_erfs_argument_and_logsigmoid_takes_one_log():
