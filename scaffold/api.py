@@ -13,12 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from .dataflow import ProgramPlan, plan_program
-from .derivation import Derivation, derive
-from .domain import InputDomain, infer_domains, infer_program_domains
+from .domain import InputDomain, infer_program_domains
 from .errors import ScaffoldError, ScaffoldWarning, SpecError
 from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
-from .plan import BackwardPlan, make_plan
 from .program import Program, build_program
 from .render import TESTING_MODULE, render_op, render_runtime
 from .rules import ProgramDerivation, derive_program
@@ -32,9 +30,8 @@ class CompiledOp:
     spec: OpSpec
     parsed: ParsedExpression
     program: Program
-    # A structured program (reductions, products) has a ProgramDerivation and a ProgramPlan.
-    derivation: Derivation | ProgramDerivation
-    plan: BackwardPlan | ProgramPlan
+    derivation: ProgramDerivation
+    plan: ProgramPlan
     domains: tuple[InputDomain, ...]
 
 
@@ -42,17 +39,13 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     """Run the pipeline up to (not including) rendering."""
     parsed = parse_forward(spec)
     program = build_program(parsed, spec)
-    if program.structured:
-        _check_other_sizes(spec)
-        where = f"{spec.source}: forward"
-        derivation = derive_program(program, where=where)
-        plan = plan_program(
-            derivation, where=where, fused=spec.fuse, policy=spec.policy, custom_op=spec.target == "custom_op"
-        )
-        return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, derivation))
-    derivation = derive(program, where=f"{spec.source}: forward")
-    domains = infer_domains(spec, parsed, derivation.all_partials, derivation.removable)
-    return CompiledOp(spec, parsed, program, derivation, make_plan(derivation, spec), domains)
+    _check_other_sizes(spec)
+    where = f"{spec.source}: forward"
+    derivation = derive_program(program, where=where)
+    plan = plan_program(
+        derivation, where=where, fused=spec.fuse, policy=spec.policy, custom_op=spec.target == "custom_op"
+    )
+    return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, derivation))
 
 
 def _check_other_sizes(spec: OpSpec) -> None:

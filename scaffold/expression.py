@@ -169,9 +169,8 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
     )
     parsed = dataclasses.replace(parsed, gradients=_parse_gradients(spec, parsed))
     used = set().union(*(e.free_symbols for e in exprs))
-    if any(structural.has_structural(e) for e in exprs):
-        # a structured op's backward may read a tensor its forward does not (fairseq's LogSumExpMoE's posterior)
-        used |= set().union(*(e.free_symbols for _, e in parsed.gradients))
+    # a backward may read a tensor its forward does not (fairseq's LogSumExpMoE's posterior)
+    used |= set().union(*(e.free_symbols for _, e in parsed.gradients))
     unused = [n for n in tensor_names if symbols[n] not in used]
     if unused:
         raise ExpressionError(

@@ -137,27 +137,7 @@ def build_program(parsed: ParsedExpression, spec: OpSpec) -> Program:
     """The program of ``parsed``: the spec's arguments, the forward's steps and its outputs, with shapes."""
     values: list[Value] = [Value(t.name, TENSOR, tuple(t.shape)) for t in spec.tensors]
     values += [Value(s.name, SCALAR, ()) for s in spec.scalars]
-    if any(structural.has_structural(e) for e in parsed.exprs):
-        return _Lifter(parsed, spec, values).program()
-    shapes = {v.name: v.shape for v in values}
-    for step in parsed.steps:
-        node = Value(step.name, ELEMENTWISE, (), step.expr, step.line)
-        shape = broadcast([shapes[n] for n in node.reads])
-        values.append(Value(step.name, ELEMENTWISE, shape, step.expr, step.line))
-        shapes[step.name] = shape
-    outputs = []
-    for name, expr in zip(parsed.output_names, parsed.exprs):
-        shape = shapes[name] if name else broadcast([shapes[s.name] for s in expr.free_symbols if s.name in shapes])
-        outputs.append(Output(name, expr, shape))
-    if len({o.expr for o in outputs}) < len(outputs):
-        first = next(o for o in outputs if sum(p.expr == o.expr for p in outputs) > 1)
-        twins = [o.name for o in outputs if o.expr == first.expr]
-        raise ExpressionError(
-            f"outputs {', '.join(map(repr, twins))} are the same value",
-            where=f"{spec.source}: outputs",
-            hint="return each value once; the caller can use it twice",
-        )
-    return Program(parsed, tuple(values), tuple(outputs))
+    return _Lifter(parsed, spec, values).program()
 
 
 class _Lifter:
