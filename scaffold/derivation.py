@@ -23,8 +23,7 @@ from sympy.core.logic import fuzzy_and
 from .errors import DerivationError
 from .expression import ParsedExpression
 from .functions import sign_preserving_classes, step_classes
-from .program import Program
-from .stable import accurate_kernels, remove_singularities, stabilize
+from .stable import accurate_kernels, stabilize
 
 #: Nodes a derivative must not contain: sympy could not evaluate it.
 _UNEVALUATED = (sympy.Derivative, sympy.Subs, sympy.Integral)
@@ -54,41 +53,6 @@ class OutputDerivation:
     name: str  # "" for the one unnamed output of a forward
     forward: sympy.Expr
     partials: tuple[Partial, ...]
-
-
-@dataclass(frozen=True)
-class Derivation:
-    """The stable forward of each output and its partial derivatives."""
-
-    program: Program  # the forward as written
-    outputs: tuple[OutputDerivation, ...]
-    warnings: tuple[str, ...] = ()  # for the user: e.g. a tensor whose gradient is zero everywhere
-    removable: tuple[str, ...] = ()  # tensors at whose 0 the forward as written is 0/0 (x/expm1(x))
-    # Custom gradients, in stable primitives: tensor name -> what backward returns for it, over the
-    # arguments and the upstream gradients (ParsedExpression.grads). Forward mode keeps the forward's own
-    # derivatives, ``partials``.
-    custom: tuple[tuple[str, sympy.Expr], ...] = ()
-
-    @property
-    def parsed(self) -> ParsedExpression:
-        return self.program.parsed
-
-    @property
-    def forward(self) -> sympy.Expr:
-        """The stable forward of an op with one output."""
-        (output,) = self.outputs
-        return output.forward
-
-    @property
-    def partials(self) -> tuple[Partial, ...]:
-        """The partial derivatives of an op with one output."""
-        (output,) = self.outputs
-        return output.partials
-
-    @property
-    def all_partials(self) -> tuple[sympy.Expr, ...]:
-        """Every partial derivative of every output."""
-        return tuple(p.expr for o in self.outputs for p in o.partials)
 
 
 def _step_argument(arg: sympy.Expr, tensors: frozenset[sympy.Symbol]) -> sympy.Expr:
@@ -287,35 +251,6 @@ def _diff(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
     if expr.has(sympy.Pow, sympy.Abs, sympy.sign):
         return _release_powers(sympy.diff(_hold_powers(expr), symbol))
     return sympy.diff(expr, symbol)
-
-
-def derive(program: Program, *, where: str = "forward") -> Derivation:
-    """Differentiate each output of the forward with respect to each tensor argument."""
-    parsed = program.parsed
-    tensors = frozenset(parsed.symbols[name] for name in parsed.tensor_names)
-    outputs, removable = [], set()
-    for output in program.outputs:
-        forward, singular = remove_singularities(stabilize(output.expr, tensors), tensors)
-        removable |= singular
-        what = f"output {output.name!r}" if program.several_outputs else "the forward"
-        partials = tuple(
-            Partial(name, differentiate(forward, parsed.symbols[name], tensors, what=what, where=where))
-            for name in parsed.tensor_names
-        )
-        outputs.append(OutputDerivation(output.name, forward, partials))
-    custom = tuple((name, stabilize(expr, tensors | set(parsed.grads))) for name, expr in parsed.gradients)
-    flat = [
-        name
-        for i, name in enumerate(parsed.tensor_names)
-        if all(o.partials[i].expr == 0 for o in outputs) and name not in dict(custom)
-    ]
-    return Derivation(
-        program=program,
-        outputs=tuple(outputs),
-        warnings=unused_scalar_warnings(parsed) + flat_warnings(parsed, flat),
-        removable=tuple(name for name in parsed.tensor_names if parsed.symbols[name] in removable),
-        custom=custom,
-    )
 
 
 def differentiate(

@@ -24,7 +24,7 @@ import sympy
 from ._version import __version__
 from .batching import Batching, batching
 from .dataflow import ProgramPlan
-from .derivation import KINK_CONVENTION, Derivation
+from .derivation import KINK_CONVENTION
 from .domain import InputDomain
 from .double_backward import GRAD_GRAD_PREFIX, DoubleBackward
 from .errors import DerivationError, ScaffoldError
@@ -36,20 +36,17 @@ from .plan import (
     GRAD_OUTPUT,
     OUTPUT,
     TANGENT_SUFFIX,
-    BackwardPlan,
     SharedSteps,
     Step,
-    one_derivative_kernel,
     straight_line,
 )
-from .printing import IMPORTS, NEG_ABS, is_finite, math_text, print_torch
+from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .temporaries import name_parts
 
 TEMPLATES = {
-    "module": "op.py.j2",
     "test": "test_op.py.j2",
     "program": "program_op.py.j2",
     "runtime": "_scaffold_runtime.py.j2",
@@ -64,7 +61,7 @@ def templates_dir() -> Path:
     """The templates folder: inside the installed package, or beside it in a source checkout."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "templates", here.parent / "templates"):
-        if (candidate / TEMPLATES["module"]).is_file():
+        if (candidate / TEMPLATES["program"]).is_file():
             return candidate
     raise FileNotFoundError(f"scaffold's templates are missing (looked in {here / 'templates'})")
 
@@ -122,7 +119,7 @@ class _CodePrinter:
     backward and the test's reference each start a fresh :meth:`scope`: their temporaries share names.
     """
 
-    def __init__(self, spec: OpSpec, plan: BackwardPlan | ProgramPlan | None = None) -> None:
+    def __init__(self, spec: OpSpec, plan: ProgramPlan | None = None) -> None:
         names = {t.name for t in spec.tensors}
         if isinstance(plan, ProgramPlan):  # an output's gradient is never None there (zeros instead)
             outputs, grads, upstream = {*plan.returns, *plan.upstream}, [plan.upstream[0]], set(plan.upstream)
@@ -194,29 +191,6 @@ class Block:
     lines: list[str]
 
 
-@dataclass(frozen=True)
-class PartCode:
-    """One output's part of a gradient (an op with several outputs): computed where ``guard`` holds (that
-    output's gradient is not None; None: always), after its own ``lines``."""
-
-    guard: str | None
-    lines: list[str]
-    value: str
-
-
-@dataclass(frozen=True)
-class GradientCode:
-    """One gradient of backward: computed when ``needs_input_grad[index]``, after its own ``lines``; with
-    several outputs, as the sum of its ``parts``."""
-
-    index: int
-    name: str
-    lines: list[str]
-    value: str
-    comment: str
-    parts: list[PartCode] = dataclasses.field(default_factory=list)
-
-
 def _first_given(grads: list[str]) -> str:
     """The first of ``grads`` that is not None, as an expression (at least one is: backward runs)."""
     text = grads[-1]
@@ -247,28 +221,6 @@ class _OptionalGrads:
     def guard(self, expr: sympy.Basic, steps: tuple[Step, ...] = ()) -> str | None:
         read = self.of(expr, steps)
         return " and ".join(f"{g} is not None" for g in read) or None
-
-
-@dataclass(frozen=True)
-class TangentCode:
-    """The terms of jvp from the tangent ``name``, when it is given: each partial derivative times it,
-    ``appends`` adding each to its output's terms."""
-
-    name: str
-    lines: list[str]
-    appends: list[str]
-
-
-@dataclass(frozen=True)
-class HiddenTerm:
-    """A hidden output's gradient (``grad``, not None) times its partial in the input at ``index``, added to
-    that input's gradient ``target``."""
-
-    grad: str
-    index: int
-    target: str
-    lines: list[str]
-    value: str
 
 
 @dataclass(frozen=True)
@@ -546,481 +498,6 @@ class _Entry:
 
 
 @dataclass(frozen=True)
-class ModuleView(_Entry):
-    """What ``templates/op.py.j2`` lays out: the op's code, printed, with the names and lists it needs;
-    the template joins and arranges them."""
-
-    version: str
-    source: str
-    name: str
-    camel: str
-    forward_text: str  # the forward as the user wrote it, safe in a docstring
-    returns_type: str  # the functional's and the Module's return annotation
-    # How the docstrings and comments name the upstream gradients: grad_output, or one per output.
-    backward_comment: list[str]
-    upstream_docs: str
-    custom_grad_names: str
-    jvp_note: str
-    upstream: list[str]  # the returned outputs' gradients, one per output
-    backward_upstream: list[str]  # backward's parameters: those, then the hidden outputs'
-    apply_suffix: str  # what the functional and the Module take of apply's result (without the hidden outputs)
-    hidden_grads: list[str]
-    optional_outputs: bool  # several outputs: a gradient nobody needs stays None
-    no_gradients: str  # what backward returns where no output was used
-    hidden_comment: list[str]
-    upstream_given: str  # "some returned output's gradient is not None"
-    hidden_names: list[str]
-    hidden_terms: list[HiddenTerm]
-    output_unpack: list[str]  # setup_context's names for the outputs (several), "_" for those it does not use
-    output_shapes: list[tuple[str, str]]  # ctx attribute, the output it is the shape of
-    doc: str
-    fuse: bool
-    backward_fused: bool  # fused mode compiles backward too (not where it is one ATen kernel)
-    imports: list[str]
-    neg_abs: bool  # fused code calls _neg_abs
-    arguments: list[str]  # every argument, in call order
-    tensor_names: list[str]
-    scalar_names: list[str]
-    functional_params: list[str]  # annotated, with the scalars' defaults
-    forward_lines: list[str]
-    # setup_context
-    unpack: list[str]  # the inputs, "_" for those it does not use
-    mask_lines: list[str]
-    saved_args: list[str]
-    saved_comment: list[str]  # lines
-    jvp_saved: list[str]
-    ctx_scalars: list[str]
-    kept_shapes: list[str]  # the tensor arguments whose shape backward reads from ctx (the others are saved)
-    # backward and _backward
-    backward_function: str
-    backward_params: list[str]  # _backward's parameters
-    backward_args: list[str]  # what backward passes them
-    grads: list[str]  # grad_<tensor>, in order
-    saved_unpack: list[str]
-    backward_scalars: list[str]
-    shared_blocks: list[Block]
-    gradients: list[GradientCode]
-    returns: list[str]
-    # jvp
-    jvp_params: list[str]
-    jvp_unpack: list[str]
-    jvp_scalars: list[str]
-    jvp_blocks: list[Block]
-    tangents: list[TangentCode]
-    jvp_terms: str  # the empty lists jvp collects each output's terms in
-    jvp_return: str
-    double: DoubleBackwardView | None
-    # docstrings
-    forward_math: list[tuple[str, str]]  # output, its formula
-    stable_note: str
-    partials: list[tuple[str, str]]  # "d out / d x", the formula
-    custom_gradients: list[tuple[str, str]]  # as the spec gives them
-    kink_note: str
-    # the Module
-    module: ModuleCode
-    sizes_check: SizeChecks | None  # _check_sizes, where tensors share a size name
-    # what stage 6b (:mod:`.inplace`) may know of the forward's and backward's parameters
-    parameter_kinds: dict[str, Kind] = dataclasses.field(default_factory=dict)
-    backward_in_place: bool = False  # _backward overwrites temporaries: torch.func runs it functionalized
-    forward_in_place: bool = False  # Function.forward overwrites temporaries: its twin for torch.compile does not
-    custom_op: CustomOpView | None = None
-    in_package: bool = False  # a project's op: the runtime is imported from the package alone
-
-    @property
-    def backward_doc(self) -> str:
-        """_backward's docstring: whose math it is, how it runs, and whether it works in place."""
-        text = f"The gradients' math: {self.camel}Function's backward"
-        if self.double:
-            text += f" (and _{self.camel}Backward's forward)"
-        if self.backward_fused:
-            text += ", run through torch.compile"
-        elif self.fuse:
-            text += (
-                ". Not compiled: it is one ATen kernel, which torch.compile would fuse with nothing and call "
-                "through its own overhead"
-            )
-        if self.backward_in_place:
-            text += (
-                ". It overwrites its temporaries in place where nothing else reads them; torch.func transforms "
-                "run it through _runtime.out_of_place"
-            )
-        return "\n    ".join(textwrap.wrap(f'"""{text}."""', DOC_WIDTH))
-
-    @property
-    def backward_call(self) -> str:
-        if self.backward_in_place:
-            return f"_runtime.out_of_place({self.backward_function})"
-        return self.backward_function
-
-
-def module_view(
-    spec: OpSpec,
-    derivation: Derivation,
-    plan: BackwardPlan,
-    domains: tuple[InputDomain, ...],
-    namespace: str = DEFAULT_NAMESPACE,
-) -> ModuleView:
-    code = _CodePrinter(spec, plan)
-    tensor_names = [t.name for t in spec.tensors]
-    several = len(plan.outputs) > 1  # forward returns a tuple (outputs, then hidden ones)
-    upstream = [o.grad for o in plan.visible]  # what _backward takes: the returned outputs' gradients
-    scalar_names = [s.name for s in spec.scalars]
-    all_names = tensor_names + scalar_names
-
-    forward_lines = _forward_lines(code, spec, derivation, plan, tensor_names)
-    mask_lines = [f"{m.name} = {code(m.condition)}" for m in plan.masks]
-
-    # Backward's math is a module-level function of plain arguments (torch.compile'd when fused; the
-    # forward of the double backward's Function too), not of ctx.
-    backward = _backward_fields(code, spec, plan, tensor_names, scalar_names)
-    jvp = _jvp_fields(code, plan, tensor_names, scalar_names)
-
-    hidden_terms = _hidden_code(code, plan)
-    scalar_params = [f"{s.name}: {s.type} = {s.default!r}" for s in spec.scalars]
-    module = module_code(spec, domains, entry_checks=spec.target == "custom_op")
-    double = _double_backward_view(code, spec, plan, backward) if plan.double_backward else None
-    return ModuleView(
-        version=__version__,
-        source=spec.source,
-        name=spec.name,
-        camel=spec.camel,
-        **_docstrings(spec, derivation),
-        returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]"
-        if len(plan.visible) > 1
-        else "torch.Tensor",
-        apply_suffix=("[0]" if len(plan.visible) == 1 else f"[:{len(plan.visible)}]") if plan.hidden else "",
-        upstream=upstream,
-        backward_upstream=[o.grad for o in plan.outputs],
-        hidden_grads=[o.grad for o in plan.hidden],
-        # not where a custom gradient mixes several outputs' gradients: it reads them all (zeros if unused)
-        optional_outputs=len(plan.visible) > 1 and all(t.output >= 0 for t in plan.backward.terms),
-        no_gradients=", ".join(["None"] * len(all_names)) + ("," if len(all_names) == 1 else ""),
-        upstream_given=" or ".join(f"{g} is not None" for g in upstream),
-        hidden_names=[o.value for o in plan.hidden],
-        hidden_comment=_hidden_comment(plan),
-        hidden_terms=hidden_terms,
-        **_upstream_phrases(plan),
-        output_unpack=list(plan.output_values) if several else [],
-        output_shapes=_output_shapes(plan, jvp["jvp_return"]),
-        fuse=spec.fuse,
-        imports=_import_lines(code.imports | ({"math"} if module.reset_imports_math else set())),
-        neg_abs=NEG_ABS in code.helpers,
-        arguments=all_names,
-        tensor_names=tensor_names,
-        scalar_names=scalar_names,
-        functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
-        forward_lines=forward_lines,
-        unpack=[n if n in tensor_names or n in plan.ctx_scalars else "_" for n in all_names],
-        mask_lines=mask_lines,
-        saved_args=[("output" if n == OUTPUT and not several else n) for n in plan.saved],
-        saved_comment=textwrap.wrap(_saved_comment(plan), COMMENT_WIDTH + 8),
-        jvp_saved=list(plan.saved_for_forward),
-        ctx_scalars=list(plan.ctx_scalars),
-        **backward,
-        **jvp,
-        double=double,
-        module=module,
-        sizes_check=size_checks(spec, batched_rule=spec.target == "custom_op"),
-        parameter_kinds=_parameter_kinds(plan, tensor_names, scalar_names),
-        custom_op=custom_op_view(
-            spec,
-            namespace,
-            len(plan.visible),
-            [o.value for o in plan.hidden],
-            "_forward" if spec.fuse else f"{spec.camel}Function.forward",
-            elementwise=True,
-        ),
-    )
-
-
-def _output_shapes(plan: BackwardPlan, jvp_return: str) -> list[tuple[str, str]]:
-    """The outputs' shapes setup_context keeps on ctx (attribute, output), for jvp: each of several outputs',
-    the one output's only where jvp broadcasts its sum to it (``jvp_return``)."""
-    if len(plan.outputs) > 1:
-        return [(f"{o.value}_shape", o.value) for o in plan.outputs]
-    return [("output_shape", "output")] if "ctx.output_shape" in jvp_return else []
-
-
-def _backward_fields(code, spec: OpSpec, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
-    """The ModuleView fields of backward. Its math is a module-level function of plain arguments
-    (torch.compile'd when fused; the forward of the double backward's Function too), not of ctx."""
-    upstream = [o.grad for o in plan.visible]
-    backward, gradients = _gradient_code(code, plan, tensor_names)
-    fused = spec.fuse and not one_derivative_kernel(plan)
-    shared = [*upstream, *plan.saved, *plan.backward_scalars]
-    return {
-        "backward_fused": fused,
-        "backward_function": "_fused_backward" if fused else "_backward",
-        "backward_params": ["needs_input_grad", *shared, *(f"{n}_shape" for n in tensor_names)],
-        "backward_args": ["ctx.needs_input_grad", *shared, *(_shape_of(n, plan) for n in tensor_names)],
-        "grads": [f"grad_{n}" for n in tensor_names],
-        "saved_unpack": list(plan.saved),
-        "kept_shapes": [n for n in tensor_names if n not in plan.saved],
-        "backward_scalars": list(plan.backward_scalars),
-        "shared_blocks": backward,
-        "gradients": gradients,
-        "returns": [f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
-    }
-
-
-def _shape_of(name: str, plan: BackwardPlan) -> str:
-    """The shape of the tensor argument ``name`` in backward: that of the tensor saved, else kept on ctx."""
-    return f"{name}.shape" if name in plan.saved else f"ctx.{name}_shape"
-
-
-def _jvp_fields(code, plan: BackwardPlan, tensor_names, scalar_names) -> dict:
-    """The ModuleView fields of jvp."""
-    jvp, tangents, terms, returned = _jvp_code(code, plan, tensor_names)
-    if _tangents_materialized(plan):  # no term is skipped: the tangents' lines run unguarded, before the sum
-        jvp = [*jvp, *(Block(None, t.lines) for t in tangents if t.lines)]
-        tangents = []
-    return {
-        "jvp_params": ["ctx", *(n + TANGENT_SUFFIX for n in tensor_names)] + (["*_"] if scalar_names else []),
-        "jvp_unpack": list(plan.saved_for_forward),
-        "jvp_scalars": list(plan.jvp_scalars),
-        "jvp_blocks": jvp,
-        "tangents": tangents,
-        "jvp_terms": terms,
-        "jvp_return": returned,
-    }
-
-
-def _forward_lines(code, spec: OpSpec, derivation: Derivation, plan: BackwardPlan, tensor_names) -> list[str]:
-    """forward's lines. An output that is an input itself leaves as a view of it: a Function may not return
-    as-is an input that it also saves (one of the other gradients, or a custom one, may read it). A custom op
-    may not return one at all, nor a view of one: a copy, also where a case on scalars may be an input
-    (x if flag)."""
-    lines = code.steps(plan.forward_steps)  # first: it records which temporaries are tensors
-    tensor_symbols = frozenset(derivation.parsed.symbols[n] for n in tensor_names)
-    returned = []
-    for e in plan.forward_exprs:
-        if spec.target == "custom_op" and _may_be_input(e, tensor_symbols):
-            returned.append(f"{e}.clone()" if e.is_Symbol else f"({code(e)}).clone()")
-        else:
-            returned.append(f"{e}.view_as({e})" if e.is_Symbol and str(e) in tensor_names else code(e))
-    lines.append(f"return {', '.join(returned)}")
-    return lines
-
-
-def _docstrings(spec: OpSpec, derivation: Derivation) -> dict:
-    """The ModuleView fields the docstrings show: the forward as written, each output's math and partial
-    derivatives, the custom gradients, and the notes on stable forms and kinks."""
-    forwards = [o.forward for o in derivation.outputs]
-    has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
-    return {
-        # A forward written in steps reads "h*sigmoid(h), where h = x*w + b" on one line.
-        "forward_text": _docstring_text(derivation.parsed.written or " ".join(spec.forward.split())),
-        "doc": _docstring_text(spec.doc.strip()),
-        "forward_math": [(o.name or "out", _docstring_text(math_text(o.forward))) for o in derivation.outputs],
-        "stable_note": _stable_note(derivation),
-        "partials": [
-            (f"d {o.name or 'out'} / d {p.name}", _docstring_text(math_text(p.expr)))
-            for o in derivation.outputs
-            for p in o.partials
-        ],
-        "custom_gradients": [(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
-        "kink_note": KINK_CONVENTION if has_kinks else "",
-    }
-
-
-def _parameter_kinds(plan: BackwardPlan, tensor_names: list[str], scalar_names: list[str]) -> dict[str, Kind]:
-    """What the forward's and _backward's parameters are, for :mod:`.inplace`: each tensor with the
-    arguments its shape broadcasts from (an output's gradient has the output's shape), masks as masks,
-    scalars as numbers."""
-    deps = {n: frozenset({n}) for n in tensor_names}
-
-    def of(expr: sympy.Basic) -> frozenset[str]:
-        return frozenset().union(*(deps.get(s.name, frozenset()) for s in expr.free_symbols))
-
-    for step in plan.forward_steps:
-        deps[step.name] = of(step.expr)
-    kinds = {n: Kind(TENSOR, deps[n]) for n in tensor_names} | {n: Kind(NUMBER) for n in scalar_names}
-    for names, expr in zip(plan.outputs, plan.forward_exprs, strict=True):
-        if of(expr):  # an output without a tensor in it has no shape to reason with
-            kinds[names.value] = kinds[names.grad] = Kind(TENSOR, of(expr))
-    for mask in plan.masks:
-        kinds[mask.name] = Kind(BOOL, of(mask.condition))
-    return kinds
-
-
-def _gradient_code(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str]
-) -> tuple[list[Block], list[GradientCode]]:
-    """_backward's shared temporaries and its gradients, one per tensor argument: grad_output times the
-    partials, or with several outputs a part per output, computed where that output's gradient is given."""
-    upstream = [o.grad for o in plan.visible]
-    code.scope()
-    code.tensors |= {m.name for m in plan.masks}
-    code.bools = {m.name for m in plan.masks}
-    optional = _OptionalGrads(upstream if len(plan.visible) > 1 else [])
-    blocks = _blocks(code, plan.backward.shared, lambda i: f"needs_input_grad[{i}]", len(tensor_names), optional)
-    gradients = []
-    for index, name in enumerate(tensor_names):
-        shape = f"{name}_shape"
-        terms = [g for g in plan.backward.terms if g.index == index]
-        if all(g.is_zero for g in terms):
-            value = f"{_first_given(upstream)}.new_zeros({shape})"
-            comment = f"The forward is flat in {name} (away from kinks): its gradient is zero."
-            gradients.append(GradientCode(index, name, code.steps(terms[0].steps), value, comment))
-        elif len(plan.visible) > 1:  # a part per output, each reduced on its own, where the output was used
-            parts = []
-            for g in (g for g in terms if not g.is_zero):
-                lines = code.steps(g.steps)
-                guard = optional.guard(g.expr, g.steps)
-                parts.append(PartCode(guard, lines, f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"))
-            gradients.append(GradientCode(index, name, [], "", "", parts))
-        else:
-            (g,) = terms
-            lines = code.steps(g.steps)  # first: it records which temporaries are tensors
-            value = f"{_parenthesized(code, g.expr)}.sum_to_size({shape})"
-            gradients.append(GradientCode(index, name, lines, value, ""))
-    return blocks, gradients
-
-
-def _tangents_materialized(plan: BackwardPlan) -> bool:
-    """Whether jvp receives every tensor input's tangent: a Function that keeps autograd's default
-    ``ctx.set_materialize_grads(True)`` gets zeros for an input without one (``torch.autograd.Function.jvp``;
-    so do torch.func's jvp and jacfwd), so that jvp is one sum. Setup_context turns that off for an op with
-    several outputs (an unused output's gradient stays None) or hidden ones; its jvp skips absent tangents."""
-    return len(plan.outputs) == 1
-
-
-def _jvp_code(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str]
-) -> tuple[list[Block], list[TangentCode], str, str]:
-    """jvp's shared temporaries, its terms by tangent, the lists it collects them in and what it returns."""
-    several = len(plan.outputs) > 1
-    code.scope()
-    # jvp has no upstream gradient: a case distinction between numbers takes its dtype from a tangent
-    anchor = code.anchor, code.anchor_text
-    tangent_names = [n + TANGENT_SUFFIX for n in tensor_names]
-    code.anchor, code.anchor_text = tangent_names[0], _first_given(tangent_names)
-    try:
-        return _jvp_terms(code, plan, tensor_names, several)
-    finally:
-        code.anchor, code.anchor_text = anchor
-
-
-def _jvp_terms(
-    code: _CodePrinter, plan: BackwardPlan, tensor_names: list[str], several: bool
-) -> tuple[list[Block], list[TangentCode], str, str]:
-    # every tangent is given where they are materialized: no temporary waits for one
-    given = None if _tangents_materialized(plan) else (lambda i: f"{tensor_names[i]}{TANGENT_SUFFIX} is not None")
-    blocks = _blocks(code, plan.jvp.shared, given, len(tensor_names))
-    tangents, values = [], []
-    for index, name in enumerate(tensor_names):
-        tangent, lines, appends = name + TANGENT_SUFFIX, [], []
-        code.anchor = code.anchor_text = tangent  # its terms are computed where it is given
-        for t in (t for t in plan.jvp.terms if t.index == index):
-            lines += code.steps(t.steps)
-            # Flat in this argument (away from kinks): a zero term keeps the tangent's dtype and device (and
-            # has the output's shape: an output may not depend on the argument at all).
-            if t.is_zero:
-                zeros = f"{tangent}.new_zeros(ctx.{plan.outputs[t.output].value}_shape)"
-                value = zeros if several else f"torch.zeros_like({tangent})"
-            else:
-                value = code(t.expr)
-            appends.append(f"terms[{t.output}].append({value})" if several else f"terms.append({value})")
-            values.append((t.is_zero, value))
-        tangents.append(TangentCode(tangent, lines, appends))
-    if not several:
-        return blocks, tangents, "", _jvp_sum(values, tensor_names)
-    collected = "(" + ", ".join("[]" for _ in plan.outputs) + ")"
-    returned = ", ".join(
-        f"torch.broadcast_to(sum(terms[{k}]), ctx.{o.value}_shape)" for k, o in enumerate(plan.outputs)
-    )
-    return blocks, tangents, collected, returned
-
-
-def _jvp_sum(values: list[tuple[bool, str]], tensor_names: list[str]) -> str:
-    """jvp's result with one output and every tangent given: the sum of its terms (``values``: whether each
-    is zero, its code), each tangent times its partial derivative. The sum has the output's shape (every
-    tensor input is in the forward, and each tangent has its input's shape), except where a zero term
-    is left out: then it is broadcast to that shape. A lone tangent leaves as a view of it (the forward
-    returns its input as a view of it, and jvp must return a view too)."""
-    terms = [v if " if " not in v else f"({v})" for zero, v in values if not zero]
-    if not terms:  # flat in every argument: zeros, with the output's shape
-        return values[0][1] if len(tensor_names) == 1 else f"torch.broadcast_to({values[0][1]}, ctx.output_shape)"
-    total = terms[0] + "".join(f" - {t[1:]}" if t.startswith("-") else f" + {t}" for t in terms[1:])
-    if len(terms) < len(tensor_names):
-        return f"torch.broadcast_to({total}, ctx.output_shape)"
-    if total in {n + TANGENT_SUFFIX for n in tensor_names}:
-        return f"{total}.view_as({total})"
-    return total
-
-
-def _hidden_code(code: _CodePrinter, plan: BackwardPlan) -> list[HiddenTerm]:
-    """The gradients reaching the hidden outputs (a second derivative through what backward read)."""
-    code.scope()
-    code.tensors |= {o.grad for o in plan.hidden}
-    terms = []
-    for t in plan.hidden_backward:
-        lines = code.steps(t.steps)
-        value = f"{_parenthesized(code, t.expr)}.sum_to_size({_shape_of(t.name, plan)})"
-        terms.append(HiddenTerm(plan.hidden[t.output].grad, t.index, f"grad_{t.name}", lines, value))
-    return terms
-
-
-def _hidden_comment(plan: BackwardPlan) -> list[str]:
-    """Why forward returns the hidden outputs, and why their gradients are not materialized."""
-    if not plan.hidden:
-        return []
-    one = len(plan.hidden) == 1
-    it, arrives = ("it", "its gradient arrives") if one else ("them", "their gradients arrive")
-    text = (
-        f"{' and '.join(o.value for o in plan.hidden)}: forward returns {it} besides the op's result, for "
-        "backward to read (a Function's intermediates are saved that way, so that a second derivative reaches "
-        f"them); nothing else uses {it}: {arrives} as None, not as zeros."
-    )
-    return textwrap.wrap(text, COMMENT_WIDTH)
-
-
-def _upstream_phrases(plan: BackwardPlan) -> dict[str, str]:
-    """How the docstrings and comments name the upstream gradients of the returned outputs."""
-    custom = ", or the custom gradient the spec gives," if plan.custom_gradients else ""
-    if len(plan.visible) == 1:
-        return {
-            "backward_comment": [],  # the class docstring says it: grad_output times each partial derivative
-            "upstream_docs": "grad_output",
-            "custom_grad_names": "grad is grad_output",
-            "jvp_note": "",
-        }
-    grads = ", ".join(o.grad for o in plan.visible)
-    named = ", ".join(f"{o.grad} is {o.name}'s" for o in plan.visible)
-    comment = (
-        f"Each gradient is the sum over the outputs of each one's gradient ({grads}) times a partial "
-        f"derivative{custom}, summed over the dimensions broadcasting added so that it has its input's shape."
-    )
-    return {
-        "backward_comment": textwrap.wrap(comment, COMMENT_WIDTH),
-        "upstream_docs": f"its output's gradient ({grads})",
-        "custom_grad_names": f"{named} gradient",
-        "jvp_note": ", summed per output",
-    }
-
-
-def _double_backward_view(code: _CodePrinter, spec: OpSpec, plan: BackwardPlan, backward: dict) -> DoubleBackwardView:
-    """The elementwise plan's double backward (see :func:`double_backward_view`), of the ``backward`` that
-    :func:`_backward_fields` lays out."""
-    upstream = [o.grad for o in plan.visible]
-    return double_backward_view(
-        code,
-        plan.double_backward,
-        DoubleBackwardInputs(
-            upstream=upstream,
-            optional=upstream if len(upstream) > 1 else [],
-            saved=[*upstream, *plan.saved],
-            scalars=list(plan.backward_scalars),
-            masks=[m.name for m in plan.masks],
-        ),
-        [t.name for t in spec.tensors],
-        backward["backward_params"],
-        camel=spec.camel,
-        function=backward["backward_function"],
-    )
-
-
-@dataclass(frozen=True)
 class DoubleBackwardInputs:
     """What backward takes, as its double backward reads it."""
 
@@ -1100,21 +577,6 @@ def double_backward_view(
     )
 
 
-def _stable_note(derivation: Derivation) -> str:
-    forwards = tuple(o.forward for o in derivation.outputs)
-    if forwards == derivation.parsed.exprs:
-        return ""
-    # The stable primitives in the forward, sorted by name.
-    kinds = stable_classes()
-    used = sorted({type(e).__name__ for e in sympy.preorder_traversal(sympy.Tuple(*forwards)) if isinstance(e, kinds)})
-    if not used:
-        return ""
-    return (
-        f"Rewritten with {', '.join(used)}: as written, the formula and its derivatives overflow or lose "
-        "precision at extreme inputs."
-    )
-
-
 def _blocks(
     code: _CodePrinter,
     shared: tuple[SharedSteps, ...],
@@ -1139,45 +601,9 @@ def _blocks(
     return blocks
 
 
-def _parenthesized(code: _CodePrinter, expr: sympy.Expr) -> str:
-    text = code(expr)
-    return text if expr.is_Symbol else f"({text})"
-
-
 def _unpack(names: list[str]) -> str:
     """Names to assign a tuple to, or a tuple of them: one name is ``(x,)``."""
     return f"({names[0]},)" if len(names) == 1 else ", ".join(names)
-
-
-def _saved_comment(plan: BackwardPlan) -> str:
-    """One line on what backward reads and why: the plan's choice, in words."""
-    masks = {m.name for m in plan.masks}
-    outputs = {o.value for o in plan.visible}
-    hidden = {o.value for o in plan.hidden}
-    what = [
-        ("the output" if n == OUTPUT else f"the output {n}")
-        if n in outputs
-        else f"the intermediate {n}"
-        if n in hidden
-        else n
-        for n in plan.saved
-    ]
-    if not what:
-        return "The gradients need no tensors: nothing is saved."
-    listed = ", ".join(what[:-1]) + (" and " if len(what) > 1 else "") + what[-1]
-    reasons = []
-    if outputs & set(plan.saved):
-        reasons.append(f"the derivative is cheaper in terms of the output{'s' if len(outputs) > 1 else ''}")
-    if hidden:
-        reasons.append("an intermediate kept from forward instead of recomputed")
-    if masks:
-        reasons.append("bool masks, 1 byte per element" if len(masks) > 1 else "a bool mask, 1 byte per element")
-    if plan.baseline.elements and plan.cost.elements < plan.baseline.elements:
-        reasons.append(f"{plan.cost.elements / plan.baseline.elements:.2g}x the bytes of saving the inputs")
-    because = f" ({'; '.join(reasons)})" if reasons else ", what the gradient formulas read"
-    fused = plan.fused and plan.policy == "memory"
-    fused_note = ", fused: the fewest bytes the compiled forward and backward move" if fused else ""
-    return f"Saves {listed}{because}; policy {plan.policy!r}{fused_note}."
 
 
 @dataclass(frozen=True)
@@ -1333,10 +759,6 @@ def _test_init(spec: OpSpec, t, domain: InputDomain) -> str:
 COMMENT_WIDTH = 100
 #: The width of a docstring's text that is a paragraph of its own (indented by 4).
 DOC_WIDTH = 116
-
-
-def _shape_list(shapes: list[tuple[int, ...]]) -> str:
-    return "[" + ", ".join(_shape(s) for s in shapes) + "]"
 
 
 #: Sizes the generated tests give the broadcast dimensions of the example shapes, the last one first: a
@@ -1540,12 +962,12 @@ def _support_description(d: InputDomain) -> str:
 _RETURNED = {"forward": OUTPUT, "_forward": OUTPUT, "jvp": OUTPUT + TANGENT_SUFFIX}
 
 
-def _module_text(template: jinja2.Template, view: ModuleView | ProgramView) -> str:
+def _module_text(template: jinja2.Template, view: ProgramView) -> str:
     """The module as ``template`` lays it out, its long statements split into named temporaries (stage 6a)."""
     return name_parts(template.render(view=view), _RETURNED)
 
 
-def _in_place(template: jinja2.Template, view: ModuleView | ProgramView, forward_kinds: dict[str, Kind]) -> str:
+def _in_place(template: jinja2.Template, view: ProgramView, forward_kinds: dict[str, Kind]) -> str:
     """The module's text, its Function's forward and its _backward computing in place where they can (stage
     6b; not in fused mode, where the compiler plans the memory), the forward's parameters of
     ``forward_kinds``. Rendered with ``_out_of_place`` (torch.func runs an in-place _backward functionalized)
@@ -1570,8 +992,8 @@ def _in_place(template: jinja2.Template, view: ModuleView | ProgramView, forward
 
 def render_op(
     spec: OpSpec,
-    derivation: Derivation | ProgramDerivation,
-    plan: BackwardPlan | ProgramPlan,
+    derivation: ProgramDerivation,
+    plan: ProgramPlan,
     domains: tuple[InputDomain, ...],
     *,
     module_import: str | None = None,
@@ -1594,20 +1016,14 @@ def render_op(
     step: with the ruff settings of the project at ``project_root``, where ``paths`` says where each file
     goes relative to it (default: the file's name), or without one in scaffold's own style.
 
-    A structured program (a ProgramDerivation and ProgramPlan) fills ``templates/program_op.py.j2``.
     ``in_place=False`` skips stage 6b: every temporary stays out of place.
     """
     env = environment()
     # A custom op's namespace: the project's package (the first part of the module the op lives in)
     namespace = module_import.partition(".")[0] if module_import and "." in module_import else DEFAULT_NAMESPACE
-    if isinstance(plan, ProgramPlan):
-        view = program_module_view(spec, derivation.program, plan, domains, namespace)
-        template, forward_kinds = env.get_template(TEMPLATES["program"]), view.forward_kinds
-        custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
-    else:
-        view = module_view(spec, derivation, plan, domains, namespace)
-        template, forward_kinds = env.get_template(TEMPLATES["module"]), view.parameter_kinds
-        custom_op = spec.name if spec.target == "custom_op" else ""
+    view = program_module_view(spec, derivation, plan, domains, namespace)
+    template, forward_kinds = env.get_template(TEMPLATES["program"]), view.forward_kinds
+    custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
     view = dataclasses.replace(view, in_package=in_package)
     module = _in_place(template, view, forward_kinds) if in_place else _module_text(template, view)
     tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op)
@@ -1678,6 +1094,8 @@ class ProgramView(_Entry):
     rules_doc: list[str]
     partials_doc: list[tuple[str, str]]
     one_step: bool  # the forward is one elementwise step: its partial derivatives say how backward goes
+    stable_note: str  # which stable primitives the forward was rewritten with, if any
+    kink_note: str  # PyTorch's convention at kinks, where the forward has any
     imports: list[str]
     arguments: list[str]
     tensor_names: list[str]
@@ -1792,11 +1210,12 @@ def _rank_checks(spec: OpSpec, requirements: tuple[RankRequirement, ...]) -> lis
 
 def program_module_view(
     spec: OpSpec,
-    program: Program,
+    derivation: ProgramDerivation,
     plan: ProgramPlan,
     domains: tuple[InputDomain, ...],
     namespace: str = DEFAULT_NAMESPACE,
 ) -> ProgramView:
+    program = derivation.program
     requirements = rank_requirements(program)
     learnable = {t.name for t in spec.tensors if t.learnable}
     tensor_names = [t.name for t in spec.tensors]
@@ -1816,7 +1235,7 @@ def program_module_view(
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
-        **_program_docs(spec, program, plan, arguments),
+        **_program_docs(spec, derivation, plan, arguments),
         imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
         arguments=arguments,
         tensor_names=tensor_names,
@@ -1866,10 +1285,24 @@ def program_module_view(
     )
 
 
-def _program_docs(spec: OpSpec, program: Program, plan: ProgramPlan, arguments: list[str]) -> dict:
-    """The docstrings' fields of a structured op's view: the op's own text, its forward, the rules and partial
-    derivatives its backward follows, and the custom gradients as the spec gives them."""
+def _program_docs(spec: OpSpec, derivation: ProgramDerivation, plan: ProgramPlan, arguments: list[str]) -> dict:
+    """The docstrings' fields of an op's view: the op's own text, its forward, the rules and partial
+    derivatives its backward follows, the custom gradients as the spec gives them, and the notes on stable
+    forms and kinks."""
+    program = derivation.program
+    forwards = [node.forward for node in derivation.elementwise]
+    written = [program.value(node.name).expr for node in derivation.elementwise]
+    stable = sorted(
+        {type(e).__name__ for f, w in zip(forwards, written) if f != w for e in sympy.preorder_traversal(f)}
+        & {cls.__name__ for cls in stable_classes()}
+    )
+    has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
     return {
+        "stable_note": f"Rewritten with {', '.join(stable)}: as written, the formula and its derivatives overflow "
+        "or lose precision at extreme inputs."
+        if stable
+        else "",
+        "kink_note": KINK_CONVENTION if has_kinks else "",
         "doc": _docstring_text(spec.doc.strip()),
         "forward_doc": _program_forward_doc(spec, program.parsed, arguments),
         "rules_doc": [_docstring_text(r) for r in plan.rule_docs],
