@@ -110,6 +110,9 @@ class ProgramPlan:
     recomputed: tuple[str, ...] = ()  # values backward computes again from what it has
     # backward's own backward, derived (None: autograd differentiates backward's code)
     double_backward: DoubleBackward | None = None
+    # an unused output's gradient stays None and what it would pass on is skipped (several outputs); False:
+    # backward fills it with zeros (a custom gradient, or a tensor the forward is flat in, reads every one)
+    skips_unused: bool = False
 
 
 def plan_program(
@@ -120,12 +123,27 @@ def plan_program(
     (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
     where it keeps ``t`` and ``x``): one byte an element less."""
     with error_context(where):
-        plan = _Planner(derivation, where, fused=fused, policy=policy).plan()
+        plan = _planned(derivation, where, frozenset(), fused=fused, policy=policy)
         if plan.masks:
             unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
             unmasked = _with_math_of(unmasked, derivation.program)
-            plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy).plan()
+            plan = _planned(derivation, where, unmasked, fused=fused, policy=policy)
         return plan
+
+
+def _planned(derivation: ProgramDerivation, where: str, unmasked: frozenset[str], **options) -> ProgramPlan:
+    """The plan, skipping what unused outputs pass on; or, where backward needs every output's gradient (a
+    tensor the forward is flat in takes zeros like one), with each unused one filled with zeros."""
+    try:
+        return _Planner(derivation, where, unmasked, **options).plan()
+    except _NeedsEveryGradientError:
+        planner = _Planner(derivation, where, unmasked, **options)
+        planner.zero_fills = True
+        return planner.plan()
+
+
+class _NeedsEveryGradientError(Exception):
+    """Raised while planning to skip unused outputs, where backward needs every output's gradient."""
 
 
 def _with_math_of(values: frozenset[str], program: Program) -> frozenset[str]:
@@ -490,6 +508,8 @@ class _Planner(_ForwardWriter):
     """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
     forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
 
+    zero_fills = False  # backward fills an unused output's gradient with zeros (see plan_program)
+
     # -- backward ------------------------------------------------------------------------------------------
 
     def plan(self) -> ProgramPlan:
@@ -504,6 +524,13 @@ class _Planner(_ForwardWriter):
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
+        # several outputs: an unused one's gradient is None, and so is each value's that only unused ones reach
+        self.skips_unused = len(self.graph.visible) > 1 and not self.graph.custom and not self.zero_fills
+        self.outputs_of = self._outputs_of()
+        self.guarded = False  # the lines written now run only where the node's gradient is not None
+        # values whose gradient may be None so far (their shares so far all guarded), or not yet assigned
+        self.maybe_none = set(self.graph.visible) if self.skips_unused else set()
+        self.none_first: set[str] = set()  # values whose first share is guarded: None until one is given
         for node in reversed(self.graph.nodes):
             guard = self.graph.upstream[node.name]
             targets = [r for r in node.reads if self.graph.upstream[r]]
@@ -516,13 +543,17 @@ class _Planner(_ForwardWriter):
             if not guard or node.name not in grad_shapes:
                 continue
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
-            hidden_grad_lines[node.name] = len(lines)
+            start = hidden_grad_lines[node.name] = len(lines)
+            self.guarded = self.skips_unused and self.outputs_of[node.name] != frozenset(self.graph.visible)
             if node.kind == ELEMENTWISE:
                 g = grad_names[node.name]
                 self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
             else:
                 rule_docs.append(describe(node))
                 self._structural_backward(node, targets, grad_names, grad_shapes, lines)
+            if self.guarded and node.name not in only_returned:
+                lines[start:] = _unless_none_lines(lines[start:], grad_names[node.name])
+            self.guarded = False
 
         self._custom_backward(lines, grad_names, grad_shapes)
         self._flat_backward(lines, grad_names, grad_shapes)
@@ -554,7 +585,7 @@ class _Planner(_ForwardWriter):
             saved=tuple(saved),
             saved_notes=tuple(notes),
             upstream=tuple(upstream),
-            backward=tuple(recompute_lines + lines),
+            backward=tuple(recompute_lines + self._none_first_lines(grad_names) + lines),
             grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.graph.tensor_args),
             shapes=tuple(n for n in self.graph.tensor_args if n in shapes_read),
             backward_scalars=tuple(sorted(emitter.scalars)),
@@ -571,7 +602,14 @@ class _Planner(_ForwardWriter):
             constants=tuple(constants),
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
+            skips_unused=self.skips_unused,
         )
+
+    def _none_first_lines(self, grad_names) -> list[Line]:
+        """None for each intermediate value's gradient whose first share may be skipped (the arguments'
+        start as None in the template)."""
+        names = [n for n in self.graph.values if n in self.none_first and n not in self.graph.tensor_args]
+        return [Line(f"{grad_names[n]} = None", self.graph.upstream[n]) for n in names]
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
         """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its
@@ -580,6 +618,8 @@ class _Planner(_ForwardWriter):
         for index, name in enumerate(self.graph.tensor_args):
             if name in grad_shapes or not self.graph.program.consumers(name):
                 continue
+            if self.skips_unused:
+                raise _NeedsEveryGradientError  # its zeros take their dtype and device from an output's gradient
             self.emitter.shapes.add(name)
             guard = frozenset({index})
             lines.append(Line(f"# The forward is flat in {name} (away from kinks): its gradient is zero.", guard))
@@ -638,9 +678,13 @@ class _Planner(_ForwardWriter):
             if name in hidden_grad_lines and name in grad_shapes and name not in only_returned:
                 at = hidden_grad_lines[name]
                 guard = self.graph.upstream[name]
+                g, returned = grad_names[name], returned_grad(name)
+                total = f"{g} + {returned}"
+                if self.skips_unused and self.outputs_of[name] != frozenset(self.graph.visible):
+                    total = f"{returned} if {g} is None else {total}"
                 lines[at:at] = [
-                    Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
-                    Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
+                    Line(f"if {returned} is not None:  # only in a second derivative", guard),
+                    Line(f"{g} = {total}", guard, 1),
                 ]
         return lines
 
@@ -662,11 +706,27 @@ class _Planner(_ForwardWriter):
                     c.kind != MATMUL and self.graph.outranks(c.name, name) for c in self.graph.program.consumers(name)
                 ):
                     shapes_read.add(name)
-                    lines.append(Line(f"{g} = {g}.sum_to_size({name}_shape)", index))
+                    lines += self._unless_none(name, Line(f"{g} = {g}.sum_to_size({name}_shape)", index), g)
                 continue
             shapes_read.add(name)
-            lines.append(Line(f"{g} = {_brought_to(g, have, want, name)}", index))
+            lines += self._unless_none(name, Line(f"{g} = {_brought_to(g, have, want, name)}", index), g)
         return shapes_read
+
+    def _unless_none(self, name: str, line: Line, g: str) -> list[Line]:
+        """``line``, under ``if g is not None`` where ``name``'s gradient ``g`` may be None (only unused outputs
+        may reach it)."""
+        if not self.skips_unused or self.outputs_of[name] == frozenset(self.graph.visible):
+            return [line]
+        return [Line(f"if {g} is not None:", line.guard), Line(line.text, line.guard, line.indent + 1)]
+
+    def _outputs_of(self) -> dict[str, frozenset[str]]:
+        """For each value, the outputs it is or feeds: its gradient is None where none of theirs is given."""
+        outputs: dict[str, frozenset[str]] = {}
+        for v in reversed(self.graph.program.values):
+            readers = [c.name for c in self.graph.nodes if v.name in c.reads]
+            own = frozenset({v.name}) if v.name in self.graph.visible else frozenset()
+            outputs[v.name] = own.union(*(outputs[r] for r in readers))
+        return outputs
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
         """backward's first lines: the values it computes again, each where some gradient reads it."""
@@ -915,18 +975,33 @@ class _Planner(_ForwardWriter):
             # first, each on its own, or the smaller would be added at every element of the larger
             if _outgrows(grad_shapes[target], want):
                 self.emitter.shapes.add(target)
-                lines.append(Line(f"{g} = {_brought_to(g, grad_shapes[target], want, target)}", guard))
+                brought = Line(f"{g} = {_brought_to(g, grad_shapes[target], want, target)}", guard)
+                if target in self.maybe_none:
+                    lines.append(Line(f"if {g} is not None:", guard))
+                    brought = Line(brought.text, guard, 1)
+                lines.append(brought)
                 grad_shapes[target] = want
             if _outgrows(static, want):
                 self.emitter.shapes.add(target)
                 code, static = _brought_to(code, static, want, target), want
-        if target in grad_shapes:
+        if target in grad_shapes and target in self.maybe_none:
+            # its gradient may still be None: every share so far came from outputs that may be unused
+            share = self._temporary()
+            lines.append(Line(f"{share} = {code}", guard))
+            lines.append(Line(f"{g} = {share} if {g} is None else {g} + {share}", guard))
+            grad_shapes[target] = broadcast([grad_shapes[target], static])
+        elif target in grad_shapes:
             total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
             lines.append(Line(f"{g} = {total}", guard))
             grad_shapes[target] = broadcast([grad_shapes[target], static])
         else:
             lines.append(Line(f"{g} = {code}", guard))
             grad_shapes[target] = static
+            if self.guarded:
+                self.maybe_none.add(target)
+                self.none_first.add(target)
+        if not self.guarded:
+            self.maybe_none.discard(target)
 
     def _masked(self, partial: sympy.Expr) -> sympy.Expr:
         """``partial`` with each condition on an intermediate (under "memory", not fused: or on an argument, as
@@ -1354,6 +1429,18 @@ def _in_terms_of(partial: sympy.Expr, expr: sympy.Expr, value: sympy.Symbol) -> 
 def _divisors(expr: sympy.Expr) -> set[sympy.Expr]:
     """The bases ``expr`` raises to a negative power."""
     return {p.base for p in sympy.preorder_traversal(expr) if p.is_Pow and p.exp.is_negative}
+
+
+def _unless_none_lines(lines: list[Line], g: str) -> list[Line]:
+    """``lines`` (what a node passes on) under ``if g is not None``, ``g`` being the node's gradient, None where
+    no output it reaches was used: each run of lines under one guard of their own (they are nested in it)."""
+    nested: list[Line] = []
+    for k, line in enumerate(lines):
+        if k == 0 or line.guard != lines[k - 1].guard:
+            comment = "  # None where no output it reaches was used" if not nested else ""
+            nested.append(Line(f"if {g} is not None:{comment}", line.guard))
+        nested.append(Line(line.text, line.guard, line.indent + 1))
+    return nested
 
 
 def _comments_with_their_code(lines: list[Line]) -> list[Line]:
