@@ -136,6 +136,10 @@ def _planned(derivation: ProgramDerivation, where: str, unmasked: frozenset[str]
     tensor the forward is flat in takes zeros like one), with each unused one filled with zeros."""
     try:
         return _Planner(derivation, where, unmasked, **options).plan()
+    except _HiddenGradientAloneError:
+        planner = _Planner(derivation, where, unmasked, **options)
+        planner.hidden_alone = True
+        return planner.plan()
     except _NeedsEveryGradientError:
         planner = _Planner(derivation, where, unmasked, **options)
         planner.zero_fills = True
@@ -144,6 +148,12 @@ def _planned(derivation: ProgramDerivation, where: str, unmasked: frozenset[str]
 
 class _NeedsEveryGradientError(Exception):
     """Raised while planning to skip unused outputs, where backward needs every output's gradient."""
+
+
+class _HiddenGradientAloneError(Exception):
+    """Raised while planning to skip unused outputs, where forward returns hidden outputs: in a second
+    derivative one's gradient may come alone, with no output's, so that no value's gradient is sure to be
+    given (planned again so)."""
 
 
 def _with_math_of(values: frozenset[str], program: Program) -> frozenset[str]:
@@ -509,6 +519,7 @@ class _Planner(_ForwardWriter):
     forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
 
     zero_fills = False  # backward fills an unused output's gradient with zeros (see plan_program)
+    hidden_alone = False  # a hidden output's gradient may come without any output's (see plan_program)
 
     # -- backward ------------------------------------------------------------------------------------------
 
@@ -527,10 +538,15 @@ class _Planner(_ForwardWriter):
         # several outputs: an unused one's gradient is None, and so is each value's that only unused ones reach
         self.skips_unused = len(self.graph.visible) > 1 and not self.graph.custom and not self.zero_fills
         self.outputs_of = self._outputs_of()
+        # a gradient reached by every output's is given (backward returns at once where none is), unless a
+        # hidden output's may come alone
+        self.every_output = frozenset(self.graph.visible) | ({""} if self.hidden_alone else set())
         self.guarded = False  # the lines written now run only where the node's gradient is not None
         # values whose gradient may be None so far (their shares so far all guarded), or not yet assigned
         self.maybe_none = set(self.graph.visible) if self.skips_unused else set()
         self.none_first: set[str] = set()  # values whose first share is guarded: None until one is given
+        # each value's shares' example shapes, where some may be skipped (the outputs' own: their gradients)
+        self.skippable = {v: {self.graph.shape(v)} for v in self.maybe_none}
         for node in reversed(self.graph.nodes):
             guard = self.graph.upstream[node.name]
             targets = [r for r in node.reads if self.graph.upstream[r]]
@@ -544,7 +560,8 @@ class _Planner(_ForwardWriter):
                 continue
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
             start = hidden_grad_lines[node.name] = len(lines)
-            self.guarded = self.skips_unused and self.outputs_of[node.name] != frozenset(self.graph.visible)
+            self.guarded = self.skips_unused and self.outputs_of[node.name] != self.every_output
+            self._expand_uneven(node, grad_names, grad_shapes, lines)
             if node.kind == ELEMENTWISE:
                 g = grad_names[node.name]
                 self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
@@ -566,6 +583,8 @@ class _Planner(_ForwardWriter):
         self.for_memory, self.restated = keeping.for_memory, keeping.restated
         constants = [stat for stats in self.restated.values() for stat in stats]
         hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
+        if self.skips_unused and hidden_values and not self.hidden_alone:
+            raise _HiddenGradientAloneError
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
@@ -604,6 +623,21 @@ class _Planner(_ForwardWriter):
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
             skips_unused=self.skips_unused,
         )
+
+    def _uneven(self, name: str) -> bool:
+        """Whether ``name``'s gradient is a sum of shares of different shapes, some of which may be skipped:
+        its shape at call time is then that of the shares given."""
+        return len(self.skippable.get(name, ())) > 1
+
+    def _expand_uneven(self, node: Value, grad_names, grad_shapes, lines: list[Line]) -> None:
+        """``node``'s gradient expanded to its shape, where it may lack a share that the rules count on."""
+        if not self._uneven(node.name):
+            return
+        if grad_shapes[node.name] != node.shape:  # kept smaller than node (a spread mean's): never so far
+            raise _NeedsEveryGradientError
+        g = grad_names[node.name]
+        line = Line(f"{g} = {g}.expand({self.emitter.shape(node.name)})", self.graph.upstream[node.name])
+        lines += self._unless_none(node.name, line, g)
 
     def _none_first_lines(self, grad_names) -> list[Line]:
         """None for each intermediate value's gradient whose first share may be skipped (the arguments'
@@ -680,7 +714,7 @@ class _Planner(_ForwardWriter):
                 guard = self.graph.upstream[name]
                 g, returned = grad_names[name], returned_grad(name)
                 total = f"{g} + {returned}"
-                if self.skips_unused and self.outputs_of[name] != frozenset(self.graph.visible):
+                if self.skips_unused and self.outputs_of[name] != self.every_output:
                     total = f"{returned} if {g} is None else {total}"
                 lines[at:at] = [
                     Line(f"if {returned} is not None:  # only in a second derivative", guard),
@@ -698,6 +732,13 @@ class _Planner(_ForwardWriter):
             have, want = grad_shapes[name], self.graph.shape(name)
             index = frozenset({self.graph.tensor_args.index(name)})
             g = grad_names[name]
+            if self._uneven(name):
+                # its shares have different shapes and some may be skipped: brought to its shape from any
+                shapes_read.add(name)
+                code = f"{g}.expand(torch.broadcast_shapes({g}.shape, {name}_shape))"
+                code = f"{code}.sum_to_size({name}_shape)" if _outgrows(have, want) else f"{g}.expand({name}_shape)"
+                lines += self._unless_none(name, Line(f"{g} = {code}", index), g)
+                continue
             if have == want:
                 # the same shape in the example; at call time an argument of as many dimensions beside it
                 # may have more (a batch of inputs beside an unbatched target)
@@ -715,7 +756,7 @@ class _Planner(_ForwardWriter):
     def _unless_none(self, name: str, line: Line, g: str) -> list[Line]:
         """``line``, under ``if g is not None`` where ``name``'s gradient ``g`` may be None (only unused outputs
         may reach it)."""
-        if not self.skips_unused or self.outputs_of[name] == frozenset(self.graph.visible):
+        if not self.skips_unused or self.outputs_of[name] == self.every_output:
             return [line]
         return [Line(f"if {g} is not None:", line.guard), Line(line.text, line.guard, line.indent + 1)]
 
@@ -984,6 +1025,8 @@ class _Planner(_ForwardWriter):
             if _outgrows(static, want):
                 self.emitter.shapes.add(target)
                 code, static = _brought_to(code, static, want, target), want
+        if self.guarded or target in self.skippable:
+            self.skippable.setdefault(target, set()).add(static)
         if target in grad_shapes and target in self.maybe_none:
             # its gradient may still be None: every share so far came from outputs that may be unused
             share = self._temporary()

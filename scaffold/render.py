@@ -1683,7 +1683,7 @@ class ProgramView(_Entry):
     zero_outputs: list[str]  # outputs whose gradient may be None (filled with zeros)
     upstream: list[str]
     zero_fills: list[tuple[str, str]]
-    unused_outputs: list[str]  # the outputs' gradients, None where unused: backward skips what they pass on
+    unused_outputs: list[str]  # the gradients, None where unused: backward skips what they pass on
     backward_scalars: list[str]
     grads: list[str]
     backward_blocks: list[Block]
@@ -1800,7 +1800,7 @@ def program_module_view(
         zero_outputs=list(plan.visible) if optional and not plan.skips_unused else [],
         upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
         zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional and not plan.skips_unused else [],
-        unused_outputs=list(plan.upstream[: len(plan.visible)]) if plan.skips_unused else [],
+        unused_outputs=list(plan.upstream) if plan.skips_unused else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
         backward_blocks=_program_blocks(plan, tensor_names),
