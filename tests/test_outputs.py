@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,20 @@ def test_an_unused_output_of_a_structured_op_with_a_reduction_passes_nothing_on(
     for k in range(2):
         assert torch.autograd.gradcheck(lambda x, w, k=k: module.row_sum_and_exp(x, w)[k], (x, w))
         assert torch.autograd.gradgradcheck(lambda x, w, k=k: module.row_sum_and_exp(x, w)[k], (x, w))
+
+
+def test_the_generated_partly_used_check_catches_an_unused_output_that_overflows(tmp_path):
+    # five's d = exp(x) is inf at x = 100 in float32: the a-alone gradient was nan through the structured path
+    fields = dict(MULTI_OUTPUT_OPS["five"])
+    spec = make_spec("five_structured", fields.pop("forward"), fields.pop("tensors"), **fields)
+    with probe.structured_path():
+        import_generated(tmp_path, spec)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        generated = importlib.import_module("test_five_structured")
+    finally:
+        sys.path.remove(str(tmp_path))
+    generated.OP.check_partly_used_outputs("cpu")
 
 
 def test_a_structured_op_with_a_flat_tensor_fills_an_unused_outputs_gradient_with_zeros(tmp_path):
