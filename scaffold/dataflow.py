@@ -535,18 +535,7 @@ class _Planner(_ForwardWriter):
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
-        # several outputs: an unused one's gradient is None, and so is each value's that only unused ones reach
-        self.skips_unused = len(self.graph.visible) > 1 and not self.graph.custom and not self.zero_fills
-        self.outputs_of = self._outputs_of()
-        # a gradient reached by every output's is given (backward returns at once where none is), unless a
-        # hidden output's may come alone
-        self.every_output = frozenset(self.graph.visible) | ({""} if self.hidden_alone else set())
-        self.guarded = False  # the lines written now run only where the node's gradient is not None
-        # values whose gradient may be None so far (their shares so far all guarded), or not yet assigned
-        self.maybe_none = set(self.graph.visible) if self.skips_unused else set()
-        self.none_first: set[str] = set()  # values whose first share is guarded: None until one is given
-        # each value's shares' example shapes, where some may be skipped (the outputs' own: their gradients)
-        self.skippable = {v: {self.graph.shape(v)} for v in self.maybe_none}
+        self._start_skipping()
         for node in reversed(self.graph.nodes):
             guard = self.graph.upstream[node.name]
             targets = [r for r in node.reads if self.graph.upstream[r]]
@@ -559,18 +548,9 @@ class _Planner(_ForwardWriter):
             if not guard or node.name not in grad_shapes:
                 continue
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
-            start = hidden_grad_lines[node.name] = len(lines)
-            self.guarded = self.skips_unused and self.outputs_of[node.name] != self.every_output
-            self._expand_uneven(node, grad_names, grad_shapes, lines)
-            if node.kind == ELEMENTWISE:
-                g = grad_names[node.name]
-                self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
-            else:
-                rule_docs.append(describe(node))
-                self._structural_backward(node, targets, grad_names, grad_shapes, lines)
-            if self.guarded and node.name not in only_returned:
-                lines[start:] = _unless_none_lines(lines[start:], grad_names[node.name])
-            self.guarded = False
+            hidden_grad_lines[node.name] = len(lines)
+            docs = (partials_docs, rule_docs)
+            self._pass_on(node, targets, grad_names, grad_shapes, lines, docs, node.name not in only_returned)
 
         self._custom_backward(lines, grad_names, grad_shapes)
         self._flat_backward(lines, grad_names, grad_shapes)
@@ -624,6 +604,38 @@ class _Planner(_ForwardWriter):
             skips_unused=self.skips_unused,
         )
 
+    def _start_skipping(self) -> None:
+        """With several outputs, an unused one's gradient is None, and so is each value's that only unused ones
+        reach: what planning to skip their shares starts from (see plan_program)."""
+        self.skips_unused = len(self.graph.visible) > 1 and not self.graph.custom and not self.zero_fills
+        self.outputs_of = self._outputs_of()
+        # a gradient reached by every output's is given (backward returns at once where none is), unless a
+        # hidden output's may come alone
+        self.every_output = frozenset(self.graph.visible) | ({""} if self.hidden_alone else set())
+        self.guarded = False  # the lines written now run only where the node's gradient is not None
+        # values whose gradient may be None so far (their shares so far all guarded), or not yet assigned
+        self.maybe_none = set(self.graph.visible) if self.skips_unused else set()
+        self.none_first: set[str] = set()  # values whose first share is guarded: None until one is given
+        # each value's shares' example shapes, where some may be skipped (the outputs' own: their gradients)
+        self.skippable = {v: {self.graph.shape(v)} for v in self.maybe_none}
+
+    def _pass_on(self, node, targets, grad_names, grad_shapes, lines, docs, may_skip: bool) -> None:
+        """What ``node`` passes on to ``targets`` (its lines appended to ``lines``), by its partials or its
+        rule; under ``if grad_node is not None`` where no output that reaches it may have been used."""
+        start = len(lines)
+        self.guarded = self.skips_unused and self.outputs_of[node.name] != self.every_output
+        self._expand_uneven(node, grad_names, grad_shapes, lines)
+        partials_docs, rule_docs = docs
+        if node.kind == ELEMENTWISE:
+            g = grad_names[node.name]
+            self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, self.emitter, partials_docs)
+        else:
+            rule_docs.append(describe(node))
+            self._structural_backward(node, targets, grad_names, grad_shapes, lines)
+        if self.guarded and may_skip:
+            lines[start:] = _unless_none_lines(lines[start:], grad_names[node.name])
+        self.guarded = False
+
     def _uneven(self, name: str) -> bool:
         """Whether ``name``'s gradient is a sum of shares of different shapes, some of which may be skipped:
         its shape at call time is then that of the shares given."""
@@ -636,8 +648,8 @@ class _Planner(_ForwardWriter):
         if grad_shapes[node.name] != node.shape:  # kept smaller than node (a spread mean's): never so far
             raise _NeedsEveryGradientError
         g = grad_names[node.name]
-        line = Line(f"{g} = {g}.expand({self.emitter.shape(node.name)})", self.graph.upstream[node.name])
-        lines += self._unless_none(node.name, line, g)
+        # (given where this runs: node's lines are under a test of it where it may be None)
+        lines.append(Line(f"{g} = {g}.expand({self.emitter.shape(node.name)})", self.graph.upstream[node.name]))
 
     def _none_first_lines(self, grad_names) -> list[Line]:
         """None for each intermediate value's gradient whose first share may be skipped (the arguments'
