@@ -118,6 +118,9 @@ class ProgramPlan:
     one_kernel: bool = False
     # backward's own backward, derived (None: autograd differentiates backward's code)
     double_backward: DoubleBackward | None = None
+    # an unused output's gradient stays None and what it would pass on is skipped (several outputs); False:
+    # backward fills it with zeros (a custom gradient, or a tensor the forward is flat in, reads every one)
+    skips_unused: bool = False
 
 
 def plan_program(
@@ -134,12 +137,37 @@ def plan_program(
     (huber's ``|d| < 1`` where it keeps ``d``), or on elementwise math of them alone (hinge's ``1 - t*x > 0``
     where it keeps ``t`` and ``x``): one byte an element less."""
     with error_context(where):
-        plan = _Planner(derivation, where, fused=fused, policy=policy, custom_op=custom_op).plan()
+        plan = _planned(derivation, where, frozenset(), fused=fused, policy=policy, custom_op=custom_op)
         if plan.masks:
             unmasked = (frozenset(plan.saved) | frozenset(plan.recomputed)) - frozenset(plan.masks)
             unmasked = _with_math_of(unmasked, derivation.program)
-            plan = _Planner(derivation, where, unmasked, fused=fused, policy=policy, custom_op=custom_op).plan()
+            plan = _planned(derivation, where, unmasked, fused=fused, policy=policy, custom_op=custom_op)
         return plan
+
+
+def _planned(derivation: ProgramDerivation, where: str, unmasked: frozenset[str], **options) -> ProgramPlan:
+    """The plan, skipping what unused outputs pass on; or, where backward needs every output's gradient (a
+    tensor the forward is flat in takes zeros like one), with each unused one filled with zeros."""
+    try:
+        return _Planner(derivation, where, unmasked, **options).plan()
+    except _HiddenGradientAloneError:
+        planner = _Planner(derivation, where, unmasked, **options)
+        planner.hidden_alone = True
+        return planner.plan()
+    except _NeedsEveryGradientError:
+        planner = _Planner(derivation, where, unmasked, **options)
+        planner.zero_fills = True
+        return planner.plan()
+
+
+class _NeedsEveryGradientError(Exception):
+    """Raised while planning to skip unused outputs, where backward needs every output's gradient."""
+
+
+class _HiddenGradientAloneError(Exception):
+    """Raised while planning to skip unused outputs, where forward returns hidden outputs: in a second
+    derivative one's gradient may come alone, with no output's, so that no value's gradient is sure to be
+    given (planned again so)."""
 
 
 def _with_math_of(values: frozenset[str], program: Program) -> frozenset[str]:
@@ -632,9 +660,204 @@ class _ForwardWriter(_Writer):
         return [*lines, f"{v.name}{TANGENT} = {self.print(total, extra=extra)}"]
 
 
-class _Planner(_ForwardWriter):
+class _Skipping(_ForwardWriter):
+    """Where an op has several outputs, the gradients that unused outputs would pass on: None, and what they
+    would reach skipped (``if grad_t is not None``), so that an unused output's inf cannot meet a 0."""
+
+    def _start_skipping(self) -> None:
+        """With several outputs, an unused one's gradient is None, and so is each value's that only unused ones
+        reach: what planning to skip their shares starts from (see plan_program)."""
+        self.skips_unused = len(self.graph.visible) > 1 and not self.graph.custom and not self.zero_fills
+        self.outputs_of = self._outputs_of()
+        # a gradient reached by every output's is given (backward returns at once where none is), unless a
+        # hidden output's may come alone
+        self.every_output = frozenset(self.graph.visible) | ({""} if self.hidden_alone else set())
+        self.guarded = False  # the lines written now run only where the node's gradient is not None
+        # values whose gradient may be None so far (their shares so far all guarded), or not yet assigned
+        self.maybe_none = set(self.graph.visible) if self.skips_unused else set()
+        self.none_first: set[str] = set()  # values whose first share is guarded: None until one is given
+        # each value's shares' example shapes, where some may be skipped (the outputs' own: their gradients)
+        self.skippable = {v: {self.graph.shape(v)} for v in self.maybe_none}
+
+    def _uneven(self, name: str) -> bool:
+        """Whether ``name``'s gradient is a sum of shares of different shapes, some of which may be skipped:
+        its shape at call time is then that of the shares given."""
+        return len(self.skippable.get(name, ())) > 1
+
+    def _expand_uneven(self, node: Value, grad_names, grad_shapes, lines: list[Line]) -> None:
+        """``node``'s gradient expanded to its shape, where it may lack a share that the rules count on."""
+        if not self._uneven(node.name):
+            return
+        if grad_shapes[node.name] != node.shape:  # kept smaller than node (a spread mean's): never so far
+            raise _NeedsEveryGradientError
+        g = grad_names[node.name]
+        # (given where this runs: node's lines are under a test of it where it may be None)
+        lines.append(Line(f"{g} = {g}.expand({self.emitter.shape(node.name)})", self.graph.upstream[node.name]))
+
+    def _none_first_lines(self, grad_names) -> list[Line]:
+        """None for each intermediate value's gradient whose first share may be skipped (the arguments'
+        start as None in the template)."""
+        names = [n for n in self.graph.values if n in self.none_first and n not in self.graph.tensor_args]
+        return [Line(f"{grad_names[n]} = None", self.graph.upstream[n]) for n in names]
+
+    def _bring(self, lines: list[Line], name: str, g: str, guard: frozenset[int], brought) -> None:
+        """``name``'s gradient ``g`` brought to its shape (:func:`_bring`), under ``if g is not None`` where it
+        may be None."""
+        if self.skips_unused and self.outputs_of[name] != self.every_output:
+            lines += self._unless_none(name, Line(f"{g} = {brought(g)}", guard), g)
+        else:
+            _bring(lines, g, guard, brought)
+
+    def _unless_none(self, name: str, line: Line, g: str) -> list[Line]:
+        """``line``, under ``if g is not None`` where ``name``'s gradient ``g`` may be None (only unused outputs
+        may reach it)."""
+        if not self.skips_unused or self.outputs_of[name] == self.every_output:
+            return [line]
+        return [Line(f"if {g} is not None:", line.guard), Line(line.text, line.guard, line.indent + 1)]
+
+    def _outputs_of(self) -> dict[str, frozenset[str]]:
+        """For each value, the outputs it is or feeds: its gradient is None where none of theirs is given."""
+        outputs: dict[str, frozenset[str]] = {}
+        for v in reversed(self.graph.program.values):
+            readers = [c.name for c in self.graph.nodes if v.name in c.reads]
+            own = frozenset({v.name}) if v.name in self.graph.visible else frozenset()
+            outputs[v.name] = own.union(*(outputs[r] for r in readers))
+        return outputs
+
+
+class _Shares(_Skipping):
+    """How a node's share of a value's gradient is added to it, and how each argument's gradient is brought to
+    the argument's shape at call time."""
+
+    def _argument_shapes(self, lines: list[Line], grad_names, grad_shapes) -> set[str]:
+        """Each argument's gradient brought to its shape at call time (lines added to ``lines``); the
+        arguments whose shapes that reads."""
+        shapes_read = set()
+        for name in self.graph.tensor_args:
+            if name not in grad_shapes:
+                continue
+            have, want = grad_shapes[name], self.graph.shape(name)
+            index = frozenset({self.graph.tensor_args.index(name)})
+            g = grad_names[name]
+            if self._uneven(name):
+                # its shares have different shapes and some may be skipped: brought to its shape from any
+                shapes_read.add(name)
+                code = f"{g}.expand(torch.broadcast_shapes({g}.shape, {name}_shape))"
+                code = f"{code}.sum_to_size({name}_shape)" if _outgrows(have, want) else f"{g}.expand({name}_shape)"
+                lines += self._unless_none(name, Line(f"{g} = {code}", index), g)
+                continue
+            if have == want:
+                # the same shape in the example; at call time an argument of as many dimensions beside it
+                # may have more (a batch of inputs beside an unbatched target)
+                # (a product's rule sums its operands' gradients to their shapes itself)
+                if any(
+                    c.kind != MATMUL and self.graph.outranks(c.name, name) for c in self.graph.program.consumers(name)
+                ):
+                    shapes_read.add(name)
+                    self._bring(
+                        lines, name, g, index, lambda code, name=name: f"{_atom(code)}.sum_to_size({name}_shape)"
+                    )
+                continue
+            shapes_read.add(name)
+            self._bring(
+                lines, name, g, index, lambda code, have=have, want=want, name=name: _brought_to(code, have, want, name)
+            )
+        return shapes_read
+
+    def _sums_to_zero(
+        self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
+    ) -> bool:
+        """Whether ``part`` (of example shape ``have``) sums to zero over the dimensions ``summed``: it is a
+        multiple of ``read - x``, ``read`` being ``mean(x, dim=summed, keepdim=True)`` (a centred value sums
+        to zero along the dimensions its mean was taken over: the variance's share of a LayerNorm's mean
+        gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
+        computed."""
+        call = self.graph.values[read].expr
+        if not isinstance(call, ReduceMean) or not call.keepdim or any(d >= 0 for d in call.dims):
+            # dims counted from the front are other dimensions at another rank than the example's
+            return False
+        x = str(call.args[0])
+        if self.graph.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
+            return False
+        ratio = sympy.cancel(part / (sympy.Symbol(read, real=True) - sympy.Symbol(x, real=True)))
+        for symbol in ratio.free_symbols:  # the multiple: constant along those dimensions
+            shape = shape_of(symbol)
+            if any(d >= 0 and shape[d] != 1 for d in _aligned(summed, shape, have)):
+                return False
+        return True
+
+    def _contribute(
+        self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1", node: str | None = None
+    ) -> None:
+        """Add ``code`` (of example shape ``static``), passed on by ``node``, summed to ``target``'s shape and
+        then multiplied by ``outer``, to ``target``'s gradient."""
+        guard = self.graph.upstream[target]
+        want = self.graph.shape(target)
+        if self.graph.values[target].kind != TENSOR:
+            if (
+                static == want
+                and node is not None
+                and self.graph.values[node].kind != MATMUL
+                and self.graph.outranks(node, target)
+            ):
+                # the example's shapes agree, the shapes at call time need not: node may have leading
+                # dimensions that target has not
+                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
+            elif static != want and target in self.graph.hoisted and self.graph.reads_arguments(target):
+                # a part hoisted out of a formula is as large at call time as the tensor arguments it reads,
+                # which may broadcast beyond the example's shapes (a parameter declared [] given per element)
+                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
+            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.graph.positional)
+        if outer != "1":
+            # by what the texts print as: outer * (a + b), -(a - b)
+            if outer == "-1":
+                code = f"-{_atom(code) if code[0] == '-' else parenthesized(code, PRODUCT)}"
+            else:
+                code = f"{parenthesized(outer, PRODUCT)} * {parenthesized(code, POWER)}"
+        g = grad_names[target]
+        if target in grad_shapes and self.graph.values[target].kind == TENSOR and grad_shapes[target] != static:
+            # an argument's shares are summed to its shape once, at the end; shares of different shapes (one per
+            # element beside one a hoisted part passed on, summed already) are brought to its shape at call time
+            # first, each on its own, or the smaller would be added at every element of the larger
+            if _outgrows(grad_shapes[target], want):
+                self.emitter.shapes.add(target)
+                brought = Line(f"{g} = {_brought_to(g, grad_shapes[target], want, target)}", guard)
+                if target in self.maybe_none:
+                    lines.append(Line(f"if {g} is not None:", guard))
+                    brought = Line(brought.text, guard, 1)
+                lines.append(brought)
+                grad_shapes[target] = want
+            if _outgrows(static, want):
+                self.emitter.shapes.add(target)
+                code, static = _brought_to(code, static, want, target), want
+        if self.guarded or target in self.skippable:
+            self.skippable.setdefault(target, set()).add(static)
+        if target in grad_shapes and target in self.maybe_none:
+            # its gradient may still be None: every share so far came from outputs that may be unused
+            share = self._temporary()
+            lines.append(Line(f"{share} = {code}", guard))
+            lines.append(Line(f"{g} = {share} if {g} is None else {g} + {share}", guard))
+            grad_shapes[target] = broadcast([grad_shapes[target], static])
+        elif target in grad_shapes:
+            total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
+            lines.append(Line(f"{g} = {total}", guard))
+            grad_shapes[target] = broadcast([grad_shapes[target], static])
+        else:
+            lines.append(Line(f"{g} = {code}", guard))
+            grad_shapes[target] = static
+            if self.guarded:
+                self.maybe_none.add(target)
+                self.none_first.add(target)
+        if not self.guarded:
+            self.maybe_none.discard(target)
+
+
+class _Planner(_Shares):
     """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
     forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
+
+    zero_fills = False  # backward fills an unused output's gradient with zeros (see plan_program)
+    hidden_alone = False  # a hidden output's gradient may come without any output's (see plan_program)
 
     # -- backward ------------------------------------------------------------------------------------------
 
@@ -650,6 +873,7 @@ class _Planner(_ForwardWriter):
         hidden_grad_lines: dict[str, int] = {}
 
         only_returned: dict[str, int] = {}  # nodes whose gradient comes from a second derivative only
+        self._start_skipping()
         for node in reversed(self.graph.nodes):
             guard = self.graph.upstream[node.name]
             targets = [r for r in node.reads if self.graph.upstream[r]]
@@ -663,12 +887,8 @@ class _Planner(_ForwardWriter):
                 continue
             # a hidden output's own gradient (in a second derivative) joins here; placed once known
             hidden_grad_lines[node.name] = len(lines)
-            if node.kind == ELEMENTWISE:
-                g = grad_names[node.name]
-                self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, emitter, partials_docs)
-            else:
-                rule_docs.append(describe(node))
-                self._structural_backward(node, targets, grad_names, grad_shapes, lines)
+            docs = (partials_docs, rule_docs)
+            self._pass_on(node, targets, grad_names, grad_shapes, lines, docs, node.name not in only_returned)
 
         self._custom_backward(lines, grad_names, grad_shapes)
         self._flat_backward(lines, grad_names, grad_shapes)
@@ -681,6 +901,8 @@ class _Planner(_ForwardWriter):
         self.for_memory, self.restated = keeping.for_memory, keeping.restated
         constants = [stat for stats in self.restated.values() for stat in stats]
         hidden_values = [h for h in hidden if h not in self.masks.values() and h not in constants]
+        if self.skips_unused and hidden_values and not self.hidden_alone:
+            raise _HiddenGradientAloneError
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
@@ -699,7 +921,7 @@ class _Planner(_ForwardWriter):
             saved=tuple(saved),
             saved_notes=tuple(notes),
             upstream=tuple(upstream),
-            backward=tuple(recompute_lines + lines),
+            backward=tuple(recompute_lines + self._none_first_lines(grad_names) + lines),
             grads=tuple(grad_names[n] if n in grad_shapes else "None" for n in self.graph.tensor_args),
             shapes=tuple(n for n in self.graph.tensor_args if n in shapes_read),
             backward_scalars=tuple(sorted(emitter.scalars)),
@@ -716,7 +938,25 @@ class _Planner(_ForwardWriter):
             constants=tuple(constants),
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
+            skips_unused=self.skips_unused,
         )
+
+    def _pass_on(self, node, targets, grad_names, grad_shapes, lines, docs, may_skip: bool) -> None:
+        """What ``node`` passes on to ``targets`` (its lines appended to ``lines``), by its partials or its
+        rule; under ``if grad_node is not None`` where no output that reaches it may have been used."""
+        start = len(lines)
+        self.guarded = self.skips_unused and self.outputs_of[node.name] != self.every_output
+        self._expand_uneven(node, grad_names, grad_shapes, lines)
+        partials_docs, rule_docs = docs
+        if node.kind == ELEMENTWISE:
+            g = grad_names[node.name]
+            self._elementwise_backward(node, targets, g, grad_names, grad_shapes, lines, self.emitter, partials_docs)
+        else:
+            rule_docs.append(describe(node))
+            self._structural_backward(node, targets, grad_names, grad_shapes, lines)
+        if self.guarded and may_skip:
+            lines[start:] = _unless_none_lines(lines[start:], grad_names[node.name])
+        self.guarded = False
 
     def _flat_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
         """A tensor argument the forward reads but no gradient reaches (``sum(sign(x))``: flat away from its
@@ -725,6 +965,8 @@ class _Planner(_ForwardWriter):
         for index, name in enumerate(self.graph.tensor_args):
             if name in grad_shapes or not self.graph.program.consumers(name):
                 continue
+            if self.skips_unused:
+                raise _NeedsEveryGradientError  # its zeros take their dtype and device from an output's gradient
             self.emitter.shapes.add(name)
             guard = frozenset({index})
             lines.append(Line(f"# The forward is flat in {name} (away from kinks): its gradient is zero.", guard))
@@ -783,35 +1025,15 @@ class _Planner(_ForwardWriter):
             if name in hidden_grad_lines and name in grad_shapes and name not in only_returned:
                 at = hidden_grad_lines[name]
                 guard = self.graph.upstream[name]
+                g, returned = grad_names[name], returned_grad(name)
+                total = f"{g} + {returned}"
+                if self.skips_unused and self.outputs_of[name] != self.every_output:
+                    total = f"{returned} if {g} is None else {total}"
                 lines[at:at] = [
-                    Line(f"if {returned_grad(name)} is not None:  # only in a second derivative", guard),
-                    Line(f"{grad_names[name]} = {grad_names[name]} + {returned_grad(name)}", guard, 1),
+                    Line(f"if {returned} is not None:  # only in a second derivative", guard),
+                    Line(f"{g} = {total}", guard, 1),
                 ]
         return lines
-
-    def _argument_shapes(self, lines: list[Line], grad_names, grad_shapes) -> set[str]:
-        """Each argument's gradient brought to its shape at call time (lines added to ``lines``); the
-        arguments whose shapes that reads."""
-        shapes_read = set()
-        for name in self.graph.tensor_args:
-            if name not in grad_shapes:
-                continue
-            have, want = grad_shapes[name], self.graph.shape(name)
-            index = frozenset({self.graph.tensor_args.index(name)})
-            g = grad_names[name]
-            if have == want:
-                # the same shape in the example; at call time an argument of as many dimensions beside it
-                # may have more (a batch of inputs beside an unbatched target)
-                # (a product's rule sums its operands' gradients to their shapes itself)
-                if any(
-                    c.kind != MATMUL and self.graph.outranks(c.name, name) for c in self.graph.program.consumers(name)
-                ):
-                    shapes_read.add(name)
-                    _bring(lines, g, index, lambda code, name=name: f"{_atom(code)}.sum_to_size({name}_shape)")
-                continue
-            shapes_read.add(name)
-            _bring(lines, g, index, lambda code, have=have, want=want, name=name: _brought_to(code, have, want, name))
-        return shapes_read
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
         """backward's first lines: the values it computes again, each where some gradient reads it."""
@@ -1001,76 +1223,6 @@ class _Planner(_ForwardWriter):
             if is_finite(step.expr, finite, tensors | {n for n in self.graph.values if self.graph.is_tensor(n)}):
                 finite.add(step.name)
         return tensors, finite
-
-    def _sums_to_zero(
-        self, read: str, part: sympy.Expr, have: tuple[int, ...], summed: tuple[int, ...], shape_of
-    ) -> bool:
-        """Whether ``part`` (of example shape ``have``) sums to zero over the dimensions ``summed``: it is a
-        multiple of ``read - x``, ``read`` being ``mean(x, dim=summed, keepdim=True)`` (a centred value sums
-        to zero along the dimensions its mean was taken over: the variance's share of a LayerNorm's mean
-        gradient). That sum is exactly zero in the math and a rounding error in floating point: it is not
-        computed."""
-        call = self.graph.values[read].expr
-        if not isinstance(call, ReduceMean) or not call.keepdim or any(d >= 0 for d in call.dims):
-            # dims counted from the front are other dimensions at another rank than the example's
-            return False
-        x = str(call.args[0])
-        if self.graph.shape(x) != have or reduced_dims(call, have) != tuple(sorted(summed)):
-            return False
-        ratio = sympy.cancel(part / (sympy.Symbol(read, real=True) - sympy.Symbol(x, real=True)))
-        for symbol in ratio.free_symbols:  # the multiple: constant along those dimensions
-            shape = shape_of(symbol)
-            if any(d >= 0 and shape[d] != 1 for d in _aligned(summed, shape, have)):
-                return False
-        return True
-
-    def _contribute(
-        self, lines, target, code, static, grad_names, grad_shapes, outer: str = "1", node: str | None = None
-    ) -> None:
-        """Add ``code`` (of example shape ``static``), passed on by ``node``, summed to ``target``'s shape and
-        then multiplied by ``outer``, to ``target``'s gradient."""
-        guard = self.graph.upstream[target]
-        want = self.graph.shape(target)
-        if self.graph.values[target].kind != TENSOR:
-            if (
-                static == want
-                and node is not None
-                and self.graph.values[node].kind != MATMUL
-                and self.graph.outranks(node, target)
-            ):
-                # the example's shapes agree, the shapes at call time need not: node may have leading
-                # dimensions that target has not
-                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
-            elif static != want and target in self.graph.hoisted and self.graph.reads_arguments(target):
-                # a part hoisted out of a formula is as large at call time as the tensor arguments it reads,
-                # which may broadcast beyond the example's shapes (a parameter declared [] given per element)
-                code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
-            code, static = _summed_to(code, static, want, lambda: self.emitter.shape(target), self.graph.positional)
-        if outer != "1":
-            # by what the texts print as: outer * (a + b), -(a - b)
-            if outer == "-1":
-                code = f"-{_atom(code) if code[0] == '-' else parenthesized(code, PRODUCT)}"
-            else:
-                code = f"{parenthesized(outer, PRODUCT)} * {parenthesized(code, POWER)}"
-        g = grad_names[target]
-        if target in grad_shapes and self.graph.values[target].kind == TENSOR and grad_shapes[target] != static:
-            # an argument's shares are summed to its shape once, at the end; shares of different shapes (one per
-            # element beside one a hoisted part passed on, summed already) are brought to its shape at call time
-            # first, each on its own, or the smaller would be added at every element of the larger
-            if _outgrows(grad_shapes[target], want):
-                self.emitter.shapes.add(target)
-                lines.append(Line(f"{g} = {_brought_to(g, grad_shapes[target], want, target)}", guard))
-                grad_shapes[target] = want
-            if _outgrows(static, want):
-                self.emitter.shapes.add(target)
-                code, static = _brought_to(code, static, want, target), want
-        if target in grad_shapes:
-            total = f"{g} - {code[1:]}" if code.startswith("-") else f"{g} + {code}"
-            lines.append(Line(f"{g} = {total}", guard))
-            grad_shapes[target] = broadcast([grad_shapes[target], static])
-        else:
-            lines.append(Line(f"{g} = {code}", guard))
-            grad_shapes[target] = static
 
     def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
         """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
@@ -1506,6 +1658,18 @@ def _in_terms_of(partial: sympy.Expr, expr: sympy.Expr, value: sympy.Symbol) -> 
 def _divisors(expr: sympy.Expr) -> set[sympy.Expr]:
     """The bases ``expr`` raises to a negative power."""
     return {p.base for p in sympy.preorder_traversal(expr) if p.is_Pow and p.exp.is_negative}
+
+
+def _unless_none_lines(lines: list[Line], g: str) -> list[Line]:
+    """``lines`` (what a node passes on) under ``if g is not None``, ``g`` being the node's gradient, None where
+    no output it reaches was used: each run of lines under one guard of their own (they are nested in it)."""
+    nested: list[Line] = []
+    for k, line in enumerate(lines):
+        if k == 0 or line.guard != lines[k - 1].guard:
+            comment = "  # None where no output it reaches was used" if not nested else ""
+            nested.append(Line(f"if {g} is not None:{comment}", line.guard))
+        nested.append(Line(line.text, line.guard, line.indent + 1))
+    return nested
 
 
 def _comments_with_their_code(lines: list[Line]) -> list[Line]:

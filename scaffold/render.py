@@ -1119,6 +1119,7 @@ class ProgramView(_Entry):
     zero_outputs: list[str]  # outputs whose gradient may be None (filled with zeros)
     upstream: list[str]
     zero_fills: list[tuple[str, str]]
+    unused_outputs: list[str]  # the gradients, None where unused: backward skips what they pass on
     backward_scalars: list[str]
     grads: list[str]
     unset_grads: list[str]  # the gradients _backward sets to None first: each one its first statement may not set
@@ -1256,9 +1257,10 @@ def program_module_view(
         saved_comment=_program_saved_comment(plan),
         ctx_scalars=ctx_scalars,
         shapes=[n for n in plan.shapes if n not in plan.saved],  # kept on ctx: backward has the saved ones
-        zero_outputs=list(plan.visible) if optional else [],
+        zero_outputs=list(plan.visible) if optional and not plan.skips_unused else [],
         upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
-        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional else [],
+        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional and not plan.skips_unused else [],
+        unused_outputs=list(plan.upstream) if plan.skips_unused else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
         unset_grads=_unset([f"grad_{n}" for n in tensor_names], blocks),
@@ -1386,14 +1388,14 @@ def _program_backward_params(plan: ProgramPlan) -> list[str]:
 
 def _program_double_backward(spec: OpSpec, plan: ProgramPlan) -> tuple[DoubleBackwardView | None, set[str]]:
     """A structured op's double backward (see :func:`double_backward_view`), if its plan derives one, and the
-    imports its code needs. Backward takes the outputs' gradients (zeros where an output was not used), then
-    the hidden outputs', None but in a second derivative."""
+    imports its code needs. Backward takes the outputs' gradients (None, or zeros where an output's zeros are
+    needed, where it was not used), then the hidden outputs', None but in a second derivative."""
     if plan.double_backward is None:
         return None, set()
     code = _CodePrinter(spec, plan)
     inputs = DoubleBackwardInputs(
         upstream=list(plan.upstream),
-        optional=list(plan.upstream[len(plan.visible) :]),
+        optional=list(plan.upstream[0 if plan.skips_unused else len(plan.visible) :]),
         saved=[*plan.upstream, *plan.saved],
         scalars=list(plan.backward_scalars),
         masks=list(plan.masks),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,70 @@ def test_an_unused_output_that_overflows_leaves_the_others_finite(tmp_path):
     assert torch.isinf(d[1])
     (grad,) = torch.autograd.grad(a.sum(), x, create_graph=True)  # through the double backward's Function
     torch.testing.assert_close(grad, torch.tensor([2.0, 2.0], dtype=torch.float64))
+
+
+def test_an_unused_output_that_overflows_leaves_the_others_finite_on_the_structured_path(tmp_path):
+    # backward filled the unused output's None gradient with zeros: exp(1000) * 0 is nan in x's gradient
+    spec = make_spec("overflow_pair_structured", "a = 2*x\nd = exp(x)", X, outputs=["a", "d"])
+    with probe.structured_path():
+        module = import_generated(tmp_path, spec)
+    x = torch.tensor([1.0, 1000.0], dtype=torch.float64, requires_grad=True)
+    a, d = module.overflow_pair_structured(x)
+    assert torch.isinf(d[1])
+    (grad,) = torch.autograd.grad(a.sum(), x, create_graph=True)  # through the double backward's Function
+    torch.testing.assert_close(grad, torch.tensor([2.0, 2.0], dtype=torch.float64))
+    (grad,) = torch.autograd.grad(module.overflow_pair_structured(x)[0].sum(), x)
+    torch.testing.assert_close(grad, torch.tensor([2.0, 2.0], dtype=torch.float64))
+    small = torch.tensor([0.5, -1.0], dtype=torch.float64, requires_grad=True)
+    for k in range(2):  # each output used alone: the other's gradient is None
+        assert torch.autograd.gradgradcheck(lambda x, k=k: module.overflow_pair_structured(x)[k], (small,))
+    assert "torch.zeros(" not in (tmp_path / "overflow_pair_structured.py").read_text()  # nothing filled in
+
+
+def test_an_unused_output_of_a_structured_op_with_a_reduction_passes_nothing_on(tmp_path):
+    # t feeds both outputs; exp(t) overflows where t is large, and only the row sums are used
+    forward = "t = x*w\nm = sum(t, dim=-1)\nd = exp(t)"
+    tensors = {"x": {"shape": [3, 4]}, "w": {"shape": [4], "learnable": True}}
+    module = import_generated(tmp_path, make_spec("row_sum_and_exp", forward, tensors, outputs=["m", "d"]))
+    x = torch.tensor([[1.0, 2.0, 3.0, 1000.0]], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([1.0, 0.5, -1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    m, d = module.row_sum_and_exp(x, w)
+    assert torch.isinf(d).any()
+    grad_x, grad_w = torch.autograd.grad(m.sum(), (x, w))
+    torch.testing.assert_close(grad_x, w.detach().expand(1, 4))
+    torch.testing.assert_close(grad_w, x.detach()[0])
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, generator=generator, requires_grad=True)
+    for k in range(2):
+        assert torch.autograd.gradcheck(lambda x, w, k=k: module.row_sum_and_exp(x, w)[k], (x, w))
+        assert torch.autograd.gradgradcheck(lambda x, w, k=k: module.row_sum_and_exp(x, w)[k], (x, w))
+
+
+def test_the_generated_partly_used_check_catches_an_unused_output_that_overflows(tmp_path):
+    # five's d = exp(x) is inf at x = 100 in float32: the a-alone gradient was nan through the structured path
+    fields = dict(MULTI_OUTPUT_OPS["five"])
+    spec = make_spec("five_structured", fields.pop("forward"), fields.pop("tensors"), **fields)
+    with probe.structured_path():
+        import_generated(tmp_path, spec)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        generated = importlib.import_module("test_five_structured")
+    finally:
+        sys.path.remove(str(tmp_path))
+    generated.OP.check_partly_used_outputs("cpu")
+
+
+def test_a_structured_op_with_a_flat_tensor_fills_an_unused_outputs_gradient_with_zeros(tmp_path):
+    # y's zero gradient takes its dtype and device from an output's gradient: every one must be a tensor
+    spec = make_spec("flat_pair", "a = 2*x\nd = exp(x)*sign(y)", {"x": X["x"], "y": X["x"]}, outputs=["a", "d"])
+    with probe.structured_path(), pytest.warns(UserWarning, match="zero everywhere"):
+        module = import_generated(tmp_path, spec)
+    assert "grad_d = torch.zeros(" in (tmp_path / "flat_pair.py").read_text()
+    generator = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(3, 4, dtype=torch.float64, generator=generator, requires_grad=True) for _ in range(2))
+    for k in range(2):
+        assert torch.autograd.gradcheck(lambda x, y, k=k: module.flat_pair(x, y)[k], (x, y))
 
 
 def test_update_flags_replace_the_outputs_and_a_project_op_round_trips(tmp_path, monkeypatch, capsys):
