@@ -1,15 +1,20 @@
-"""What the structured path keeps for backward against what the elementwise plan keeps (issue 33: one
-planner saving no more than plan.make_plan), through scripts/keeping_inventory.py's measure; elementwise ops
-forced through the structured path as scripts/one_pipeline_probe.py forces them."""
+"""What backward keeps, in bytes, for ops whose saving is a planning decision: masks, combinations of the
+arguments, hoisted parts, under both policies. Each expectation is what the elementwise planner (plan.make_plan,
+deleted with issue 33's one pipeline) kept for the same op, or less: the one planner keeps no more."""
 
 from __future__ import annotations
 
-import importlib.util
+import math
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+from scaffold import compile_op, spec_from_mapping
+from scaffold.program import broadcast
 
 try:
     from .catalogue import OPS
@@ -18,22 +23,31 @@ except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS
     from realistic import FORMULAS, FOUND
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-_spec = importlib.util.spec_from_file_location("keeping_inventory", SCRIPTS / "keeping_inventory.py")
-inventory = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(inventory)
-
-_BY_NAME = {op.name: op.mapping() for op in OPS}
+FLOAT, BOOL = 4, 1  # bytes an element: float32, a bool mask
+_MAPPINGS = {m["name"]: m for m in [*FORMULAS, *FOUND]} | {op.name: op.mapping() for op in OPS}
 
 
-def _kept(name: str, policy: str) -> tuple[dict, dict]:
-    """What the elementwise plan and the structured path keep for the catalogue's op ``name``."""
-    elementwise = inventory._plans(_BY_NAME[name], policy, forced=False)
-    structured = inventory._plans(_BY_NAME[name], policy, forced=True)
-    return (
-        inventory.elementwise_kept(elementwise.plan, elementwise.program),
-        inventory.structured_kept(structured.plan, structured.program),
-    )
+def _compiled(name: str, policy: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile_op(spec_from_mapping({**_MAPPINGS[name], "policy": policy}, source=f"{name}.toml"))
+
+
+def _kept(name: str, policy: str = "memory") -> dict[str, tuple[int, int]]:
+    """What the op's backward keeps at its example shapes: name -> (elements, bytes an element); a mask has
+    the shape of the values its condition (its forward statement) reads."""
+    op = _compiled(name, policy)
+    plan, values = op.plan, {v.name: v.shape for v in op.program.values}
+    shapes = dict(plan.parameter_shapes)
+    for line in plan.forward:
+        target, _, condition = line.partition(" = ")
+        if target in plan.masks:
+            shapes[target] = broadcast([values[n] for n in re.findall(r"\b\w+\b", condition) if n in values])
+    return {n: (math.prod(shapes[n]), BOOL if n in plan.masks else FLOAT) for n in plan.saved}
+
+
+def _bytes(kept: dict[str, tuple[int, int]]) -> int:
+    return sum(elements * size for elements, size in kept.values())
 
 
 @pytest.mark.parametrize(
@@ -46,83 +60,66 @@ def _kept(name: str, policy: str) -> tuple[dict, dict]:
         ("clamp_tensor", ["mask", "mask1", "mask2", "mask3"]),
     ],
 )
-def test_a_condition_on_an_argument_is_a_mask_as_the_elementwise_plan_keeps_it(name: str, masks: list[str]):
-    """Under the policy "memory" a condition on a tensor argument is saved as a bool mask, one byte an element,
-    not the argument's four: the same bytes as plan.make_plan keeps."""
-    elementwise, structured = _kept(name, "memory")
-    assert sorted(n for n, (_, size) in structured.items() if size == inventory.BOOL) == masks
-    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+def test_a_condition_on_an_argument_is_a_mask(name: str, masks: list[str]):
+    """Under the policy "memory" a condition on a tensor argument is saved as a bool mask, one byte an element
+    (the examples have 20), not the argument's four, and nothing else is kept."""
+    kept = _kept(name)
+    assert sorted(n for n, (_, size) in kept.items() if size == BOOL) == masks
+    assert _bytes(kept) == 20 * len(masks)
 
 
 @pytest.mark.parametrize("name", ["mse", "huber", "smooth_l1", "l1", "log_cosh"])
 @pytest.mark.parametrize("policy", ["memory", "time"])
 def test_a_combination_of_the_arguments_is_kept_instead_of_them(name: str, policy: str):
-    """``input - target``, through which the output reads both (its own node, as a structural call's operand
-    has): kept instead of both inputs, as the elementwise plan keeps it."""
-    elementwise, structured = _kept(name, policy)
-    assert list(structured) == ["tmp0"]
-    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+    """``input - target``, through which the output reads both (a node of its own): kept instead of both
+    inputs, 80 bytes where they are 160."""
+    kept = _kept(name, policy)
+    assert list(kept) == ["tmp0"] and _bytes(kept) == 80
 
 
-@pytest.mark.parametrize(("name", "kept"), [("gaussian_nll", {"var", "tmp0"}), ("harmonic", {"k", "tmp0"})])
-def test_a_combination_of_some_of_the_arguments_is_kept_instead_of_them(name: str, kept: set[str]):
+@pytest.mark.parametrize(
+    ("name", "kept", "size"), [("gaussian_nll", {"var", "tmp0"}, 160), ("harmonic", {"k", "tmp0"}, 100)]
+)
+def test_a_combination_of_some_of_the_arguments_is_kept_instead_of_them(name: str, kept: set[str], size: int):
     """gaussian_nll's ``input - target`` beside ``var``, which the output reads apart; harmonic's ``r - r0``
-    beside ``k``: kept instead of the two arguments, as the elementwise plan keeps them."""
-    ours, theirs = _kept(name, "memory") if name in _BY_NAME else _realistic_kept(name)
-    assert set(theirs) == kept
-    assert inventory._bytes(theirs) == inventory._bytes(ours)
+    beside ``k``: kept instead of the two arguments."""
+    ours = _kept(name)
+    assert set(ours) == kept and _bytes(ours) == size
 
 
 def test_an_argument_saved_anyway_needs_no_mask():
     """softplus-like formulas read x beside their condition: x is kept, and no mask beside it."""
-    _, structured = _kept("elu", "memory")
-    assert list(structured) == ["x"]
+    assert list(_kept("elu")) == ["x"]
 
 
 def test_a_condition_on_math_of_what_backward_keeps_needs_no_mask():
     """hinge's ``1 - t*x > 0``, on a node of t and x, which backward keeps anyway: no mask beside them."""
-    elementwise, structured = _realistic_kept("hinge")
-    assert set(structured) == {"x", "t"}
-    assert inventory._bytes(structured) == inventory._bytes(elementwise)
-
-
-def _realistic_kept(name: str, policy: str = "memory") -> tuple[dict, dict]:
-    mapping = next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
-    elementwise = inventory._plans(mapping, policy, forced=False)
-    structured = inventory._plans(mapping, policy, forced=True)
-    return (
-        inventory.elementwise_kept(elementwise.plan, elementwise.program),
-        inventory.structured_kept(structured.plan, structured.program),
-    )
+    kept = _kept("hinge")
+    assert set(kept) == {"x", "t"} and _bytes(kept) == 160
 
 
 def test_the_policy_time_keeps_the_argument_a_condition_reads():
     """Under "time" no mask is built in forward for a condition on an argument (a pass more over it)."""
-    _, structured = _kept("relu", "time")
-    assert list(structured) == ["x"]
+    assert list(_kept("relu", "time")) == ["x"]
 
 
 @pytest.mark.parametrize(("name", "masks"), [("leaky_relu", 1), ("hardtanh", 2), ("softshrink", 1), ("pinball", 1)])
-def test_under_the_policy_time_the_cost_model_chooses_masks_as_the_elementwise_plan(name: str, masks: int):
+def test_under_the_policy_time_the_cost_model_chooses_masks(name: str, masks: int):
     """Under "time" a mask on an argument costs its pass in forward and spares backward the comparison (the
     ``where`` of leaky_relu's two slopes reads it either way): as many operations, fewer bytes, so the cost
-    model (scaffold.cost) the two planners share chooses it, as plan.make_plan does."""
-    elementwise, structured = _kept(name, "time") if name in _BY_NAME else _realistic_kept(name, "time")
-    assert sum(size == inventory.BOOL for _, size in structured.values()) == masks
-    assert inventory._bytes(structured) == inventory._bytes(elementwise)
+    model (scaffold.cost) chooses it."""
+    kept = _kept(name, "time")
+    assert sum(size == BOOL for _, size in kept.values()) == masks and _bytes(kept) == 20 * masks
 
 
-@pytest.mark.parametrize("name", ["snake", "cauchy"])
-def test_a_hoisted_part_of_what_backward_keeps_anyway_is_recomputed_under_memory(name: str):
+@pytest.mark.parametrize(("name", "size"), [("snake", 100), ("cauchy", 84)])
+def test_a_hoisted_part_of_what_backward_keeps_anyway_is_recomputed_under_memory(name: str, size: int):
     """snake's ``1/a`` beside ``a``, cauchy's ``c**-2`` beside ``c``: computed again in backward under
-    "memory" (the cost model ranks its elements first), as the elementwise plan does; kept under "time"."""
-    elementwise, structured = _realistic_kept(name, "memory")
-    assert inventory._bytes(structured) == inventory._bytes(elementwise)
-    mapping = next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
-    hoisted = inventory._plans(mapping, "memory", forced=True).program.hoisted
-    assert hoisted and not hoisted & set(structured)
-    _, structured = _realistic_kept(name, "time")
-    assert hoisted <= set(structured)
+    "memory" (the cost model ranks its elements first); kept under "time"."""
+    kept = _kept(name, "memory")
+    hoisted = _compiled(name, "memory").program.hoisted
+    assert _bytes(kept) == size and hoisted and not hoisted & set(kept)
+    assert hoisted <= set(_kept(name, "time"))
 
 
 @pytest.mark.parametrize(("name", "kept"), [("lerp", {"weight"}), ("barron", {"c"}), ("found_19", {"w"})])
@@ -131,27 +128,12 @@ def test_the_combination_backward_reads_instead_of_the_arguments_is_a_node(name:
     """lerp's ``y - x`` (the output, ``x + weight*(y - x)``, is flat in the ``x`` outside it), barron's
     ``y_pred - y`` (not ``((y_pred - y)/c)**2``, whose derivative reads both), found_19's ``x - y`` (not
     ``w*(x - y)``): the part of the arguments through which backward reads the fewest elements is a node,
-    kept beside the small parameter instead of both arguments, as the elementwise plan keeps it (under
-    "time" barron keeps its hoisted ``c**-2`` besides: backward need not compute it again; found_19's
-    elementwise plan keeps more there, an intermediate beside the arguments)."""
-    elementwise, structured = _kept(name, policy) if name in _BY_NAME else _realistic_kept(name, policy)
-    mapping = _BY_NAME.get(name) or next(m for m in [*FORMULAS, *FOUND] if m["name"] == name)
-    hoisted = inventory._plans(mapping, policy, forced=True).program.hoisted
-    structured = {n: k for n, k in structured.items() if n not in hoisted}
-    assert kept < set(structured) and len(structured) == len(kept) + 1
-    assert inventory._bytes(structured) <= inventory._bytes(elementwise)
-
-
-def test_the_inventory_groups_what_the_structured_path_keeps_more_by_cause():
-    ops = "relu,mse,logaddexp"
-    command = [sys.executable, str(SCRIPTS / "keeping_inventory.py"), "--ops", ops, "--policies", "memory"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0] == "policy memory: 3 elementwise ops compared; the structured path keeps more for 1"
-    # logaddexp's x - y, of its stable form, kept by the elementwise plan; the program computes exp(x) + exp(y)
-    logaddexp = "    logaddexp: [saved:20] (80 B) vs [x:20, y:20] (160 B)"
-    assert lines[1:3] == ["  intermediate: 1", logaddexp]
+    kept beside the small parameter instead of both arguments (under "time" barron keeps its hoisted
+    ``c**-2`` besides: backward need not compute it again)."""
+    hoisted = _compiled(name, policy).program.hoisted
+    ours = {n: k for n, k in _kept(name, policy).items() if n not in hoisted}
+    assert kept < set(ours) and len(ours) == len(kept) + 1
+    assert _bytes(ours) <= {"lerp": 84, "barron": 84, "found_19": 100}[name]
 
 
 _NODES = """
@@ -179,6 +161,6 @@ def test_the_combination_a_node_computes_is_the_same_in_every_process():
 def test_a_combination_the_stable_form_rewrites_stays_inside_it():
     """``exp(x) + exp(y)`` reads both arguments, but under the log it is logaddexp's: made a node of its own, the
     log would take it as it is, and exp(100) overflows float32 (inf where the value is 100)."""
-    plans = inventory._plans(_BY_NAME["logaddexp"], "memory", forced=True)
-    assert [v.name for v in plans.program.values if v.expr is not None] == ["out"]
-    assert any("torch.logaddexp(x, y)" in line for line in plans.plan.forward), plans.plan.forward
+    op = _compiled("logaddexp", "memory")
+    assert [v.name for v in op.program.values if v.expr is not None] == ["out"]
+    assert any("torch.logaddexp(x, y)" in line for line in op.plan.forward), op.plan.forward
