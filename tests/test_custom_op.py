@@ -249,19 +249,12 @@ def test_a_fused_custom_op_stays_compiled_through_opcheck(tmp_path: Path):
     assert module._fused_backward.compiled and None not in module._fused_backward.compiled.values()
 
 
-# --- the structured path (rules -> dataflow -> program_op.py.j2), which is to carry every op -----------------
-
-_probe_spec = importlib.util.spec_from_file_location(
-    "one_pipeline_probe", Path(__file__).resolve().parent.parent / "scripts" / "one_pipeline_probe.py"
-)
-_probe = importlib.util.module_from_spec(_probe_spec)
-_probe_spec.loader.exec_module(_probe)
+# --- the one path (rules -> dataflow -> program_op.py.j2), elementwise ops and structured ones ------------
 
 
 def _structured(tmp_path: Path, spec) -> object:
-    """The op generated through the structured path, elementwise or not (as the probe forces it)."""
-    with _probe.structured_path():
-        return _generated(tmp_path, spec)
+    """The op generated (rules -> dataflow -> program_op.py.j2, as every op is), elementwise or not."""
+    return _generated(tmp_path, spec)
 
 
 def _one_calls(module) -> list:

@@ -12,23 +12,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
 import re
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
-from scaffold import compile_op, derivation, generate_op, program, spec_from_mapping, structural, write_files
+from scaffold import compile_op, derivation, generate_op, write_files
 from scaffold.domain import InputDomain, Support
 from scaffold.render import _extremes, small_shapes
-from scaffold.rules import ProgramDerivation
 from scaffold.testing import OpTests
 
-from .catalogue import OPS
 from .conftest import GeneratedRun, background_run, import_generated, make_spec, run_pytest
 
 INF = math.inf
@@ -381,38 +377,6 @@ def test_a_divergence_is_no_removable_singularity_and_costs_no_series(monkeypatc
     assert not asked, f"series of {asked[0]} was asked for"
     patched, variables = remove_singularities(x / expm1(x), {x})
     assert variables == {x} and isinstance(patched, sympy.Piecewise)
-
-
-@contextlib.contextmanager
-def _every_program_structured():
-    """Every program through the structured path (rules -> dataflow), as scripts/one_pipeline_probe.py does."""
-    structured, has_structural = program.Program.structured, structural.has_structural
-    program.Program.structured = property(lambda self: True)
-    structural.has_structural = lambda expr: True
-    try:
-        yield
-    finally:
-        program.Program.structured, structural.has_structural = structured, has_structural
-
-
-def test_an_elementwise_op_has_the_same_domains_through_the_structured_path():
-    """A structured op's domains are checked on its nodes' partial derivatives and know the tensors where a
-    node is 0/0 at 0, as an elementwise op's are: through either path, every op of the catalogue draws its
-    test inputs from the same intervals, with the same points to avoid and the same special points (on
-    6ab39ef..c7a6e18 atan2 and hypot kept the default interval, where their derivatives are 0/0 at 0, and
-    sinc had no special point)."""
-    differences = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for op in OPS:
-            spec = spec_from_mapping(op.mapping(), source=f"{op.name}.toml")
-            elementwise = compile_op(spec).domains
-            with _every_program_structured():
-                structured = compile_op(spec)
-            assert isinstance(structured.derivation, ProgramDerivation)
-            if structured.domains != elementwise:
-                differences.append(f"{op.name}: {elementwise} through the elementwise path, {structured.domains}")
-    assert not differences, "\n".join(differences)
 
 
 def test_a_removable_singularity_of_a_structured_op_is_a_special_point_where_it_is_finite(tmp_path):

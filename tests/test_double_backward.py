@@ -1,7 +1,6 @@
-"""The derived double backward (scaffold/double_backward.py) in the structured path: a program whose nodes are
-all elementwise (what one pipeline makes of every elementwise op; forced here as scripts/one_pipeline_probe.py
-forces it) gets _XBackward, a GradientsFunction whose backward is derived, as elementwise ops do; programs that
-reduce, normalize or multiply matrices keep autograd of backward's code."""
+"""The derived double backward (scaffold/double_backward.py): a program whose nodes are all elementwise (every
+elementwise op) gets _XBackward, a GradientsFunction whose backward is derived; programs that reduce, normalize
+or multiply matrices keep autograd of backward's code."""
 
 from __future__ import annotations
 
@@ -9,11 +8,10 @@ import importlib
 import sys
 import warnings
 
-import pytest
 import sympy
 import torch
 
-from scaffold import compile_op, generate_op, program, spec_from_mapping, structural, write_files
+from scaffold import compile_op, generate_op, spec_from_mapping, write_files
 from scaffold.double_backward import Node, composed_gradients
 
 try:
@@ -41,15 +39,8 @@ ELEMENTWISE = {
 }
 
 
-@pytest.fixture
-def one_pipeline(monkeypatch):
-    """Every program structured, each output lifted into a node: the structured path carries every op."""
-    monkeypatch.setattr(program.Program, "structured", property(lambda self: True))
-    monkeypatch.setattr(structural, "has_structural", lambda expr: True)
-
-
 def _generate(mapping: dict, folder) -> str:
-    """Generate the op of ``mapping`` into ``folder`` (in this process: the fixture's patches hold); its module."""
+    """Generate the op of ``mapping`` into ``folder``; its module."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = spec_from_mapping(mapping, source=f"{mapping['name']}.toml")
@@ -57,7 +48,7 @@ def _generate(mapping: dict, folder) -> str:
     return (folder / f"{mapping['name']}.py").read_text(encoding="utf-8")
 
 
-def test_elementwise_ops_through_the_structured_path_derive_their_double_backward(one_pipeline, tmp_path):
+def test_elementwise_ops_through_the_structured_path_derive_their_double_backward(tmp_path):
     for name, mapping in ELEMENTWISE.items():
         camel = "".join(part.capitalize() for part in name.split("_"))
         module = _generate(mapping, tmp_path)
@@ -71,7 +62,7 @@ def test_elementwise_ops_through_the_structured_path_derive_their_double_backwar
     assert " passed" in result.stdout and "failed" not in result.stdout
 
 
-def test_a_wrong_derived_double_backward_fails_the_generated_gradgradcheck(one_pipeline, tmp_path):
+def test_a_wrong_derived_double_backward_fails_the_generated_gradgradcheck(tmp_path):
     module = _generate(ELEMENTWISE["swish"], tmp_path)
     derived = "grad_x = sum(terms).sum_to_size(x.shape) if terms else None"
     assert module.count(derived) == 1
@@ -80,7 +71,7 @@ def test_a_wrong_derived_double_backward_fails_the_generated_gradgradcheck(one_p
     assert result.returncode != 0 and "failed" in result.stdout, result.stdout[-3000:]
 
 
-def test_the_derived_double_backward_is_finite_where_autograd_of_backward_is_not(one_pipeline, tmp_path):
+def test_the_derived_double_backward_is_finite_where_autograd_of_backward_is_not(tmp_path):
     # x*tanh(exp(x)) at x = 100 in float32: exp(x) overflows, and autograd of backward's code multiplies that
     # inf by the 0 that 1 - tanh(exp(x))**2 is there: nan, where the second derivative is 0
     _generate({"name": "tanh_of_exp", "forward": "x*tanh(exp(x))", "tensors": {"x": {}}}, tmp_path)

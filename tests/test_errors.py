@@ -6,11 +6,9 @@ the code (the test prints the actual message on failure).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -474,24 +472,6 @@ def test_bad_input_is_refused_cleanly(argv, message, tmp_path, monkeypatch, caps
     assert captured.out == ""
     assert "Traceback" not in captured.err
     assert sorted(tmp_path.iterdir()) == before, "a refused generation must write nothing"
-
-
-_PROBE = importlib.util.spec_from_file_location(
-    "one_pipeline_probe", Path(__file__).resolve().parent.parent / "scripts" / "one_pipeline_probe.py"
-)
-probe = importlib.util.module_from_spec(_PROBE)
-_PROBE.loader.exec_module(probe)
-
-
-@pytest.mark.parametrize(("argv", "message"), [case for case in CASES if "nested too deep" in case.id])
-def test_nesting_too_deep_is_refused_alike_through_the_structured_path(argv, message, tmp_path, monkeypatch, capsys):
-    """Every op through rules -> dataflow (as scripts/one_pipeline_probe.py forces it): the same message, from
-    the same check, as the elementwise path's above."""
-    monkeypatch.chdir(tmp_path)
-    with probe.structured_path():
-        assert main(["new", "op", *argv]) == 1
-    assert capsys.readouterr().err == message
-    assert list(tmp_path.iterdir()) == []
 
 
 # --- inside a project --------------------------------------------------------------------------------

@@ -22,11 +22,6 @@ from scaffold.spec import spec_to_toml, spec_with_flags
 from .conftest import SPECS, GeneratedRun, background_run, import_generated, make_spec
 
 X = {"x": {"shape": [3, 4]}}
-_PROBE = importlib.util.spec_from_file_location(
-    "one_pipeline_probe", Path(__file__).resolve().parent.parent / "scripts" / "one_pipeline_probe.py"
-)
-probe = importlib.util.module_from_spec(_PROBE)
-_PROBE.loader.exec_module(probe)
 
 
 def test_textbook_split_and_transform_matches_its_hand_written_backward(tmp_path):
@@ -137,8 +132,7 @@ def test_names_of_the_generated_code_are_renamed_inside_it_on_the_structured_pat
     # grad_x's upstream gradient was grad_grad_x, the name the double backward gives x's gradient's own
     fields = dict(MULTI_OUTPUT_OPS["awkward_names"])
     spec = make_spec("awkward_structured", fields.pop("forward"), fields.pop("tensors"), **fields)
-    with probe.structured_path():
-        module = import_generated(tmp_path, spec)
+    module = import_generated(tmp_path, spec)
     source = (tmp_path / "awkward_structured.py").read_text()
     assert "def backward(ctx, grad_output_, grad_out_grad_x, grad_out_tmp0, grad_out_mask):" in source
     x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
@@ -236,8 +230,7 @@ def test_an_unused_output_that_overflows_leaves_the_others_finite(tmp_path):
 def test_an_unused_output_that_overflows_leaves_the_others_finite_on_the_structured_path(tmp_path):
     # backward filled the unused output's None gradient with zeros: exp(1000) * 0 is nan in x's gradient
     spec = make_spec("overflow_pair_structured", "a = 2*x\nd = exp(x)", X, outputs=["a", "d"])
-    with probe.structured_path():
-        module = import_generated(tmp_path, spec)
+    module = import_generated(tmp_path, spec)
     x = torch.tensor([1.0, 1000.0], dtype=torch.float64, requires_grad=True)
     a, d = module.overflow_pair_structured(x)
     assert torch.isinf(d[1])
@@ -275,8 +268,7 @@ def test_the_generated_partly_used_check_catches_an_unused_output_that_overflows
     # five's d = exp(x) is inf at x = 100 in float32: the a-alone gradient was nan through the structured path
     fields = dict(MULTI_OUTPUT_OPS["five"])
     spec = make_spec("five_structured", fields.pop("forward"), fields.pop("tensors"), **fields)
-    with probe.structured_path():
-        import_generated(tmp_path, spec)
+    import_generated(tmp_path, spec)
     sys.path.insert(0, str(tmp_path))
     try:
         generated = importlib.import_module("test_five_structured")
@@ -288,7 +280,7 @@ def test_the_generated_partly_used_check_catches_an_unused_output_that_overflows
 def test_a_structured_op_with_a_flat_tensor_fills_an_unused_outputs_gradient_with_zeros(tmp_path):
     # y's zero gradient takes its dtype and device from an output's gradient: every one must be a tensor
     spec = make_spec("flat_pair", "a = 2*x\nd = exp(x)*sign(y)", {"x": X["x"], "y": X["x"]}, outputs=["a", "d"])
-    with probe.structured_path(), pytest.warns(UserWarning, match="zero everywhere"):
+    with pytest.warns(UserWarning, match="zero everywhere"):
         module = import_generated(tmp_path, spec)
     assert "grad_d = torch.zeros(" in (tmp_path / "flat_pair.py").read_text()
     generator = torch.Generator().manual_seed(0)

@@ -1,7 +1,6 @@
 """The module the structured path generates is as short as the elementwise path's (issue 33: swish in at most
 110 non-blank lines): it holds no statement that only passes a value on, and no comment, ctx attribute or
-function that says or keeps what is at hand already. Elementwise ops are forced through the structured path
-as scripts/one_pipeline_probe.py forces them, so that these hold before and after the switch to one path."""
+function that says or keeps what is at hand already."""
 
 from __future__ import annotations
 
@@ -23,11 +22,6 @@ except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS
     from structured_catalogue import STRUCTURED
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-_spec = importlib.util.spec_from_file_location("one_pipeline_probe", SCRIPTS / "one_pipeline_probe.py")
-probe = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe)
-
 _BY_NAME = {op.name: op for op in [*OPS, *STRUCTURED]}
 # README's quick start: scaffold new op swish --forward "x / (1 + exp(-beta * x))" --tensor x --learnable beta=1.0
 QUICK_START = {
@@ -39,7 +33,7 @@ QUICK_START = {
 
 def _files(mapping: dict) -> dict[str, str]:
     """The op's generated files, through the structured path."""
-    with warnings.catch_warnings(), probe.structured_path():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return generate_op(spec_from_mapping(mapping, source=f"{mapping['name']}.toml"), time_limit=None)
 
