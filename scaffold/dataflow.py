@@ -636,7 +636,9 @@ class _ForwardWriter(_Writer):
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
         returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
-        return _live(lines, returns), returns, sorted(scalars)
+        lines = _live(lines, returns)
+        read = {name for line in lines for name in re.findall(r"\b\w+\b", line)}
+        return lines, returns, sorted(scalars & read)
 
     def _elementwise_tangent(self, v: Value, tangents: dict[str, str], taken: set[str], scalars: set[str]) -> list[str]:
         """An elementwise step's tangent: each tangent it reads times the step's partial derivative in it,

@@ -270,13 +270,32 @@ def _syntax_tree(text: str, mode: str, where: str) -> ast.AST:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(text.strip(), mode=mode)
+            tree = ast.parse(text.strip(), mode=mode)
     except (RecursionError, MemoryError):
+        tree = None
+    # where the parser got through (the recursion limit raised, by torch.compile for one), the same refusal
+    if tree is None or _deeper_than(tree, PARSER_DEPTH):
         raise ExpressionError(
             f"the expression is nested more than {MAX_DEPTH} levels deep",
             where=where,
             hint="write it with fewer nested operations, or in steps, one per line",
         ) from None
+    return tree
+
+
+#: Nesting that the parser refuses at Python's default recursion limit, refused so whatever the limit is.
+PARSER_DEPTH = 500
+
+
+def _deeper_than(tree: ast.AST, depth: int) -> bool:
+    """Whether ``tree`` is nested more than ``depth`` levels deep (walked without recursion)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, level = stack.pop()
+        if level > depth:
+            return True
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    return False
 
 
 def parse_steps(

@@ -1127,6 +1127,7 @@ class ProgramView(_Entry):
     returns_backward: list[str]
     jvp_params: list[str]
     jvp_scalars: list[str]
+    jvp_reads: list[str]  # the tensor arguments jvp reads: setup_context saves them for forward mode
     jvp_lines: list[str]
     jvp_returns: list[str]
     module: ModuleCode
@@ -1274,6 +1275,7 @@ def program_module_view(
         returns_backward=[f"grad_{n}" for n in tensor_names] + ["None"] * len(scalar_names),
         jvp_params=[f"{n}_tangent" for n in tensor_names] + (["*_"] if scalar_names else []),
         jvp_scalars=list(plan.jvp_scalars),
+        jvp_reads=_jvp_reads(plan, tensor_names, optional),
         jvp_lines=_returning(list(plan.jvp), list(plan.jvp_returns)),
         jvp_returns=list(plan.jvp_returns),
         module=module,
@@ -1313,6 +1315,12 @@ def _program_docs(spec: OpSpec, derivation: ProgramDerivation, plan: ProgramPlan
         "custom_gradients": [(name, _docstring_text(" ".join(text.split()))) for name, text in spec.gradients],
         "custom_grad_names": _custom_grad_names(program),
     }
+
+
+def _jvp_reads(plan: ProgramPlan, tensor_names: list[str], optional: bool) -> list[str]:
+    """The tensor arguments jvp reads (where tangents are not materialized, each one's zeros read it)."""
+    read = set(re.findall(r"\b\w+\b", "\n".join(plan.jvp)))
+    return [n for n in tensor_names if n in read or optional]
 
 
 def _program_batching(
