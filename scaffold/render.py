@@ -1298,7 +1298,7 @@ def _program_docs(spec: OpSpec, derivation: ProgramDerivation, plan: ProgramPlan
     written = [program.value(node.name).expr for node in derivation.elementwise]
     stable = sorted(
         {type(e).__name__ for f, w in zip(forwards, written) if f != w for e in sympy.preorder_traversal(f)}
-        & {cls.__name__ for cls in stable_classes()}
+        & {cls.__name__ for cls in stable_classes()} - {"kept"}  # kept: a marker of lowering, not a function
     )
     has_kinks = any(f.has(cls) for f in forwards for cls in (*kink_classes(), sympy.Piecewise))
     return {
