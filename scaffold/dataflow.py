@@ -424,8 +424,8 @@ class _Writer:
         """``expr`` as torch code; ``extra``: tensors besides the program's values (gradients, temporaries),
         ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite)."""
         tensors = {n for n in self.graph.values if self.graph.is_tensor(n)} | set(extra) | set(self.masks.values())
-        anchor = sorted(extra)[0] if extra else GRAD_OUTPUT
         bools = set(bools) | set(self.masks.values())
+        anchor = min(set(extra) - bools, default=GRAD_OUTPUT)  # a float tensor: new_tensor takes its dtype
         finite = set(finite) | set(self.graph.tensor_args) | bools
         # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
         expr = expr.replace(
@@ -650,16 +650,17 @@ class _ForwardWriter(_Writer):
             return [f"{v.name}{TANGENT} = torch.zeros_like({v.name})"]
         steps, reduced = straight_line([partials[r] for r in reads], taken, self.scalars)
         taken |= {step.name for step in steps}
-        extra, lines = set(tangents.values()) | {v.name + TANGENT}, []
+        extra, lines = set(tangents.values()), []  # not its own tangent: printing may anchor a tensor on it
+        bools = {step.name for step in steps if isinstance(step.expr, sympy.logic.boolalg.Boolean)}
         for step in steps:  # the tensors among them: one over scalars alone is a Python number
             if any(s.name in extra or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
                 extra.add(step.name)
-            lines.append(f"{step.name} = {self.print(step.expr, extra=extra)}")
+            lines.append(f"{step.name} = {self.print(step.expr, extra=extra, bools=bools)}")
         total = sympy.Add(*[sympy.Symbol(tangents[r], real=True) * p for r, p in zip(reads, reduced)])
         scalars |= {s.name for e in (total, *(step.expr for step in steps)) for s in e.free_symbols} & set(
             self.graph.scalars
         )
-        return [*lines, f"{v.name}{TANGENT} = {self.print(total, extra=extra)}"]
+        return [*lines, f"{v.name}{TANGENT} = {self.print(total, extra=extra, bools=bools)}"]
 
 
 class _Skipping(_ForwardWriter):
