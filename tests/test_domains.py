@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scaffold import compile_op, derivation, generate_op, write_files
+from scaffold import compile_op, generate_op, rules, write_files
 from scaffold.domain import InputDomain, Support
 from scaffold.render import _extremes, small_shapes
 from scaffold.testing import OpTests
@@ -347,7 +347,7 @@ def test_a_removable_singularity_is_a_special_point_where_the_limit_is_tested(tm
     result = run_pytest(tmp_path / "generated")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
-    monkeypatch.setattr(derivation, "remove_singularities", lambda expr, tensors: (expr, set()))
+    monkeypatch.setattr(rules, "remove_singularities", lambda expr, tensors: (expr, set()))
     write_files({**files, "planck.py": generate_op(spec, time_limit=None)["planck.py"]}, tmp_path / "buggy")
     result = run_pytest(tmp_path / "buggy", "-k", "not cuda")
     failed = sorted(line.split(" - ")[0] for line in result.stdout.splitlines() if line.startswith("FAILED"))
