@@ -660,7 +660,10 @@ class _ForwardWriter(_Writer):
         scalars |= {s.name for e in (total, *(step.expr for step in steps)) for s in e.free_symbols} & set(
             self.graph.scalars
         )
-        return [*lines, f"{v.name}{TANGENT} = {self.print(total, extra=extra, bools=bools)}"]
+        code = self.print(total, extra=extra, bools=bools)
+        if code.isidentifier() and v.name in self.graph.visible:  # an input returned as it is (a view of it):
+            code = f"{code}.view_as({code})"  # autograd takes a view of its tangent back, not the tangent
+        return [*lines, f"{v.name}{TANGENT} = {code}"]
 
 
 class _Skipping(_ForwardWriter):

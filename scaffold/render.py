@@ -1228,6 +1228,7 @@ def program_module_view(
     optional = bool(plan.hidden) or len(plan.visible) > 1
     ctx_scalars = sorted(set(plan.backward_scalars) | set(plan.jvp_scalars))
     visible = len(plan.visible)
+    zero_fills = optional and not plan.skips_unused  # backward fills an unused output's gradient with zeros
     double, double_imports = _program_double_backward(spec, plan)
     batched = _program_batching(spec, program, plan, requirements)
     fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
@@ -1249,7 +1250,7 @@ def program_module_view(
         returns=list(plan.returns),
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
         output_unpack=[
-            n if n in plan.masks or n in plan.saved or (optional and n in plan.visible) else "_" for n in plan.returns
+            n if n in plan.masks or n in plan.saved or (zero_fills and n in plan.visible) else "_" for n in plan.returns
         ],
         optional_grads=optional,
         unmaterialized_tangents=tensor_names if optional else [],
@@ -1258,9 +1259,9 @@ def program_module_view(
         saved_comment=_program_saved_comment(plan),
         ctx_scalars=ctx_scalars,
         shapes=[n for n in plan.shapes if n not in plan.saved],  # kept on ctx: backward has the saved ones
-        zero_outputs=list(plan.visible) if optional and not plan.skips_unused else [],
+        zero_outputs=list(plan.visible) if zero_fills else [],
         upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
-        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if optional and not plan.skips_unused else [],
+        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if zero_fills else [],
         unused_outputs=list(plan.upstream) if plan.skips_unused else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
