@@ -117,20 +117,22 @@ def _lower_bounds(folder: Path) -> GeneratedRun:
     for name, options in [*ops, ("lower_bound_broken", {})]:
         files.update(generate_op(_lower_bound(name, **options)))
     module = files["lower_bound.py"]
-    setup_context = module[module.index("def setup_context") : module.index("def backward")]
-    assert "mask = bound <= x" in setup_context and "grad_output" not in setup_context
-    right = "torch.where(mask | (grad_output < 0), grad_output, 0)"
-    assert right in module
-    files["lower_bound_broken.py"] = files["lower_bound_broken.py"].replace(right, "torch.where(mask, grad_output, 0)")
+    forward = module[module.index("    def forward") : module.index("    def backward")]  # and setup_context
+    assert "grad_output" not in forward
+    right = "torch.where((bound <= x) | (grad_output < 0), grad_output, 0)"
+    assert right in module[module.index("def _backward") : module.index("class LowerBoundFunction")]
+    broken = "torch.where(bound <= x, grad_output, 0)"
+    files["lower_bound_broken.py"] = files["lower_bound_broken.py"].replace(right, broken)
+    assert broken in files["lower_bound_broken.py"]
     write_files(files, folder)
     return GeneratedRun(folder, ("-k", "matches_reference or gradgradcheck or opcheck"))
 
 
 @background_run(_lower_bounds)
 def test_a_condition_that_reads_grad_is_computed_in_backward(background_results):
-    """setup_context runs before any gradient exists: a mask may hold x >= bound, never grad < 0 (that was
-    a NameError on every call); as a function, a custom op and fused, each passing its own tests, which fail
-    for a backward that ignores grad < 0."""
+    """forward and setup_context run before any gradient exists: grad < 0 is computed in backward alone (in
+    setup_context it was a NameError on every call); as a function, a custom op and fused, each passing its
+    own tests, which fail for a backward that ignores grad < 0."""
     result = background_results
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "test_lower_bound_broken.py::test_matches_reference" in failed[0], result.stdout[-3000:]

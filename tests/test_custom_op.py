@@ -139,14 +139,19 @@ def test_a_structured_op_keeps_its_intermediates_behind_the_functional(tmp_path:
     torch.testing.assert_close(module.layer_norm(*inputs), module.layer_norm_op(*inputs)[0])
 
 
-def test_an_elementwise_custom_op_keeps_no_intermediate(tmp_path: Path):
-    """huber's Function keeps input - target as a hidden output; its custom op recomputes it, so that the op
-    returns exactly what the functional does."""
+def test_an_elementwise_custom_op_returns_its_intermediate_as_a_structured_one_does(tmp_path: Path):
+    """huber's Function keeps input - target as a hidden output; on the one pipeline its custom op returns it
+    too (as layer_norm_op returns mu and rsqrt, above), and huber drops it, so that huber returns exactly
+    what the functional does."""
     function = generate_op(spec_from_mapping(_BY_NAME["huber"], source="x"), time_limit=None)["huber.py"]
-    assert "ctx.save_for_backward(saved)" in function
+    assert "return out, tmp0" in function and "ctx.save_for_backward(tmp0)" in function
     module = _generated(tmp_path, _spec("huber", namespace="scaffold_tests_d"))
     x, t = torch.randn(2, 4, 5, dtype=torch.float64)
+    out, difference = module.huber_op(x, t)
+    torch.testing.assert_close(difference, x - t)
     assert isinstance(module.huber(x, t), torch.Tensor)
+    torch.testing.assert_close(module.huber(x, t), out)
+    torch.testing.assert_close(out, torch.nn.functional.huber_loss(x, t, reduction="none", delta=1.5))
 
 
 def test_the_vmap_rule_batches_in_one_call(tmp_path: Path):

@@ -499,7 +499,7 @@ PROJECT_CASES = [
     pytest.param(
         [("src/demo/ops/cube.py", "    @staticmethod\n    def backward", "<<<<<<< yours\n    @staticmethod\n    def backward")],
         ["update"],
-        "scaffold: error: src/demo/ops/cube.py: conflict markers from the last update are still there (line 51); nothing was written\n  hint: resolve them (keep the lines you want, delete the <<<<<<<, ======= and >>>>>>> lines), then update again\n",
+        "scaffold: error: src/demo/ops/cube.py: conflict markers from the last update are still there (line 49); nothing was written\n  hint: resolve them (keep the lines you want, delete the <<<<<<<, ======= and >>>>>>> lines), then update again\n",
         id="unresolved conflict",
     ),
     pytest.param(

@@ -34,16 +34,18 @@ def test_fused_module_is_the_eager_math_behind_torch_compile():
     eager = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH), time_limit=None)["swish.py"]
     fused = generate_op(make_spec("swish", "x / (1 + exp(-beta*x))", SWISH, fuse=True), time_limit=None)["swish.py"]
     assert "torch.compile(" not in eager and "Fused(" not in eager
-    assert "def _forward(x, beta):" in fused and "def _backward(needs_input_grad, grad_output, x, beta" in fused
+    assert "def _forward(x, beta):" in fused
+    assert "def _backward(needs_input_grad, grad_output, x, beta, beta_shape):" in fused  # x needs no sum_to_size
     assert "return _fused_forward(x, beta)" in fused
     # backward computes its gradients by _fused_backward (through the double backward's Function where one is to come)
     assert "gradients = staticmethod(_fused_backward)" in fused
-    assert "return _gradients(ctx.needs_input_grad, grad_output, x, beta, x.shape, beta.shape)" in fused
+    assert "return _gradients(ctx.needs_input_grad, grad_output, x, beta, beta.shape)" in fused
     # The same math either way: the forward's line and the gradients' lines, in place in eager (stage 6b),
     # as printed in fused mode (the compiler plans its memory; the sigmoid pair from one exp, test below)
     assert "return (beta * x).sigmoid_().mul_(x)" in eager and "return x * torch.sigmoid(beta * x)" in fused
-    assert "grad_beta = tmp2.mul_(x**2).sum_to_size(beta_shape)" in eager
+    assert "grad_beta = (tmp2 * x**2).sum_to_size(beta_shape)" in eager  # tmp2 is read again: out of place
     assert "grad_beta = (tmp6 * x**2).sum_to_size(beta_shape)" in fused
+    assert "grad_x = tmp0.mul_(tmp2).add_(tmp1)" in eager and "grad_x = tmp0 * tmp6 + tmp5" in fused
 
 
 def _fused_ops(folder: Path) -> GeneratedRun:
@@ -181,11 +183,11 @@ def test_fused_code_squares_erfs_argument_for_its_exponential(tmp_path):
         module = _load(tmp_path, name)
         if name == "gelu_erf":
             expected = torch.ops.aten.gelu_backward(grad, x)
-            (got,) = module._backward((True,), grad, x, x.shape)
+            (got,) = module._backward((True,), grad, x)
         else:
             t = x.clone().requires_grad_()
             expected = torch.autograd.grad(t**2 * torch.erf(a * t), t, grad)[0]
-            got = module._backward((True, False), grad, x, a, x.shape, a.shape)[0]
+            got = module._backward((True, False), grad, x, a, a.shape)[0]
         torch.testing.assert_close(got, expected, rtol=1e-14, atol=1e-15)
 
 
@@ -279,7 +281,10 @@ def test_cli_fuse_and_policy_flags(tmp_path, capsys):
     spec.write_text('name = "r"\nforward = "Max(x, 0)"\n\n[tensors.x]\n')
     assert main(["new", "op", "--spec", str(spec), "--policy", "time", "-o", str(tmp_path)]) == 0
     text = (tmp_path / "r.py").read_text()
-    assert "policy 'time'" in text and "ctx.save_for_backward(x)" in text and "Fused(" not in text
+    # under 'time' backward reads x (no mask computed in forward); under 'memory', the default, a one-byte mask
+    assert "ctx.save_for_backward(x)" in text and "mask" not in text and "Fused(" not in text
+    assert main(["new", "op", "--spec", str(spec), "-o", str(tmp_path / "memory")]) == 0
+    assert "ctx.save_for_backward(mask)" in (tmp_path / "memory" / "r.py").read_text()
 
 
 @pytest.mark.parametrize(

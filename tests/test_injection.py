@@ -63,7 +63,11 @@ def test_text_fields_are_inert_in_the_generated_files(tmp_path):
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     assert not (tmp_path / CANARY).exists()
-    assert module.OpFunction.__doc__.startswith("out = 2*x")
+    # the forward's text, its comment included, is the module docstring's formula; the Function's docstring,
+    # derived math, is intact after it
+    assert "op(x) = x * 2 #" in module.__doc__ and module.__doc__.count(payload) == 3  # wrapped after the #
+    assert module.OpFunction.__doc__.startswith("Op's forward and its derived backward and jvp.")
+    assert "d out / d x = 2" in module.OpFunction.__doc__
 
 
 @pytest.mark.parametrize(

@@ -112,9 +112,13 @@ def test_generated_tests_of_multi_output_ops_pass(background_results):
 def test_each_output_has_its_gradient_and_tangent():
     spec = make_spec("pair", "ex = exp(x)\ns = ex*y", {"x": {}, "y": {}}, outputs=["ex", "s"])
     plan = compile_op(spec).plan
-    assert [o.grad for o in plan.outputs] == ["grad_ex", "grad_s"]
-    assert {(t.index, t.output) for t in plan.jvp.terms} == {(0, 0), (1, 0), (0, 1), (1, 1)}
+    assert plan.returns == ("ex", "s") and plan.upstream == ("grad_ex", "grad_s")
+    assert plan.jvp_returns == ("ex_tangent", "s_tangent")
+    tangents = {line.split(" = ")[0]: line for line in plan.jvp if line.split(" = ")[0] in plan.jvp_returns}
+    assert "x_tangent" in tangents["ex_tangent"] and "y_tangent" not in tangents["ex_tangent"]  # ex reads x alone
+    assert "x_tangent" in tangents["s_tangent"] and "y_tangent" in tangents["s_tangent"]
     assert "ex" in plan.saved  # d ex / d x = ex: read from the saved output
+    assert "ex * grad_ex" in [line.text.split(" = ")[-1] for line in plan.backward]
     source = generate_op(spec)["pair.py"]
     assert "def backward(ctx, grad_ex, grad_s):" in source
     assert "-> tuple[torch.Tensor, torch.Tensor]:" in source
@@ -124,8 +128,8 @@ def test_names_of_the_generated_code_are_renamed_inside_it():
     fields = dict(MULTI_OUTPUT_OPS["awkward_names"])
     spec = make_spec("awkward", fields.pop("forward"), fields.pop("tensors"), **fields)
     plan = compile_op(spec).plan
-    assert [o.value for o in plan.outputs] == ["output_", "out_grad_x", "out_tmp0", "out_mask"]
-    assert len({n for o in plan.outputs for n in (o.value, o.grad)}) == 8
+    assert plan.visible == ("output_", "out_grad_x", "out_tmp0", "out_mask")
+    assert len({*plan.visible, *plan.upstream, *plan.grads}) == 9
 
 
 def test_names_of_the_generated_code_are_renamed_inside_it_on_the_structured_path(tmp_path):
@@ -173,7 +177,8 @@ def test_outputs_from_flags_and_the_cli(tmp_path, capsys):
     code = main(["new", "op", "split", "--forward", "pos = Max(x, 0); neg = Max(-x, 0)", "--tensor", "x",
                  "--output", "pos", "--output", "neg", "--output-dir", str(tmp_path)])  # fmt: skip
     assert code == 0
-    assert "def backward(ctx, grad_pos, grad_neg):" in (tmp_path / "split.py").read_text()
+    # the masks backward reads are hidden outputs after the named ones: their gradients (None) go to *_
+    assert "def backward(ctx, grad_pos, grad_neg, *_):" in (tmp_path / "split.py").read_text()
     assert 'outputs=["pos", "neg"]' in (tmp_path / "test_split.py").read_text()
 
 
@@ -303,7 +308,7 @@ def test_update_flags_replace_the_outputs_and_a_project_op_round_trips(tmp_path,
     assert main(["update", "op", "split", "--output", "neg", "--output", "pos"]) == 0
     assert 'outputs = ["neg", "pos"]' in (tmp_path / "lib" / "specs" / "split.toml").read_text()
     module = next((tmp_path / "lib" / "src").glob("*/ops/split.py")).read_text()
-    assert "def backward(ctx, grad_neg, grad_pos):" in module
+    assert "def backward(ctx, grad_neg, grad_pos, *_):" in module
 
 
 def test_grad_in_a_custom_gradient_of_several_outputs_names_theirs():
