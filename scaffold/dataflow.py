@@ -1862,6 +1862,9 @@ def _bring(lines: list[Line], g: str, guard: frozenset[int], brought: Callable[[
                 break  # read (or assigned in a block) after its last statement of its own
             continue
         code = line.text[len(assigned) :]
+        suffix = brought(g)[len(g) :] if brought(g).startswith(f"{g}.") else None
+        if suffix and code.endswith(suffix):
+            return  # brought there already (a custom gradient's own sum_to_size)
         once = len(read.findall(brought(g))) == 1
         if line.indent == 0 and line.guard == guard and "#" not in code and once:
             lines[k] = Line(assigned + brought(code), guard)

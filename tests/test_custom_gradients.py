@@ -136,3 +136,10 @@ def test_a_condition_that_reads_grad_is_computed_in_backward(background_results)
     result = background_results
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1 and "test_lower_bound_broken.py::test_matches_reference" in failed[0], result.stdout[-3000:]
+
+
+def test_a_custom_gradient_is_brought_to_its_arguments_shape_once():
+    """scaled_sign's custom gradient of y is summed to y's shape in the statement that computes it, once."""
+    spec = load_spec(Path(__file__).parent / "specs" / "scaled_sign.toml")
+    source = generate_op(spec, time_limit=None)["scaled_sign.py"]
+    assert source.count(".sum_to_size(y_shape)") == 1, source
