@@ -218,10 +218,9 @@ class _Lifter:
     def combined(self, lifted: sympy.Basic, output: bool = False) -> sympy.Basic:
         """An operand's or output's ``lifted`` with its :func:`_combination` (``input - target``) a node."""
         arguments = {*self.tensors, *(self.parsed.symbols[n] for n in self.scalars)} if output else None
-        if (combination := _combination(lifted, self.tensors, arguments, self.shapes if output else None)) is None:
-            return lifted
-        if output and self.spec.fuse and len(combination.free_symbols & set(self.tensors)) < 3:
-            # fused backward reads two arguments in the time forward writes the node and backward reads it
+        combination = _combination(lifted, self.tensors, arguments, self.shapes if output else None)
+        # fused backward reads two arguments in the time forward writes the node and backward reads it
+        if combination is None or (output and self.spec.fuse and len(combination.free_symbols & self.tensors) < 3):
             return lifted
         inner = self.node(combination, None, combination)
         return lifted.xreplace({combination: inner, -combination: -inner})

@@ -76,13 +76,16 @@ MUTATIONS = {
     # The textbook formulas agree at ordinary inputs; only the extreme-input test can tell.
     "unstable_forward": (
         "logistic_loss",
-        _sub(r"return torch\.nn\.functional\.softplus\(tmp0\)", "return torch.log(1 + torch.exp(tmp0))"),
+        _sub(
+            r"return torch\.nn\.functional\.softplus\(-input \* target\)",
+            "return torch.log(1 + torch.exp(-input * target))",
+        ),
     ),
     "unstable_backward": (
         "logistic_loss",
         _sub(
-            r"grad_tmp0 = tmp0\.sigmoid_\(\)\.mul_\(grad_output\)",
-            "grad_tmp0 = grad_output * torch.exp(tmp0) / (1 + torch.exp(tmp0))",
+            r"tmp0 = \(-input \* target\)\.sigmoid_\(\)\.mul_\(grad_output\)",
+            "tmp0 = grad_output * torch.exp(-input * target) / (1 + torch.exp(-input * target))",
         ),
     ),
     # Wrong only where |x - y| > w, which no ordinary input reaches: caught at the extreme inputs in float64,

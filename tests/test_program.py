@@ -18,7 +18,7 @@ def _program(forward, tensors, scalars=None, **extra):
 
 def test_values_have_kinds_shapes_and_read_what_they_are_written_over():
     program = _program(
-        "h = x*w + b\ny = h*sigmoid(h)",
+        "h = x - w + b\ny = h*sigmoid(h)",
         {"x": {"shape": [3, 4]}, "w": {"shape": [4]}, "b": {"shape": []}},
         {"alpha": {"default": 1.0}},
     )
