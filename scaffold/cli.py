@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ from .spec import POLICIES, TARGETS, load_spec, spec_from_flags, spec_with_flags
 from .write import apply_changes, write_files
 
 EXIT_ERROR = 1
+#: `scaffold check` on bad input (1 says a check failed).
+EXIT_BAD_CHECK_INPUT = 2
 #: `scaffold update` wrote conflict markers (or would have, with --dry-run).
 EXIT_CONFLICT = 3
 
@@ -35,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_new(commands)
     _add_update(commands)
     _add_bench(commands)
+    _add_check(commands)
     return parser
 
 
@@ -207,6 +211,52 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     _time_limit(bench)
     bench.set_defaults(handler=_bench)
+
+
+def _add_check(commands: argparse._SubParsersAction) -> None:
+    """``scaffold check``: a hand-written Function against the math of a spec."""
+    check = commands.add_parser(
+        "check",
+        help="check a hand-written autograd.Function against its math",
+        description="Hold a hand-written torch.autograd.Function (or a function, or a Module) against the math of "
+        "a spec: values, gradients, gradcheck and gradgradcheck, the ctx rules, needs_input_grad, a second "
+        "backward, inputs left unchanged, a second shape, float32 at extreme inputs, torch.compile and "
+        "torch.func. Exit code 0 when every check passes, 1 when one fails, 2 for bad input.",
+        epilog='example: scaffold check my_ops.py:SwishFunction --forward "x * sigmoid(beta * x)" --tensor x '
+        "--tensor beta=[]",
+    )
+    check.add_argument(
+        "target", metavar="TARGET", help="FILE.py:CLASS or MODULE.NAME:CLASS (or a function, or a Module)"
+    )
+    check.add_argument("--spec", metavar="FILE", help="the op's math as a TOML spec file (instead of the flags)")
+    check.add_argument("--forward", metavar="EXPR", help="the forward as sympy math (as for scaffold new op)")
+    _argument_flags(
+        check,
+        tensor="a tensor argument, with its example shape (x=4,5)",
+        learnable="a learnable tensor (as for scaffold new op)",
+        scalar="a non-tensor argument with the value the checks pass (eps=1e-6)",
+        size="a size name's example value (features=16)",
+    )
+    _gradient_flag(check)
+    check.add_argument(
+        "--call", metavar="TEXT",
+        help='how to call it on the spec\'s arguments when not in order (tensors, then scalars), e.g. '
+        '"SmoothL1.apply(input, target, beta)"; parsed, never run as Python',
+    )  # fmt: skip
+    check.add_argument("--strict", action="store_true", help="fail on warnings too (not twice differentiable, ...)")
+    check.add_argument("--device", default="cpu", help="where to run the checks: cpu (default) or cuda")
+    check.add_argument(
+        "--only", metavar="CHECKS",
+        help="run only these checks, comma-separated (forward,gradients,gradcheck,gradgradcheck,needs_input_grad,"
+        "ctx,retain_graph,inputs_unchanged,second_shape,extreme_inputs,compile,torch_func)",
+    )  # fmt: skip
+    check.add_argument(
+        "--write-tests", metavar="DIR",
+        help="also write DIR/test_check_NAME.py: a pytest file that runs the same checks (CPU and CUDA)",
+    )  # fmt: skip
+    check.add_argument("--force", action="store_true", help="overwrite the test file --write-tests would write")
+    _time_limit(check)
+    check.set_defaults(handler=_check)
 
 
 def _plan_flags(command: argparse.ArgumentParser, *, fuse_help: str, optional: bool = False) -> None:
@@ -453,6 +503,61 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from . import check  # imports torch, which no other command needs
+
+    spec = _check_spec(args)
+    only = [c.strip() for c in args.only.split(",") if c.strip()] if args.only else None
+    if args.write_tests:
+        written = write_files(
+            check.check_test_files(spec, args.target, args.write_tests, call=args.call, strict=args.strict),
+            args.write_tests,
+            force=args.force,
+        )
+        for file in written:
+            print(f"{file.status:>11}  {file.path}")
+    report = check.check_function(
+        spec,
+        args.target,
+        call=args.call,
+        strict=args.strict,
+        device=args.device,
+        checks=only,
+        progress=lambda name: print(f"scaffold: checking {name}", file=sys.stderr, flush=True),
+        time_limit=args.time_limit,
+    )
+    print(check.format_report(report))
+    return report.exit_code()
+
+
+def _check_spec(args: argparse.Namespace):
+    """The spec ``scaffold check`` holds the target against: the file, or the flags (named after the target)."""
+    flags = [f for f, v in (("--forward", args.forward), ("--tensor", args.tensor), ("--scalar", args.scalar),
+                            ("--learnable", args.learnable), ("--size", args.size), ("--gradient", args.gradient),
+                            ("--output", args.output)) if v]  # fmt: skip
+    if args.spec:
+        if flags:
+            raise SpecError(f"--spec cannot be combined with {', '.join(flags)}", hint="use the spec file or flags")
+        return load_spec(args.spec)
+    if args.forward is None or not (args.tensor or args.learnable):
+        raise SpecError(
+            "missing --spec, or --forward and --tensor",
+            hint='e.g. scaffold check ops.py:Swish --forward "x * sigmoid(x)" --tensor x, or --spec swish.toml',
+        )
+    name = re.sub(r"\W+", "_", args.target.rpartition(":")[2].rpartition(".")[2]).lower().strip("_") or "op"
+    name = name if name.isidentifier() and not name[0].isdigit() else f"op_{name}"
+    return spec_from_flags(
+        name,
+        args.forward,
+        args.tensor,
+        args.scalar,
+        learnable=args.learnable,
+        gradients=args.gradient,
+        outputs=args.output,
+        sizes=args.size,
+    )
+
+
 def _diff(change: FileChange) -> list[str]:
     lines = difflib.unified_diff(
         (change.old or "").splitlines(keepends=True),
@@ -506,7 +611,7 @@ def _record_folder(path: PurePosixPath) -> PurePosixPath:
 
 
 #: Options whose value may start with "-" (a forward of -x * y), which argparse would take for an option.
-_DASHED_VALUES = ("--forward", "--doc", "--gradient")
+_DASHED_VALUES = ("--forward", "--doc", "--gradient", "--call")
 
 
 def _attach_dashed_values(argv: Sequence[str]) -> list[str]:
@@ -531,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.handler(args)
         except ScaffoldError as exc:
             print(f"scaffold: error: {exc}", file=sys.stderr)
-            return EXIT_ERROR
+            return EXIT_BAD_CHECK_INPUT if args.command == "check" else EXIT_ERROR
 
 
 _python_showwarning = warnings.showwarning

@@ -50,6 +50,7 @@ TEMPLATES = {
     "test": "test_op.py.j2",
     "program": "program_op.py.j2",
     "runtime": "_scaffold_runtime.py.j2",
+    "check_test": "check_test.py.j2",
 }
 #: The test library (scaffold/testing.py) as generated tests import it outside a project.
 TESTING_MODULE = "scaffold.testing"
@@ -1060,6 +1061,27 @@ def _finished(
     where = {path: (paths or {}).get(path, path) for path in files}
     modules = {module_import or spec.name: where[f"{spec.name}.py"]}
     return {path: format_source(text, where[path], root=project_root, modules=modules) for path, text in files.items()}
+
+
+@dataclass(frozen=True)
+class CheckTestView:
+    """What ``templates/check_test.py.j2`` lays out: ``scaffold check --write-tests``' pytest file."""
+
+    version: str
+    target: str  # as given on the command line
+    target_name: str
+    relative: bool  # a file target, found relative to the test file
+    path: str  # that file, relative to the test file's folder
+    attribute: str
+    call: str | None
+    strict: bool
+    spec_text: str
+
+
+def render_check_tests(view: CheckTestView) -> str:
+    """The test file of ``scaffold check --write-tests``, formatted."""
+    text = environment().get_template(TEMPLATES["check_test"]).render(view=view)
+    return format_source(text, f"test_check_{view.target_name}.py")
 
 
 def render_runtime(*, project_root: str | Path | None = None, path: str | PurePath = RUNTIME_FILE) -> str:
