@@ -355,7 +355,8 @@ def checker(
         spec = spec_from_mapping(tomllib.loads(spec), source=f"the spec of {target}")
     arguments = [t.name for t in spec.tensors] + [s.name for s in spec.scalars]
     subject = load_target(target, call=call, arguments=arguments)
-    return FunctionChecks(_with_subject(reference_tests(spec, time_limit=time_limit), subject), subject)
+    derived = reference_tests(spec, time_limit=time_limit)
+    return FunctionChecks(_with_subject(derived, subject), subject, derived)
 
 
 def check_function(
@@ -392,7 +393,7 @@ def check_test_files(
     where, _, attribute = target.rpartition(":")
     relative = where.endswith(".py")
     path = os.path.relpath(Path(where).resolve(), Path(folder).resolve()) if relative else ""
-    spec_text = tomlwriter.dumps(spec_to_mapping(spec))
+    spec_text = tomlwriter.dumps({key: value for key, value in spec_to_mapping(spec).items() if value != {}})
     view = CheckTestView(
         version=__version__,
         target=target,
