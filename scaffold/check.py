@@ -67,7 +67,7 @@ CHECKS = {
 #: Checks whose failure is a warning unless --strict: what the Function does not support, rather than gets wrong.
 SOFT = {"gradgradcheck", "needs_input_grad"}
 #: Checks that depend on the inputs' shapes: a failure is shrunk to the smallest shapes that show it.
-SHRUNK = {"forward", "gradients", "retain_graph", "inputs_unchanged", "second_shape"}
+SHRUNK = {"forward", "gradients", "gradcheck", "retain_graph", "inputs_unchanged", "second_shape"}
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
-from torch.autograd.gradcheck import GradcheckError
+from torch.autograd.gradcheck import GradcheckError, gradcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .check import SHRUNK, SOFT, Subject, Verdict, _Note, _Soft, smallest_shapes
@@ -172,10 +172,16 @@ class FunctionChecks:
             _assert_close(grad, exp, f"the gradient of {name}", close)
 
     def check_gradcheck(self, device: str) -> None:
+        self._gradcheck_at(self.tests.make_inputs(device))
+
+    def _gradcheck_at(self, inputs: Sequence[torch.Tensor]) -> None:
+        inputs = self.tests._without_custom_gradients(list(inputs))
         try:
-            self.tests.check_gradcheck(device)
+            gradcheck(self.tests._float_outputs, (*inputs, *self._scalars))
         except GradcheckError as exc:
-            raise AssertionError(f"backward disagrees with finite differences: {_gradcheck_summary(exc)}") from None
+            raise AssertionError(
+                f"backward disagrees with finite differences: {_gradcheck_summary(exc, self._names)}"
+            ) from None
 
     def check_gradgradcheck(self, device: str) -> None:
         """Warn "not twice differentiable" where backward's result carries no graph, or its derivative is off."""
@@ -191,10 +197,11 @@ class FunctionChecks:
         try:  # at the inputs' own shapes (the generated tests broadcast an elementwise op's: see _as_declared)
             dataclasses.replace(self.tests, elementwise=False).check_gradgradcheck(device)
         except GradcheckError as exc:
+            off = _gradcheck_summary(exc, self._names)
             raise _Soft(
-                "not twice differentiable: the derivative of backward disagrees with finite differences "
-                f"({_gradcheck_summary(exc)}); backward probably reads a tensor computed in forward (no graph back "
-                "to the inputs) or changes one in place: compute it in backward from the saved inputs"
+                f"not twice differentiable: the derivative of backward disagrees with finite differences ({off}); "
+                "backward probably reads a tensor computed in forward (no graph back to the inputs) or changes one "
+                "in place: compute it in backward from the saved inputs"
             ) from None
         except Exception as exc:
             raise _Soft(
@@ -554,7 +561,12 @@ def _backward_error(exc: BaseException, checks: FunctionChecks) -> str:
     return f"backward raised {type(exc).__name__}: {_quote(exc)}"
 
 
-def _gradcheck_summary(exc: BaseException) -> str:
+def _gradcheck_summary(exc: BaseException, names: Sequence[str]) -> str:
+    """gradcheck's "Jacobian mismatch for output 0 with respect to input 1" as "d out / d beta"."""
     text = " ".join(str(exc).split())
-    found = re.search(r"(Jacobian mismatch for output \d+ with respect to input \d+)", text)
-    return found.group(1) if found else _quote(exc)
+    found = re.search(r"Jacobian mismatch for output (\d+) with respect to input (\d+)", text)
+    if not found:
+        return _quote(exc)
+    output, index = (int(g) for g in found.groups())
+    name = names[index] if index < len(names) else "grad_output"
+    return f"d output {output} / d {name} is off"
