@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -303,10 +304,12 @@ def _called_function(text: str, namespace: dict) -> type | None:
 # --- the reference ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=16)
 def reference_tests(spec: OpSpec, *, time_limit: float | None = None):
     """The generated test file's ``OP`` (:class:`~scaffold.testing.OpTests`) for ``spec``: the reference, the
     inputs and the checks, with scaffold's own generated op in it (imported from a temporary folder under a
-    private name, and removed from sys.modules again)."""
+    private name, and removed from sys.modules again). Kept per spec: several Functions of one op (a test
+    file's, a corpus') are held against the same reference."""
     from .api import generate_op
     from .limits import TIME_LIMIT
 

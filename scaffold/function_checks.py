@@ -111,7 +111,7 @@ class FunctionChecks:
             value = self.tests.op(*inputs, *self._scalars)
         except Exception as exc:
             hint = _order_hint(exc, self)
-            raise AssertionError(f"forward raised {type(exc).__name__}: {_quote(exc)}{hint}") from None
+            raise _RaisedError(f"forward raised {type(exc).__name__}: {_quote(exc)}{hint}") from None
         outs = _as_tuple(value)
         if len(outs) != max(1, len(self.tests.outputs)) or not all(isinstance(o, torch.Tensor) for o in outs):
             raise AssertionError(
@@ -124,7 +124,7 @@ class FunctionChecks:
         try:
             return torch.autograd.grad(outs, inputs, upstream, allow_unused=True, **kwargs)
         except Exception as exc:
-            raise AssertionError(_backward_error(exc, self)) from None
+            raise _RaisedError(_backward_error(exc, self)) from None
 
     def _upstream(self, outs: Sequence[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
         generator = torch.Generator().manual_seed(seed)
@@ -150,8 +150,8 @@ class FunctionChecks:
         self._forward_at(self.tests.make_inputs(device))
 
     def _forward_at(self, inputs: Sequence[torch.Tensor], close: dict = CLOSE) -> None:
+        expected, _, _ = self._expected(inputs)
         outs = self._outputs(inputs)
-        expected = self.tests._outputs(self.tests.reference(*inputs, *self._scalars))
         for what, out, exp in zip(self.tests._value_names, outs, expected):
             _assert_close(out, exp, f"forward's {what}", close)
 
@@ -159,17 +159,32 @@ class FunctionChecks:
         self._gradients_at(self.tests.make_inputs(device))
 
     def _gradients_at(self, inputs: Sequence[torch.Tensor], close: dict = CLOSE) -> None:
+        expected, upstream, expected_grads = self._expected(inputs)
         outs = self._outputs(inputs)
-        upstream = self._upstream(outs)
+        for what, out, exp in zip(self.tests._value_names, outs, expected):
+            if out.shape != exp.shape:
+                raise AssertionError(f"forward's {what} has shape {tuple(out.shape)}, the math's {tuple(exp.shape)}")
         grads = self._gradients(outs, inputs, upstream)
-        expected = self.tests._outputs(self.tests.reference(*inputs, *self._scalars))
-        expected_grads = self.tests._expected_grads(expected, inputs, upstream)
         for name, x, grad, exp in zip(self._names, inputs, grads, expected_grads):
+            if grad is None and not exp.any():
+                continue  # None is autograd's zero
             if grad is None:
-                raise AssertionError(f"backward returned None for {name}, whose gradient is needed")
+                raise AssertionError(
+                    f"backward returned None for {name}, whose gradient is needed and not zero (where the math "
+                    f'should not be differentiated in {name}, say so in the spec: [gradients] {name} = "0")'
+                )
             if grad.shape != x.shape:
                 raise AssertionError(f"the gradient of {name} has shape {tuple(grad.shape)}, {name} {tuple(x.shape)}")
             _assert_close(grad, exp, f"the gradient of {name}", close)
+
+    def _expected(self, inputs: Sequence[torch.Tensor]) -> tuple[list, list, list]:
+        """The math's values, a random upstream gradient and the math's gradients for it, at ``inputs``: before
+        the user's call, which may change them."""
+        xs = [x.detach().clone().requires_grad_() for x in inputs]
+        outs = self.tests._outputs(self.tests.reference(*xs, *self._scalars))
+        upstream = self._upstream(outs)
+        grads = self.tests._expected_grads(outs, xs, upstream)
+        return [o.detach() for o in outs], upstream, [g.detach() for g in grads]
 
     def check_gradcheck(self, device: str) -> None:
         self._gradcheck_at(self.tests.make_inputs(device))
@@ -214,10 +229,19 @@ class FunctionChecks:
         return [i.shape if i.shape == () else (i.second_shape or i.shape) for i in self.tests.inputs]
 
     def check_second_shape(self, device: str) -> None:
+        """The second shape; where the Function raises there, the same sizes without the batch dimension
+        (which must hold), and a warning that it takes no batch dimension although the math does."""
         shapes = self._second_shapes()
         if shapes == [i.shape for i in self.tests.inputs]:
             pytest.skip("the math takes no other shape than the example's")
-        self._second_shape_at(self.tests.make_inputs(device, shapes=shapes))
+        try:
+            self._second_shape_at(self.tests.make_inputs(device, shapes=shapes))
+        except _RaisedError as exc:
+            unbatched = [s[1:] if len(s) == len(i.shape) + 1 else s for s, i in zip(shapes, self.tests.inputs)]
+            if unbatched == shapes:
+                raise
+            self._second_shape_at(self.tests.make_inputs(device, shapes=unbatched))
+            raise _Soft(f"takes no batch dimension more, which the math does (other sizes pass): {exc}") from None
 
     def _second_shape_at(self, inputs: Sequence[torch.Tensor]) -> None:
         self._forward_at(inputs, SECOND_SHAPE_CLOSE)
@@ -423,6 +447,10 @@ class FunctionChecks:
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+
+class _RaisedError(AssertionError):
+    """A failure because the Function raised (not because a value is off)."""
 
 
 class _Counting(TorchDispatchMode):

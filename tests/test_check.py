@@ -109,6 +109,16 @@ class WrongDerivative(Swish):
         return grad * s, (grad * x * x * s * (1 - s)).sum_to_size(beta.shape)
 
 
+class Matrices(Swish):
+    """Takes matrices only (a kernel written for 2-d input)."""
+
+    @staticmethod
+    def forward(x, beta):
+        if x.dim() != 2:
+            raise ValueError(f"expected a matrix, got {x.dim()} dimensions")
+        return x * torch.sigmoid(beta * x)
+
+
 class SquaredNorm(torch.autograd.Function):
     """sum(x**2) over the last dimension, written as dim 1: right for a 2-d x only."""
 
@@ -246,6 +256,16 @@ def test_a_dimension_counted_from_the_wrong_end_fails_at_the_second_shape(functi
     assert verdicts["second_shape"].status == "fail"
     assert verdicts["second_shape"].message == "forward's value has shape (2, 4), the math's (2, 3)"
     assert verdicts["second_shape"].example.startswith("smallest failing input: x of shape (1, 1, 2): [")
+
+
+def test_no_batch_dimension_is_a_warning_where_other_sizes_hold(functions):
+    verdicts, report = _verdicts(functions, "Matrices", ["second_shape"])
+    assert verdicts["second_shape"].status == "warn"
+    assert verdicts["second_shape"].message.startswith(
+        "takes no batch dimension more, which the math does (other sizes pass): forward raised ValueError: "
+        "expected a matrix, got 3 dimensions"
+    )
+    assert report.exit_code() == 0
 
 
 def test_warnings_fail_only_under_strict(functions):
