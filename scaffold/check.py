@@ -65,8 +65,6 @@ CHECKS = {
     "compile": "torch.compile of it gives eager's values and gradients",
     "torch_func": "torch.func.vmap, grad and jvp give the math's values and gradients",
 }
-#: Checks whose failure is a warning unless --strict: what the Function does not support, rather than gets wrong.
-SOFT = {"gradgradcheck", "needs_input_grad"}
 #: Checks that depend on the inputs' shapes: a failure is shrunk to the smallest shapes that show it.
 SHRUNK = {"forward", "gradients", "gradcheck", "retain_graph", "inputs_unchanged", "second_shape"}
 
@@ -330,6 +328,28 @@ def reference_tests(spec: OpSpec, *, time_limit: float | None = None):
     return tests.OP
 
 
+#: The most elements (all inputs together) at which the checks take the spec's example shapes as they are; a
+#: larger example is checked at the generated tests' small shapes (gradcheck builds a Jacobian per element).
+EXAMPLE_ELEMENTS = 256
+
+
+def _at_example_shapes(op_tests, spec: OpSpec):
+    """``op_tests`` at the spec's example shapes where they are small (a hand-written kernel may hold only at
+    the sizes its author tried: a Triton block of 4 columns), else at the generated tests' small shapes; and a
+    second shape of each size twice as large and one more (past a block boundary: 4 -> 9), with the generated
+    tests' batch dimension, equal sizes kept equal, a 0-d tensor kept 0-d."""
+    example = [t.shape for t in spec.tensors]
+    inputs = op_tests.inputs
+    base = example if sum(_numel(s) for s in example) <= EXAMPLE_ELEMENTS else [i.shape for i in inputs]
+    replaced = []
+    for i, shape in zip(inputs, base):
+        grown = tuple(1 if d == 1 else 2 * d + 1 for d in shape)
+        batched = i.second_shape is not None and len(i.second_shape) == len(i.shape) + 1
+        second = (i.second_shape[0], *grown) if batched else grown
+        replaced.append(dataclasses.replace(i, shape=tuple(shape), second_shape=second if shape else ()))
+    return dataclasses.replace(op_tests, inputs=replaced)
+
+
 def _with_subject(op_tests, subject: Subject):
     """``op_tests`` with the user's callable in place of the generated op: ``op`` returns the spec's outputs
     (the first of what apply returns, where it returns more), ``function.apply`` all of them."""
@@ -358,7 +378,7 @@ def checker(
         spec = spec_from_mapping(tomllib.loads(spec), source=f"the spec of {target}")
     arguments = [t.name for t in spec.tensors] + [s.name for s in spec.scalars]
     subject = load_target(target, call=call, arguments=arguments)
-    derived = reference_tests(spec, time_limit=time_limit)
+    derived = _at_example_shapes(reference_tests(spec, time_limit=time_limit), spec)
     return FunctionChecks(_with_subject(derived, subject), subject, derived)
 
 

@@ -119,6 +119,15 @@ class Matrices(Swish):
         return x * torch.sigmoid(beta * x)
 
 
+class KeepsMask(Swish):
+    """Keeps an intermediate tensor (a mask) as a ctx attribute: a warning, as the values are right."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.positive = inputs[0] > 0
+
+
 class SquaredNorm(torch.autograd.Function):
     """sum(x**2) over the last dimension, written as dim 1: right for a 2-d x only."""
 
@@ -230,7 +239,7 @@ def test_a_right_function_passes_every_check(functions, capsys):
 @pytest.mark.parametrize(
     ("name", "check", "words"),
     [
-        ("CtxAttribute", "ctx", "forward keeps tensors as ctx attributes (ctx.x, ctx.beta)"),
+        ("CtxAttribute", "ctx", "forward keeps its inputs or outputs as ctx attributes (ctx.x, ctx.beta)"),
         ("SavedTwice", "ctx", "forward calls ctx.save_for_backward 2 times"),
         ("TooFewReturns", "ctx", "backward returns 1 values for the 2 arguments of forward (x, beta)"),
         ("MutatesSaved", "retain_graph", "backward changes a saved tensor in place (ctx.saved_tensors[0])"),
@@ -254,7 +263,7 @@ def test_a_dimension_counted_from_the_wrong_end_fails_at_the_second_shape(functi
     verdicts, _ = _verdicts(functions, "SquaredNorm", ["forward", "gradients", "second_shape"], spec=spec)
     assert verdicts["forward"].status == verdicts["gradients"].status == "pass"
     assert verdicts["second_shape"].status == "fail"
-    assert verdicts["second_shape"].message == "forward's value has shape (2, 4), the math's (2, 3)"
+    assert verdicts["second_shape"].message == "forward's value has shape (2, 11), the math's (2, 9)"
     assert verdicts["second_shape"].example.startswith("smallest failing input: x of shape (1, 1, 2): [")
 
 
@@ -274,6 +283,9 @@ def test_warnings_fail_only_under_strict(functions):
     assert verdicts["gradgradcheck"].status == "warn"
     assert verdicts["gradgradcheck"].message.startswith("not twice differentiable")
     assert report.exit_code() == 0
+    verdicts, _ = _verdicts(functions, "KeepsMask", ["ctx"])
+    assert verdicts["ctx"].status == "warn"
+    assert verdicts["ctx"].message.startswith("forward keeps tensors as ctx attributes (ctx.positive)")
     verdicts, report = _verdicts(functions, "IgnoresNeedsInputGrad", checks, strict=True)
     assert verdicts["needs_input_grad"].message.startswith("backward ignores ctx.needs_input_grad")
     assert report.exit_code() == 1
