@@ -190,6 +190,8 @@ class FunctionChecks:
         self._gradcheck_at(self.tests.make_inputs(device))
 
     def _gradcheck_at(self, inputs: Sequence[torch.Tensor]) -> None:
+        if all(i.name in self.tests.gradients for i in self.tests.inputs):
+            pytest.skip("every tensor has a custom gradient: the gradients check compares them with their formulas")
         inputs = self.tests._without_custom_gradients(list(inputs))
         try:
             gradcheck(self.tests._float_outputs, (*inputs, *self._scalars))
