@@ -223,7 +223,7 @@ default = 1.0
 
 FOCAL = """
 name = "sigmoid_focal_loss"
-forward = "(y - sigmoid(x))**2 * -(alpha * y * log(sigmoid(x)) + (1 - alpha) * (1 - y) * log(1 - sigmoid(x)))"
+forward = "(y - sigmoid(x))**2 * (alpha * y * softplus(-x) + (1 - alpha) * (1 - y) * softplus(x))"
 [tensors.x]
 shape = [4, 5]
 [tensors.y]
@@ -310,7 +310,7 @@ shape = [4, 5]
 
 SOFTPLUS = """
 name = "softplus"
-forward = "log(1 + exp(x))"
+forward = "softplus(x)"
 [tensors.x]
 shape = [4, 5]
 """
