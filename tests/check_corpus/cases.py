@@ -322,6 +322,16 @@ forward = "x * (1 + erf(x / sqrt(2))) / 2"
 shape = [4, 5]
 """
 
+BCE = """
+name = "bce_with_logits"
+forward = "(1 - t) * x + softplus(-x)"
+[tensors.x]
+shape = [4, 5]
+[tensors.t]
+shape = [4, 5]
+domain = [0.0, 1.0]
+"""
+
 LOG = """
 name = "log"
 forward = "log(x)"
@@ -433,6 +443,17 @@ CASES: list[Case] = [
         fails=set(),
         warns=("gradgradcheck", "needs_input_grad"),
         why="right; saves RSTD (an intermediate), so the double backward is wrong; always computes dW",
+    ),
+    Case(
+        "bce_with_logits.py",
+        "BCEWithLogitsFunction",
+        BCE,
+        fails=set(),
+        warns=("gradients", "needs_input_grad", "second_shape", "compile"),
+        unsure=("gradcheck",),
+        why="right for the logits; returns None for the target, a tensor of the spec, whose gradient the math "
+        "has (-x): a constant-target convention to report (warn), not a wrong value; torch's gradcheck over "
+        "every input fails on the target, gradcheck over the inputs the Function differentiates passes",
     ),
     Case("setup_context_style.py", "GELU", GELU, fails=set(), why="right; setup_context style with vmap and jvp"),
     # --- buggy ---
