@@ -2,7 +2,8 @@
 losses are: the target is taken as a constant, so backward returns None for it.
 
 Right for the logits. For a target that requires grad (soft targets, distillation) it silently gives no
-gradient: autograd reads the None as zero, where the math's gradient is -x.
+gradient: autograd reads the None as zero, where the math's gradient is -x. Right against a spec that declares
+the target's gradient 0 ([gradients] t = "0").
 """
 
 import torch
