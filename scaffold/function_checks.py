@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
-from torch.autograd.gradcheck import GradcheckError, gradcheck
+from torch.autograd.gradcheck import GradcheckError, gradcheck, gradgradcheck
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .check import SHRUNK, Subject, Verdict, _Note, _Soft, smallest_shapes
@@ -212,8 +212,17 @@ class FunctionChecks:
                 ".detach() or .data, or by a backward marked once_differentiable); a second derivative "
                 "(gradgradcheck, torch.func.hessian, a gradient penalty) raises"
             )
-        try:  # at the inputs' own shapes (the generated tests broadcast an elementwise op's: a 0-d beta stays 0-d)
-            dataclasses.replace(self.tests, elementwise=False).check_gradgradcheck(device)
+        # A custom gradient's own derivative, where backward returns one (None: zero, as its formula "0" says);
+        # then gradgradcheck over the other tensors, at their own shapes (the generated tests broadcast an
+        # elementwise op's: a 0-d beta stays 0-d here).
+        returned = {i.name for i, g in zip(self.tests.inputs, grads) if g is not None}
+        custom = {n: f for n, f in self.tests.gradients.items() if n in returned}
+        tests = dataclasses.replace(self.tests, elementwise=False, gradients=custom)
+        try:
+            tests._assert_custom_double_backward(self.tests.make_inputs(device))
+            if any(i.name not in self.tests.gradients for i in self.tests.inputs):
+                differentiated = self.tests._without_custom_gradients(self.tests.make_inputs(device))
+                gradgradcheck(self.tests._float_outputs, (*differentiated, *self._scalars))
         except GradcheckError as exc:
             off = _gradcheck_summary(exc, self._names)
             raise _Soft(
@@ -279,8 +288,8 @@ class FunctionChecks:
             inputs = self.tests.make_inputs(device, requires_grad=False)
             inputs[index].requires_grad_(True)
             returned, count = self._backward_operations(inputs, index)
-            if returned[index] is None:
-                raise AssertionError(f"backward returned None for {name}, whose gradient is needed")
+            if returned[index] is None and self._expected(inputs)[2][index].any():
+                raise AssertionError(f"backward returned None for {name}, whose gradient is needed and not zero")
             extra = [names[i] for i, g in enumerate(returned[: len(names)]) if g is not None and i != index]
             if extra:
                 wasted.append(f"computes the gradient of {', '.join(extra)} when only {name}'s is needed")
