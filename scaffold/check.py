@@ -125,10 +125,13 @@ class Subject:
     function: type | None
 
 
-def load_target(target: str, *, call: str | None = None, arguments: Sequence[str] = ()) -> Subject:
+def load_target(
+    target: str, *, call: str | None = None, arguments: Sequence[str] = (), learnable: Sequence[str] = ()
+) -> Subject:
     """``FILE.py:NAME`` or ``MODULE.NAME:NAME`` (NAME may be dotted: ``Outer.Inner``): an autograd.Function
     class, a function, an nn.Module instance or class (made with no arguments). ``call`` maps the spec's
-    ``arguments`` onto it otherwise than in order (:func:`caller`)."""
+    ``arguments`` onto it otherwise than in order (:func:`caller`). A Module takes the spec's ``learnable``
+    tensors as its parameters of the same names (:func:`_module_call`), the other arguments in order."""
     where, _, attribute = target.rpartition(":")
     if not where or not attribute:
         raise CheckError(
@@ -153,12 +156,38 @@ def load_target(target: str, *, call: str | None = None, arguments: Sequence[str
                 where=target,
                 hint=f"pass an instance (a module-level `{attribute.lower()} = {attribute}(...)`), or --call",
             ) from None
+    if isinstance(obj, torch.nn.Module):
+        return Subject(target, _module_call(obj, arguments, learnable, target), None)
     if not callable(obj):
         raise CheckError(
             f"{attribute} is a {type(obj).__name__}, not an autograd.Function, a function or a Module",
             where=target,
         )
     return Subject(target, obj, None)
+
+
+def _module_call(module, arguments: Sequence[str], learnable: Sequence[str], where: str) -> Callable[..., object]:
+    """A Module called on the spec's arguments: each learnable tensor in place of the Module's parameter (or
+    buffer) of its name (torch.func.functional_call: the Module itself is left as it is), the others passed to
+    forward in order."""
+    import torch
+
+    own = {name for name, _ in (*module.named_parameters(), *module.named_buffers())}
+    missing = [name for name in learnable if name not in own]
+    if missing:
+        has = ", ".join(sorted(own)) or "it has none"
+        raise CheckError(
+            f"the Module has no parameter {missing[0]} (the spec's learnable tensor)",
+            where=where,
+            hint=f"name the spec's learnable tensors as the Module's parameters ({has}), or map them with --call",
+        )
+
+    def call(*values: object) -> object:
+        given = dict(zip(arguments, values, strict=True))
+        passed = [given[name] for name in arguments if name not in learnable]
+        return torch.func.functional_call(module, {name: given[name] for name in learnable}, tuple(passed))
+
+    return call
 
 
 def _import(where: str):
@@ -377,7 +406,8 @@ def checker(
     if isinstance(spec, str):
         spec = spec_from_mapping(tomllib.loads(spec), source=f"the spec of {target}")
     arguments = [t.name for t in spec.tensors] + [s.name for s in spec.scalars]
-    subject = load_target(target, call=call, arguments=arguments)
+    learnable = [t.name for t in spec.tensors if t.learnable]
+    subject = load_target(target, call=call, arguments=arguments, learnable=learnable)
     derived = _at_example_shapes(reference_tests(spec, time_limit=time_limit), spec)
     return FunctionChecks(_with_subject(derived, subject), subject, derived)
 

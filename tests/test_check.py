@@ -209,6 +209,18 @@ class SwishModule(torch.nn.Module):
 
 
 module = SwishModule()
+
+
+class LearnableSwish(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.beta = torch.nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, x):
+        return Swish.apply(x, self.beta)
+
+
+learnable_swish = LearnableSwish()
 '''
 
 
@@ -313,6 +325,14 @@ def test_old_style_functions_skip_torch_func_and_say_why(functions):
 def test_a_function_or_a_module_instance_stands_in(functions, name):
     verdicts, report = _verdicts(functions, name, ["forward", "gradients", "ctx"])
     assert report.exit_code() == 0, verdicts
+
+
+def test_a_module_takes_the_learnable_tensors_as_its_parameters(functions):
+    learnable = {**SWISH, "tensors": {"x": {"shape": [4, 5]}, "beta": {"shape": [], "learnable": True}}}
+    verdicts, report = _verdicts(functions, "learnable_swish", ["forward", "gradients", "second_shape"], learnable)
+    assert report.exit_code() == 0, verdicts
+    with pytest.raises(ScaffoldError, match=r"the Module has no parameter beta \(the spec's learnable tensor\)"):
+        _verdicts(functions, "module", ["forward"], learnable)
 
 
 def test_call_maps_the_arguments(functions):
