@@ -1336,7 +1336,6 @@ class _Overflows(torch.overrides.TorchFunctionMode):
         return out
 
 
-@functools.cache
 def _skip_without_backend(device: str) -> None:
     """Skip a compile check where the backend itself cannot compile even ``x + 1``: that says nothing
     about the op."""
@@ -1348,8 +1347,10 @@ def _skip_without_backend(device: str) -> None:
         )
 
 
+@functools.cache
 def _backend_unavailable(backend: str, device: str) -> str:
-    """Why torch.compile with ``backend`` cannot compile a trivial function on ``device`` ("" if it can)."""
+    """Why torch.compile with ``backend`` cannot compile a trivial function on ``device`` ("" if it can); once
+    per backend and device in a process (kept by both, so that a check under another backend asks again)."""
     try:
         torch.compile(lambda x: x + 1, backend=backend, fullgraph=True)(torch.ones(2, device=device))
     except Exception as exc:  # noqa: BLE001 - a missing compiler, an unsupported platform: anything but the op
