@@ -27,15 +27,8 @@ from .testing import CLOSE, SECOND_SHAPE_CLOSE, _as_tuple, _quiet_torch
 QUOTE = 300
 
 
-class FunctionChecks:
-    """The checks of one hand-written Function against the math (see the module docstring)."""
-
-    def __init__(self, tests, subject: Subject, derived) -> None:
-        self.tests = tests  # the generated tests' OpTests, the user's callable in place of the op
-        self.subject = subject
-        self.derived = derived  # the generated tests' OpTests as generated: scaffold's derived op
-
-    # --- running ---------------------------------------------------------------------------------------------
+class _Running:
+    """Running one check into a verdict, and shrinking a failure to the smallest shapes that show it."""
 
     def run(self, check: str, device: str = "cpu") -> Verdict:
         """One check's verdict on ``device``."""
@@ -95,7 +88,9 @@ class FunctionChecks:
         grads = torch.autograd.grad(_sum(outs), xs, allow_unused=True)
         return all(bool(torch.isfinite(t).all()) for t in [*outs, *(g for g in grads if g is not None)])
 
-    # --- the calls -------------------------------------------------------------------------------------------
+
+class _Calls:
+    """The user's callable and the math, called on tensors: what every check reads."""
 
     @property
     def _scalars(self) -> tuple[object, ...]:
@@ -144,7 +139,9 @@ class FunctionChecks:
             pytest.skip("not an autograd.Function: its result comes from PyTorch's own ops, which follow these rules")
         return outs, node
 
-    # --- values and gradients --------------------------------------------------------------------------------
+
+class _ValueChecks:
+    """Values and gradients against the math: at the example, finite differences, a second shape, extreme inputs."""
 
     def check_forward(self, device: str) -> None:
         self._forward_at(self.tests.make_inputs(device))
@@ -274,7 +271,9 @@ class FunctionChecks:
         # columns, which would change a parameter's rank)
         dataclasses.replace(self.tests, op=by_dtype, elementwise=False).check_extreme_inputs(device)
 
-    # --- the Function's rules --------------------------------------------------------------------------------
+
+class _RuleChecks:
+    """The Function's rules: needs_input_grad, ctx, a second backward, inputs left as they were."""
 
     def check_needs_input_grad(self, device: str) -> None:
         """With one tensor needing a gradient at a time: None for each other (autograd throws them away: the
@@ -402,7 +401,9 @@ class FunctionChecks:
                     "(compute into a new tensor)"
                 )
 
-    # --- the ecosystem ---------------------------------------------------------------------------------------
+
+class _EcosystemChecks:
+    """The Function inside PyTorch: torch.compile and torch.func."""
 
     def check_compile(self, device: str) -> None:
         """torch.compile (graph breaks allowed) gives eager's values and gradients."""
@@ -467,6 +468,15 @@ class FunctionChecks:
             self.tests.check_forward_mode(device)
         if unsupported:
             raise _Note(f"torch.func.grad passes; not supported: {'; '.join(unsupported)}")
+
+
+class FunctionChecks(_Running, _ValueChecks, _RuleChecks, _EcosystemChecks, _Calls):
+    """The checks of one hand-written Function against the math (see the module docstring)."""
+
+    def __init__(self, tests, subject: Subject, derived) -> None:
+        self.tests = tests  # the generated tests' OpTests, the user's callable in place of the op
+        self.subject = subject
+        self.derived = derived  # the generated tests' OpTests as generated: scaffold's derived op
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
