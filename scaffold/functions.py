@@ -59,6 +59,8 @@ class Kink(enum.Enum):
 
     AT_ZERO = "where its argument is 0"  # Abs, sign, Heaviside
     AT_TIES = "where two of its arguments are equal"  # Max, Min
+    AT_INTEGERS = "where its argument is an integer"  # floor, ceil, trunc
+    AT_HALF_INTEGERS = "where its argument is an integer and a half"  # round
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,13 @@ ENTRIES: tuple[Function, ...] = (
        kink=Kink.AT_TIES),
     _F("Min", sympy.Min, ("Min", "min"), arity=_MANY, torch="torch.minimum", math="min", printer_method=True,
        kink=Kink.AT_TIES),
+    # -- rounding: steps, derivative 0 (a straight-through rule goes in [gradients])
+    _F("round", stable.round, ("round",), torch="torch.round", math="round", step=True,
+       kink=Kink.AT_HALF_INTEGERS),
+    _F("floor", stable.floor, ("floor",), torch="torch.floor", math="math.floor", step=True, kink=Kink.AT_INTEGERS),
+    _F("ceil", stable.ceil, ("ceil",), torch="torch.ceil", math="math.ceil", step=True, kink=Kink.AT_INTEGERS),
+    _F("trunc", stable.trunc, ("trunc",), torch="torch.trunc", math="math.trunc", step=True,
+       kink=Kink.AT_INTEGERS),
     # -- numbers
     _F("Rational", None, ("Rational",), build=sympy.Rational, arity=(1, 2)),
     # -- torch.clamp and the named activations of torch.nn.functional, as the math they compute
