@@ -39,7 +39,10 @@ MAX_SUBSTITUTED_NODES = 20000
 
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
 KNOWN_NAMES = (
-    frozenset(functions.spellings()) | structural.SPELLINGS | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+    frozenset(functions.spellings())
+    | structural.SPELLINGS
+    | frozenset(CONSTANTS)
+    | {"Piecewise", "where", "True", "False"}
 )
 
 _COMPARISONS = {
@@ -553,7 +556,7 @@ class _AtomBuilder(_BuilderBase):
             return CONSTANTS[name]
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
-        if functions.by_spelling(name) is not None or name == "Piecewise" or name in structural.SPELLINGS:
+        if functions.by_spelling(name) is not None or name in ("Piecewise", "where") or name in structural.SPELLINGS:
             call = structural.example(name) if name in structural.SPELLINGS else f"{name}(x)"
             raise self.fail(node, f"{name!r} is a function; call it, e.g. {call}")
         declared = ", ".join(self.symbols) or "none"
@@ -679,7 +682,9 @@ class _ConditionBuilder(_BuilderBase):
 
 def _unknown_function_hint(name: str) -> str:
     """Did you mean the nearest spelling (sigmod: sigmoid, sofmax: softmax), then every function there is."""
-    supported = sorted({*functions.spellings(), *structural.SPELLINGS, "Piecewise"}, key=lambda n: (n.lower(), n))
+    supported = sorted(
+        {*functions.spellings(), *structural.SPELLINGS, "Piecewise", "where"}, key=lambda n: (n.lower(), n)
+    )
     lowered = {n.lower(): n for n in supported}
     near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
     mean = f"did you mean {lowered[near[0]]!r}? " if near else ""
@@ -707,6 +712,8 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(node, "starred arguments are not allowed")
         if name == "Piecewise" and not node.keywords:
             return self._piecewise(node, depth)
+        if name == "where" and name not in self.symbols:
+            return self._where(node, depth)
         function = functions.by_spelling(name)
         if function is None and name != "Piecewise":
             raise self.fail(node, f"unknown function {name!r}", hint=_unknown_function_hint(name))
@@ -725,6 +732,18 @@ class _CallBuilder(_BuilderBase):
         if function.name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
             raise self.fail(node, "polygamma(n, x) needs a literal integer order n between 0 and 16")
         return constructor(*args)
+
+    def _where(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """torch.where(c, a, b): a where the condition c holds, else b (a Piecewise of two branches)."""
+        if len(node.args) != 3 or node.keywords:
+            raise self.fail(
+                node,
+                f"where() takes 3 arguments, got {len(node.args) + len(node.keywords)}",
+                hint="write where(condition, value, otherwise), e.g. where(x > 0, x, 0.1*x)",
+            )
+        condition = self._condition(self.build(node.args[0], depth), node.args[0])
+        value, otherwise = (self._expr(self.build(a, depth), a) for a in node.args[1:])
+        return sympy.Piecewise((value, condition), (otherwise, True))
 
     def _with_keywords(self, node: ast.Call, function: functions.Function, depth: int) -> sympy.Basic:
         """A function with keyword arguments after its operand (``elu(x, alpha=0.5)``, ``clamp(x, max=1)``),

@@ -37,6 +37,8 @@ ACTIVATIONS = {
     "clamp(x, min=-1, max=2)": functools.partial(torch.clamp, min=-1, max=2),
     "clamp(x, max=0.5)": functools.partial(torch.clamp, max=0.5),
     "clamp(x, -0.5)": functools.partial(torch.clamp, min=-0.5),
+    "where(x > 1, x, 0.1*x)": lambda x: torch.where(x > 1, x, 0.1 * x),
+    "where((x < -1) | (x > 2), exp(-x*x), x)": lambda x: torch.where((x < -1) | (x > 2), torch.exp(-x * x), x),
 }
 
 
@@ -63,7 +65,7 @@ def test_each_is_torchs_in_value_and_gradient_at_two_ranks(tmp_path, forward):
         torch.testing.assert_close(grad, expected_grad)
 
 
-SUMMED = " + ".join(f for f in ACTIVATIONS if "=" not in f and "," not in f)
+SUMMED = " + ".join(f for f in ACTIVATIONS if "=" not in f and "," not in f and "where" not in f)
 
 
 def _summed(folder):
@@ -89,6 +91,8 @@ def test_the_activations_summed_in_one_op_pass_their_generated_tests(background_
         ("elu(x, beta=1)", "elu() got 'beta', an unknown keyword\n  hint: write elu(x, alpha=1.0)"),
         ("elu(x, 1, alpha=2)", "elu() got 'alpha', twice"),
         ("exp(x, base=2)", "exp() takes no keyword arguments"),
+        ("where(x, 1, 0)", "expected a condition such as x > 0"),
+        ("where(x > 0, x)", "where() takes 3 arguments, got 2\n  hint: write where(condition, value, otherwise)"),
     ],
 )
 def test_messages_name_the_function_and_suggest_the_fix(forward, message):
@@ -101,5 +105,5 @@ def test_the_hint_lists_every_function_the_reductions_included():
     with pytest.raises(ExpressionError) as raised:
         parse_forward(make_spec("m", "nope(x)"))
     hint = str(raised.value).split("supported: ")[1]
-    for name in ["sum", "mean", "softmax", "log_softmax", "logsumexp", "amax", "amin", "transpose", "relu", "clamp"]:
+    for name in ["sum", "mean", "softmax", "log_softmax", "logsumexp", "amax", "amin", "transpose", "relu", "where"]:
         assert name in hint.split(", "), name
