@@ -304,7 +304,8 @@ def flat_warnings(parsed: ParsedExpression, flat: list[str]) -> tuple[str, ...]:
         through = f": it enters only through {', '.join(steps)}, flat away from the jump" if steps else ""
         warnings.append(
             f"the gradient with respect to {name!r} is zero everywhere{through}; training will not move {name}\n"
-            f"  hint: for a gradient through a step use a smooth surrogate, e.g. tanh(k*u) for sign(u) or "
-            f"sigmoid(k*u) for Heaviside(u); if {name} needs no gradient, ignore this"
+            f'  hint: give it a straight-through gradient, [gradients] {name} = "grad" (--gradient {name}=grad), '
+            f"or use a smooth surrogate, e.g. tanh(k*u) for sign(u) or sigmoid(k*u) for Heaviside(u); if {name} "
+            "needs no gradient, ignore this"
         )
     return tuple(warnings)

@@ -289,6 +289,11 @@ def _power_needs(node: sympy.Pow, tensors: set[sympy.Symbol], numbers: dict[symp
     )
 
 
+#: The jumps of a rounding function test inputs keep away from: those of arguments in [-JUMPS, JUMPS] (inputs are
+#: drawn from a few units around 0; a scaled argument, round(x/s), spreads them wider).
+JUMPS = 64
+
+
 def _function_needs(node: sympy.Basic) -> _Needs:
     """What any other node (scalars replaced by their defaults) needs: the domain of a function of the
     registry, the kinks of Abs, sign, Heaviside (at 0), Max and Min (at ties) and of a condition."""
@@ -301,6 +306,10 @@ def _function_needs(node: sympy.Basic) -> _Needs:
         return _Needs(kinks=(node.args[0],))
     if isinstance(node, kink_classes(Kink.AT_TIES)):  # Max, Min
         return _Needs(kinks=tuple(a - b for i, a in enumerate(node.args) for b in node.args[i + 1 :]))
+    if isinstance(node, kink_classes(Kink.AT_INTEGERS)):  # floor, ceil, trunc jump at each integer
+        return _Needs(kinks=tuple(node.args[0] - k for k in range(-JUMPS, JUMPS + 1)))
+    if isinstance(node, kink_classes(Kink.AT_HALF_INTEGERS)):  # round jumps halfway between integers
+        return _Needs(kinks=tuple(node.args[0] - sympy.Rational(2 * k + 1, 2) for k in range(-JUMPS, JUMPS)))
     if isinstance(node, sympy.core.relational.Relational):
         return _Needs(kinks=(node.lhs - node.rhs,))
     return _Needs()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import math
 import re
 import warnings
@@ -38,7 +39,10 @@ MAX_SUBSTITUTED_NODES = 20000
 
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
 KNOWN_NAMES = (
-    frozenset(functions.spellings()) | structural.SPELLINGS | frozenset(CONSTANTS) | {"Piecewise", "True", "False"}
+    frozenset(functions.spellings())
+    | structural.SPELLINGS
+    | frozenset(CONSTANTS)
+    | {"Piecewise", "where", "True", "False"}
 )
 
 _COMPARISONS = {
@@ -552,7 +556,7 @@ class _AtomBuilder(_BuilderBase):
             return CONSTANTS[name]
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
-        if functions.by_spelling(name) is not None or name == "Piecewise" or name in structural.SPELLINGS:
+        if functions.by_spelling(name) is not None or name in ("Piecewise", "where") or name in structural.SPELLINGS:
             call = structural.example(name) if name in structural.SPELLINGS else f"{name}(x)"
             raise self.fail(node, f"{name!r} is a function; call it, e.g. {call}")
         declared = ", ".join(self.symbols) or "none"
@@ -676,6 +680,17 @@ class _ConditionBuilder(_BuilderBase):
         return sympy.Piecewise(*pairs)
 
 
+def _unknown_function_hint(name: str) -> str:
+    """Did you mean the nearest spelling (sigmod: sigmoid, sofmax: softmax), then every function there is."""
+    supported = sorted(
+        {*functions.spellings(), *structural.SPELLINGS, "Piecewise", "where"}, key=lambda n: (n.lower(), n)
+    )
+    lowered = {n.lower(): n for n in supported}
+    near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
+    mean = f"did you mean {lowered[near[0]]!r}? " if near else ""
+    return f"{mean}supported: " + ", ".join(supported)
+
+
 class _CallBuilder(_BuilderBase):
     """Calls: the registry's functions (:mod:`.functions`) with their arities, and the structural
     nodes (reductions, softmax, transpose) with their literal dimensions."""
@@ -693,20 +708,19 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(node, f"{name!r} is an argument or step, not a function", hint=hint)
         if name in structural.SPELLINGS:
             return self._structural(node, depth)
-        if node.keywords:
-            raise self.fail(node, f"{name}() takes no keyword arguments")
-        if any(isinstance(a, ast.Starred) for a in node.args):
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.fail(node, "starred arguments are not allowed")
-        if name == "Piecewise":
+        if name == "Piecewise" and not node.keywords:
             return self._piecewise(node, depth)
+        if name == "where" and name not in self.symbols:
+            return self._where(node, depth)
         function = functions.by_spelling(name)
-        if function is None:
-            supported = {*functions.spellings(), "Piecewise"}
-            raise self.fail(
-                node,
-                f"unknown function {name!r}",
-                hint="supported: " + ", ".join(sorted(supported, key=lambda n: (n.lower(), n))),
-            )
+        if function is None and name != "Piecewise":
+            raise self.fail(node, f"unknown function {name!r}", hint=_unknown_function_hint(name))
+        if node.keywords and (function is None or not function.keywords):
+            raise self.fail(node, f"{name}() takes no keyword arguments")
+        if function.keywords:
+            return self._with_keywords(node, function, depth)
         constructor, arities = function.build or function.sympy, function.arity
         if len(node.args) not in arities:
             expected = " or ".join(map(str, arities)) if len(arities) < 4 else f"{arities[0]} or more"
@@ -718,6 +732,47 @@ class _CallBuilder(_BuilderBase):
         if function.name == "polygamma" and not (args[0].is_Integer and 0 <= args[0] <= 16):
             raise self.fail(node, "polygamma(n, x) needs a literal integer order n between 0 and 16")
         return constructor(*args)
+
+    def _where(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """torch.where(c, a, b): a where the condition c holds, else b (a Piecewise of two branches)."""
+        if len(node.args) != 3 or node.keywords:
+            raise self.fail(
+                node,
+                f"where() takes 3 arguments, got {len(node.args) + len(node.keywords)}",
+                hint="write where(condition, value, otherwise), e.g. where(x > 0, x, 0.1*x)",
+            )
+        condition = self._condition(self.build(node.args[0], depth), node.args[0])
+        value, otherwise = (self._expr(self.build(a, depth), a) for a in node.args[1:])
+        return sympy.Piecewise((value, condition), (otherwise, True))
+
+    def _with_keywords(self, node: ast.Call, function: functions.Function, depth: int) -> sympy.Basic:
+        """A function with keyword arguments after its operand (``elu(x, alpha=0.5)``, ``clamp(x, max=1)``),
+        given by keyword or in order; each an expression, or left out for its default."""
+        name, names = function.name, [k for k, _ in function.keywords]
+        examples = {"min": 0, "max": 1}
+        usage = f"write {name}(x, {', '.join(f'{k}={examples.get(k, d)}' for k, d in function.keywords)})"
+        count = len(node.args)
+        if (count not in function.arity) if not node.keywords else not 1 <= count <= max(function.arity):
+            expected = " or ".join(map(str, function.arity))
+            raise self.fail(node, f"{name}() takes {expected} argument(s), got {count}", hint=usage)
+        given = dict(zip(names, node.args[1:]))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        values = {
+            k: (self._expr(self.build(given[k], depth), given[k]) if k in given else default)
+            for k, default in function.keywords
+        }
+        if function.name == "clamp" and values["min"] is None and values["max"] is None:
+            raise self.fail(node, "clamp() needs min or max", hint=usage)
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        # a default as the exact number it is written as (0.01 is 1/100, not a float's nearest binary value)
+        return function.build(
+            operand,
+            *(None if v is None else sympy.Rational(str(v)) if isinstance(v, float) else v for v in values.values()),
+        )
 
     def _structural(self, node: ast.Call, depth: int) -> sympy.Basic:
         """A reduction, softmax or transpose: its operand, then its parameters, which are literals."""

@@ -59,6 +59,8 @@ class Kink(enum.Enum):
 
     AT_ZERO = "where its argument is 0"  # Abs, sign, Heaviside
     AT_TIES = "where two of its arguments are equal"  # Max, Min
+    AT_INTEGERS = "where its argument is an integer"  # floor, ceil, trunc
+    AT_HALF_INTEGERS = "where its argument is an integer and a half"  # round
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,12 @@ class Function:
     #: Its value as the op computes it, in mpmath, for the numeric domain check (the textbook formula
     #: cancels at mpmath's default 15 digits: log(1 - sigmoid(164)) is log(0), logsigmoid(-164) is -164).
     mpmath: Callable[..., object] | None = None
+    #: The keyword arguments it takes after its operand, with their defaults (None: the keyword may be left
+    #: out), as torch.nn.functional names them: ``elu(x, alpha=1.0)``; given by keyword or in order.
+    keywords: tuple[tuple[str, float | None], ...] = ()
+    #: What it is in torch.nn.functional, where the spelling is a named activation (the math it expands to
+    #: is differentiated as written; the printer computes the known forms by torch's kernels).
+    activation: str | None = None
 
     @property
     def internal(self) -> bool:
@@ -115,6 +123,55 @@ class Function:
     def printable(self) -> bool:
         """Whether the printer has a torch translation of it."""
         return bool(self.torch or self.printer_method or self.reciprocal_of or self.kernel)
+
+
+# -- named activations and clamp: the math each expands to, as torch.nn.functional computes it
+
+
+def _relu(e: sympy.Expr) -> sympy.Expr:
+    return sympy.Max(e, 0)
+
+
+def _silu(e: sympy.Expr) -> sympy.Expr:
+    return e * stable.sigmoid(e)
+
+
+def _gelu(e: sympy.Expr) -> sympy.Expr:
+    return e / 2 * (1 + sympy.erf(e / sympy.sqrt(2)))
+
+
+def _gelu_tanh(e: sympy.Expr) -> sympy.Expr:
+    return e / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (e + sympy.Float(0.044715) * e**3)))
+
+
+def _mish(e: sympy.Expr) -> sympy.Expr:
+    return e * sympy.tanh(stable.softplus(e))
+
+
+def _elu(e: sympy.Expr, alpha: sympy.Expr) -> sympy.Expr:
+    return sympy.Piecewise((e, e > 0), (alpha * cfunctions.expm1(e), True))
+
+
+def _leaky_relu(e: sympy.Expr, negative_slope: sympy.Expr) -> sympy.Expr:
+    return sympy.Piecewise((e, e > 0), (negative_slope * e, True))
+
+
+def _clamp(e: sympy.Expr, low: sympy.Expr | None, high: sympy.Expr | None) -> sympy.Expr:
+    """torch.clamp: the lower bound first, then the upper (so an upper bound below the lower one wins)."""
+    e = e if low is None else sympy.Max(e, low)
+    return e if high is None else sympy.Min(e, high)
+
+
+def _hardtanh(e: sympy.Expr, min_val: sympy.Expr, max_val: sympy.Expr) -> sympy.Expr:
+    return _clamp(e, min_val, max_val)
+
+
+def _hardsigmoid(e: sympy.Expr) -> sympy.Expr:
+    return _clamp(e / 6 + sympy.Rational(1, 2), 0, 1)
+
+
+def _hardswish(e: sympy.Expr) -> sympy.Expr:
+    return e * _hardsigmoid(e)
 
 
 def _zero_or(f: Callable[[object, object], object]) -> Callable[[object, object], object]:
@@ -179,8 +236,27 @@ ENTRIES: tuple[Function, ...] = (
        kink=Kink.AT_TIES),
     _F("Min", sympy.Min, ("Min", "min"), arity=_MANY, torch="torch.minimum", math="min", printer_method=True,
        kink=Kink.AT_TIES),
+    # -- rounding: steps, derivative 0 (a straight-through rule goes in [gradients])
+    _F("round", stable.round, ("round",), torch="torch.round", math="round", step=True,
+       kink=Kink.AT_HALF_INTEGERS),
+    _F("floor", stable.floor, ("floor",), torch="torch.floor", math="math.floor", step=True, kink=Kink.AT_INTEGERS),
+    _F("ceil", stable.ceil, ("ceil",), torch="torch.ceil", math="math.ceil", step=True, kink=Kink.AT_INTEGERS),
+    _F("trunc", stable.trunc, ("trunc",), torch="torch.trunc", math="math.trunc", step=True,
+       kink=Kink.AT_INTEGERS),
     # -- numbers
     _F("Rational", None, ("Rational",), build=sympy.Rational, arity=(1, 2)),
+    # -- torch.clamp and the named activations of torch.nn.functional, as the math they compute
+    _F("clamp", None, ("clamp",), build=_clamp, arity=(2, 3), keywords=(("min", None), ("max", None)),
+       activation="clamp"),
+    _F("relu", None, ("relu",), build=_relu, activation="relu"),
+    _F("gelu_tanh", None, ("gelu_tanh",), build=_gelu_tanh, activation="gelu(approximate='tanh')"),
+    _F("elu", None, ("elu",), build=_elu, arity=(1, 2), keywords=(("alpha", 1.0),), activation="elu"),
+    _F("leaky_relu", None, ("leaky_relu",), build=_leaky_relu, arity=(1, 2), keywords=(("negative_slope", 0.01),),
+       activation="leaky_relu"),
+    _F("hardtanh", None, ("hardtanh",), build=_hardtanh, arity=(1, 2, 3),
+       keywords=(("min_val", -1.0), ("max_val", 1.0)), activation="hardtanh"),
+    _F("hardsigmoid", None, ("hardsigmoid",), build=_hardsigmoid, activation="hardsigmoid"),
+    _F("hardswish", None, ("hardswish",), build=_hardswish, activation="hardswish"),
     # -- PyTorch's numerically stable primitives, also introduced by scaffold's own rewrites (stable.py)
     _F("softplus", stable.softplus, ("softplus",), torch="torch.nn.functional.softplus", stable=True,
        mpmath=lambda x: mpmath.log1p(mpmath.exp(x))),
@@ -202,13 +278,15 @@ ENTRIES: tuple[Function, ...] = (
        mpmath=lambda x: mpmath.log(mpmath.erfc(-x / mpmath.sqrt(2)) / 2)),
     _F("logit", stable.logit, ("logit",), torch="torch.logit", restricted=True, stable=True,
        mpmath=lambda p: mpmath.log(p / (1 - p))),
+    # -- named activations that the rewrites also introduce (stable.py): spelled, they are the math they
+    # compute, which the rewrites find again
+    _F("silu", stable.silu, ("silu",), build=_silu, torch="torch.nn.functional.silu", stable=True,
+       mpmath=lambda x: x / (1 + mpmath.exp(-x)), activation="silu"),
+    _F("mish", stable.mish, ("mish",), build=_mish, torch="torch.nn.functional.mish", stable=True,
+       mpmath=lambda x: x * mpmath.tanh(mpmath.log1p(mpmath.exp(x))), activation="mish"),
+    _F("gelu", stable.gelu, ("gelu",), build=_gelu, torch="torch.nn.functional.gelu", stable=True,
+       mpmath=lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2, activation="gelu"),
     # -- internal: introduced by the rewrites (stable.py) and lowering
-    _F("silu", stable.silu, torch="torch.nn.functional.silu", stable=True,
-       mpmath=lambda x: x / (1 + mpmath.exp(-x))),
-    _F("mish", stable.mish, torch="torch.nn.functional.mish", stable=True,
-       mpmath=lambda x: x * mpmath.tanh(mpmath.log1p(mpmath.exp(x)))),
-    _F("gelu", stable.gelu, torch="torch.nn.functional.gelu", stable=True,
-       mpmath=lambda x: x * mpmath.erfc(-x / mpmath.sqrt(2)) / 2),
     _F("xexpy", stable.xexpy, arity=(2,), growing=True, stable=True,  # lowering writes it x * finite_at_zero(...)
        mpmath=_zero_or(lambda x, y: x * mpmath.exp(y))),
     _F("kept", stable.kept, printer_method=True, stable=True, mpmath=lambda w: w),

@@ -31,6 +31,7 @@ import sympy
 from . import structural
 from .errors import ExpressionError
 from .expression import ParsedExpression
+from .functions import step_classes
 from .spec import RESERVED_ARGUMENT_NAMES, RESERVED_PREFIXES, RESERVED_SUFFIXES, OpSpec
 from .stable import stabilize
 from .structural import Structural
@@ -265,7 +266,9 @@ class _Lifter:
         (sum) that have one such shape are one part."""
         if expr is not whole and self.hoistable(expr, whole):
             return self.statistic(expr)
-        if not expr.args or not _costly(expr):
+        if not expr.args or not _costly(expr) or isinstance(expr, step_classes()):
+            # nothing inside a step (round(x/s), sign(x/s)): no gradient passes through it to share a part
+            # with, and a part of its own would be a hidden output that backward never differentiates
             return expr
         args = list(expr.args)
         if isinstance(expr, (sympy.Mul, sympy.Add)):

@@ -435,7 +435,7 @@ class _SizeChecks:
         by some shape and each size a shape uses declared, with its value."""
         from .functions import spellings  # the registry imports sympy: not at import time
 
-        functions = set(spellings()) | structural.SPELLINGS | {"Piecewise", "pi", "E", "e"}
+        functions = set(spellings()) | structural.SPELLINGS | {"Piecewise", "where", "pi", "E", "e"}
         # the Module keeps a 0-d learnable tensor's initial value as NAME_init
         inits = {f"{t.name}_init": t.name for t in self.tensors if t.learnable and not t.shape}
         declared: dict[str, int] = {}

@@ -44,7 +44,9 @@ its literal formula (:func:`to_literal`), which the test reference and the domai
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import fractions
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -1461,3 +1463,48 @@ class _Singularities:
             return None
         self.patched.add(x)
         return sympy.Piecewise((polynomial, sympy.Abs(x) < SERIES_RADIUS), (part, True))
+
+
+# -- steps torch computes and sympy does not differentiate: round (half to even, as torch.round), floor, ceil,
+# trunc. Their derivative is 0 wherever it exists; a straight-through rule is the user's, in [gradients].
+
+
+class _Rounding(sympy.Function):
+    """A step to an integer: exact on numbers (a Fraction, so that 2.5 rounds as torch rounds it), 0 as its
+    derivative, an integer for a real argument."""
+
+    nargs = 1
+    _to_integer: staticmethod
+
+    @classmethod
+    def eval(cls, x):
+        if x.is_Rational:
+            return sympy.Integer(cls._to_integer(fractions.Fraction(int(x.p), int(x.q))))
+        if x.is_Float:
+            return sympy.Integer(cls._to_integer(fractions.Fraction(float(x))))
+        return None
+
+    def fdiff(self, argindex=1):
+        return sympy.S.Zero
+
+    def _eval_is_integer(self):
+        return self.args[0].is_extended_real
+
+    def _eval_is_extended_real(self):
+        return self.args[0].is_extended_real
+
+
+class round(_Rounding):  # noqa: N801, A001 - torch.round's name; rounds half to even, as torch.round does
+    _to_integer = staticmethod(builtins.round)
+
+
+class floor(_Rounding):  # noqa: N801
+    _to_integer = staticmethod(math.floor)
+
+
+class ceil(_Rounding):  # noqa: N801
+    _to_integer = staticmethod(math.ceil)
+
+
+class trunc(_Rounding):  # noqa: N801
+    _to_integer = staticmethod(math.trunc)

@@ -30,6 +30,10 @@ SYMBOLS = {name: sympy.Symbol(name, real=True) for name in ["x", *(f"a{i}" for i
 LITERAL_ARGUMENTS = {"polygamma": ["1"], "Rational": ["1", "3"], "log_argument": ["0", "1"]}
 #: What the entries without a sympy class parse to, and digamma, which sympy writes polygamma(0, x).
 PARSED_CLASS = {"sqrt": sympy.Pow, "cbrt": sympy.Pow, "Rational": sympy.Rational, "digamma": sympy.polygamma}
+#: The named activations and clamp are the math they compute (what the rewrites then make of it).
+PARSED_CLASS |= {"relu": sympy.Max, "silu": sympy.Mul, "gelu": sympy.Mul, "gelu_tanh": sympy.Mul, "mish": sympy.Mul}
+PARSED_CLASS |= {"elu": sympy.Piecewise, "leaky_relu": sympy.Piecewise, "hardtanh": sympy.Min, "clamp": sympy.Max}
+PARSED_CLASS |= {"hardsigmoid": sympy.Min, "hardswish": sympy.Mul}
 
 
 def _call(spelling: str, entry: functions.Function, count: int) -> str:
