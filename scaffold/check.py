@@ -126,19 +126,25 @@ class Subject:
 
 
 def load_target(
-    target: str, *, call: str | None = None, arguments: Sequence[str] = (), learnable: Sequence[str] = ()
+    target: str,
+    *,
+    call: str | None = None,
+    arguments: Sequence[str] = (),
+    learnable: Sequence[str] = (),
+    root: str | Path | None = None,
 ) -> Subject:
     """``FILE.py:NAME`` or ``MODULE.NAME:NAME`` (NAME may be dotted: ``Outer.Inner``): an autograd.Function
     class, a function, an nn.Module instance or class (made with no arguments). ``call`` maps the spec's
     ``arguments`` onto it otherwise than in order (:func:`caller`). A Module takes the spec's ``learnable``
-    tensors as its parameters of the same names (:func:`_module_call`), the other arguments in order."""
+    tensors as its parameters of the same names (:func:`_module_call`), the other arguments in order. A module
+    is imported with ``root`` (default: the current folder) on sys.path."""
     where, _, attribute = target.rpartition(":")
     if not where or not attribute:
         raise CheckError(
             f"cannot read the target {target!r}",
             hint="write FILE.py:CLASS (e.g. my_ops.py:SwishFunction) or MODULE:CLASS (e.g. my_ops.act:Swish)",
         )
-    module = _import(where)
+    module = _import(where, Path(root) if root is not None else Path.cwd())
     obj = _attribute(module, attribute, where)
     if call is not None:
         function = _called_function(call, vars(module))
@@ -190,9 +196,9 @@ def _module_call(module, arguments: Sequence[str], learnable: Sequence[str], whe
     return call
 
 
-def _import(where: str):
+def _import(where: str, root: Path):
     """The module of a file path (``*.py``, imported under a name of its own, its folder on sys.path while it
-    imports) or an importable module's name."""
+    imports) or an importable module's name (``root`` on sys.path while it imports)."""
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
@@ -204,7 +210,7 @@ def _import(where: str):
         with _on_path(path.resolve().parent):
             _run_user_code(lambda: spec.loader.exec_module(module), where)
         return module
-    with _on_path(Path.cwd()):
+    with _on_path(root):
         return _run_user_code(lambda: importlib.import_module(where), where)
 
 
@@ -398,16 +404,22 @@ def _with_subject(op_tests, subject: Subject):
 
 
 def checker(
-    spec: OpSpec | str, target: str, *, call: str | None = None, time_limit: float | None = None
+    spec: OpSpec | str,
+    target: str,
+    *,
+    call: str | None = None,
+    time_limit: float | None = None,
+    root: str | Path | None = None,
 ) -> FunctionChecks:
-    """The checks of ``target`` against ``spec`` (an OpSpec, or a spec's TOML text), ready to run one by one."""
+    """The checks of ``target`` against ``spec`` (an OpSpec, or a spec's TOML text), ready to run one by one;
+    a module target is imported with ``root`` (default: the current folder) on sys.path."""
     from .function_checks import FunctionChecks
 
     if isinstance(spec, str):
         spec = spec_from_mapping(tomllib.loads(spec), source=f"the spec of {target}")
     arguments = [t.name for t in spec.tensors] + [s.name for s in spec.scalars]
     learnable = [t.name for t in spec.tensors if t.learnable]
-    subject = load_target(target, call=call, arguments=arguments, learnable=learnable)
+    subject = load_target(target, call=call, arguments=arguments, learnable=learnable, root=root)
     derived = _at_example_shapes(reference_tests(spec, time_limit=time_limit), spec)
     return FunctionChecks(_with_subject(derived, subject), subject, derived)
 
@@ -445,7 +457,8 @@ def check_test_files(
 
     where, _, attribute = target.rpartition(":")
     relative = where.endswith(".py")
-    path = os.path.relpath(Path(where).resolve(), Path(folder).resolve()) if relative else ""
+    # a file from the test file's folder; a module with the folder it was imported from (here) on sys.path
+    path = os.path.relpath(Path(where).resolve() if relative else Path.cwd(), Path(folder).resolve())
     spec_text = tomlwriter.dumps({key: value for key, value in spec_to_mapping(spec).items() if value != {}})
     view = CheckTestView(
         version=__version__,

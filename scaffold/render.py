@@ -1071,7 +1071,7 @@ class CheckTestView:
     target: str  # as given on the command line
     target_name: str
     relative: bool  # a file target, found relative to the test file
-    path: str  # that file, relative to the test file's folder
+    path: str  # the file, or the folder a module was imported from, relative to the test file's folder
     attribute: str
     call: str | None
     strict: bool

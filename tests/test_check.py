@@ -382,6 +382,23 @@ def test_flags_instead_of_a_spec(functions, capsys, monkeypatch):
     assert "missing --spec, or --forward and --tensor" in capsys.readouterr().err
 
 
+def test_written_tests_import_a_module_target_from_where_it_was_found(functions, tmp_path, monkeypatch):
+    package = tmp_path / "ops"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "acts.py").write_text(textwrap.dedent(FUNCTIONS))
+    monkeypatch.chdir(tmp_path)
+    spec = str(functions / "swish.toml")
+    assert main(["check", "ops.acts:Swish", "--spec", spec, "--write-tests", "tests", "--only", "forward"]) == 0
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_check_swish.py", "-k", "forward"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path / "tests",
+    )
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout + run.stderr  # CPU (and CUDA where there is one)
+
+
 def test_write_tests_writes_a_pytest_file_that_runs_the_checks(functions, tmp_path, capsys):
     tests = tmp_path / "tests"
     target = f"{functions / 'functions.py'}:WrongDerivative"
