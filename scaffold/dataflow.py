@@ -59,6 +59,7 @@ from .stable import finite_at_zero, xexpy
 from .structural import (
     MATMUL,
     REDUCE,
+    SCAN,
     SOFTMAX,
     TRANSPOSE,
     LogSoftmax,
@@ -345,7 +346,7 @@ class _Graph:
                 ones = iter((1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape))
                 return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
             return x_shape
-        if node.kind == SOFTMAX:
+        if node.kind in (SOFTMAX, SCAN):
             return broadcast([self.shape(x), g_shape])
         if node.kind == TRANSPOSE:
             d0, d1 = call.dims
@@ -1831,7 +1832,7 @@ def _positional(call: structural.Structural) -> bool:
     """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
     if isinstance(call, structural.Reduction):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, structural.Softmax):
+    if isinstance(call, (structural.Softmax, structural.Scan)):
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
@@ -1894,7 +1895,7 @@ def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
-    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(
+    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product", SCAN: "a scan"}.get(
         v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
     )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
