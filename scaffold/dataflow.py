@@ -1240,7 +1240,7 @@ class _Planner(_Shares):
             # and the recomputed values computed from it: what it reads, or a softmax as exp of its log_softmax
             made = [r for r in guards if name in self.graph.values[r].reads or self.graph.exp_of.get(r) == name]
             readers += [guards[r] for r in made]
-            if self.graph.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
+            if self.graph.values[name].kind in (MATMUL, SOFTMAX, SCAN) and readers and all(readers):
                 guards[name] = frozenset().union(*readers)
             else:
                 guards[name] = frozenset()
@@ -1410,7 +1410,7 @@ class _Keeping:
             changed = False
             for name in [v.name for v in self.graph.nodes if v.name in wanted and v.name not in recomputed]:
                 v = self.graph.values[name]
-                if v.kind in (MATMUL, SOFTMAX):
+                if v.kind in (MATMUL, SOFTMAX, SCAN):
                     again = self.policy == "memory"
                 else:
                     again = _recomputed_first(v, self.graph, self.policy, self.fused)
@@ -1455,7 +1455,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and not hoisted
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX, SCAN) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1559,7 +1559,7 @@ class _Requests(Emitter):
         v = self.planner.graph.values[name]
         if v.kind == TENSOR:
             return name
-        if v.kind in (ELEMENTWISE, SOFTMAX):
+        if v.kind in (ELEMENTWISE, SOFTMAX, SCAN):
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
                 read = self.planner.graph.values.get(s.name)
                 same = read is not None and read.shape == v.shape and read.kind != SCALAR

@@ -271,6 +271,7 @@ def _cumprod_backward(call: CumProd, g: str, x: str, y: str, emit: Emitter) -> s
     and at the second the same with both first zeros as 1, times the first zero (0, but not flat in it:
     a second derivative needs that). After the second zero the gradient is 0 to first order."""
     d = call.dim
+    g = g if g.isidentifier() else emit.temporary(g)  # (expanded to the result's shape: read three times)
     zero = emit.temporary(f"{x} == 0")
     count = emit.temporary(f"{zero}.cumsum({d})")
     first = emit.temporary(f"{zero} & ({count} == 1)")

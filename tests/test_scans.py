@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from scaffold.api import compile_op, generate_op
+from scaffold.batching import batching
 from scaffold.errors import ScaffoldError
 from scaffold.structural import CumProd, CumSum
 from scaffold.write import write_files
@@ -105,12 +106,21 @@ def test_parsed_as_scan_nodes_with_their_dim():
     assert all(v.shape == (4, 5) for v in program.values if isinstance(v.expr, (CumSum, CumProd)))
 
 
-def test_cumsum_saves_nothing_of_its_own():
-    text = generate_op(make_spec("exp_cumsum", "cumsum(exp(x), dim=-1)"))["exp_cumsum.py"]
-    assert "torch.cumsum(torch.exp(x), dim=-1)" in text or "torch.cumsum(" in text
-    assert "grad_output.flip(-1).cumsum(-1).flip(-1)" in text
-    saved = [line for line in text.splitlines() if "ctx.save_for_backward(" in line]
-    assert saved == ["        ctx.save_for_backward(x)"], saved  # exp(x)'s input: cumsum adds nothing
+def _saved(forward: str, **extra) -> list[str]:
+    text = generate_op(make_spec("saving", forward, **extra))["saving.py"]
+    return [line.strip() for line in text.splitlines() if "ctx.save_for_backward(" in line]
+
+
+def test_what_backward_saves():
+    # cumsum's gradient reads nothing but its own: exp's input, then nothing at all beside a reduction
+    assert _saved("cumsum(exp(x), dim=-1)") == ["ctx.save_for_backward(x)"]
+    assert _saved("sum(cumsum(x, dim=-1), dim=-1)") == []
+    # cumprod's reads its input and result: an output is saved; an intermediate one is computed again from
+    # the input under the policy "memory", kept under "time"
+    assert _saved("cumprod(x, dim=-1)") == ["ctx.save_for_backward(x, out)"]
+    assert _saved("mean(cumprod(sigmoid(x), dim=1), dim=(0, 1))") == ["ctx.save_for_backward(x)"]
+    kept = _saved("mean(cumprod(sigmoid(x), dim=1), dim=(0, 1))", policy="time")
+    assert kept == ["ctx.save_for_backward(x, running_product)"], kept
 
 
 @pytest.mark.parametrize(
@@ -127,6 +137,21 @@ def test_bad_calls_are_refused_with_how_to_write_them(forward, message, hint):
         compile_op(make_spec("bad_scan", forward))
     assert message in str(caught.value)
     assert hint in str(caught.value)
+
+
+@pytest.mark.parametrize(("dim", "one_call"), [(-1, ((True,),)), (0, None)])
+def test_the_custom_ops_vmap_rule_is_one_call_over_a_dim_from_the_end(tmp_path, dim, one_call):
+    """vmap moves the batch dimension first: a scan along a dim from the end computes the batch in one call
+    of the op; along dim=0 (the batch, then) it does not, and the rule calls the op once per item."""
+    name = f"scan_vmap{-dim}"  # a module name of its own: import_generated imports it by name
+    spec = make_spec(name, f"cumprod(exp(x), dim={dim})", target="custom_op", namespace=f"t_scan{-dim}")
+    compiled = compile_op(spec)
+    found = batching(compiled.program, compiled.plan.visible, frozenset())
+    assert (found and found.one_call) == one_call
+    op = getattr(import_generated(tmp_path, spec), name)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(op)(x), torch.stack([op(item) for item in x]))
+    torch.testing.assert_close(op(x[0]), torch.cumprod(torch.exp(x[0]), dim=dim))
 
 
 def _generated(folder):
