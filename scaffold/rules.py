@@ -373,6 +373,6 @@ def describe(node: Value) -> str:
             LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
             Transposed: f"{x}'s gradient is g transposed back",
             CumSum: f"{x}'s gradient is g summed from each position to the end",
-            CumProd: f"{x}'s gradient is g * {y} summed from the back, over {x}, and exact at {x}'s zeros",
+            CumProd: f"{x}'s gradient is g * {y} summed from the back, over {x}; at its zeros, without dividing",
         }[type(call)]
     return f"{y} = {spelled(call)}: {rule}"

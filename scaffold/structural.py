@@ -1,10 +1,11 @@
-"""The language's operations that are not elementwise: reductions, softmax, matrix products, transpose.
+"""The language's operations that are not elementwise: reductions, softmax, matrix products, transpose, scans.
 
-Stage 2 (:mod:`.expression`) parses ``sum(e, dim=-1, keepdim=True)``, ``softmax(e, dim=-1)``, ``a @ b``
-and ``transpose(e, 0, 1)`` into the placeholders below: sympy functions that sympy treats as opaque real
-numbers, so that the elementwise math around them (``x - mean(x, dim=-1, keepdim=True)``) is ordinary
-sympy. Stage 3 (:mod:`.program`) lifts each placeholder out into a node of its own kind, with its shape;
-stage 4b (:mod:`.rules`) holds each kind's derivative rule, as PyTorch's derivatives.yaml does.
+Stage 2 (:mod:`.expression`) parses ``sum(e, dim=-1, keepdim=True)``, ``softmax(e, dim=-1)``, ``a @ b``,
+``transpose(e, 0, 1)`` and ``cumsum(e, dim=-1)`` into the placeholders below: sympy functions that sympy
+treats as opaque real numbers, so that the elementwise math around them (``x - mean(x, dim=-1,
+keepdim=True)``) is ordinary sympy. Stage 3 (:mod:`.program`) lifts each placeholder out into a node of its
+own kind, with its shape; stage 4b (:mod:`.rules`) holds each kind's derivative rule, as PyTorch's
+derivatives.yaml does.
 
 A placeholder's arguments are its operands (expressions) and its parameters (sympy integers, tuples,
 booleans), which have no free symbols: ``expr.free_symbols`` of a lifted node is what it reads.
