@@ -59,6 +59,7 @@ from .stable import finite_at_zero, xexpy
 from .structural import (
     MATMUL,
     REDUCE,
+    SCAN,
     SOFTMAX,
     TRANSPOSE,
     LogSoftmax,
@@ -345,7 +346,7 @@ class _Graph:
                 ones = iter((1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape))
                 return tuple(1 if i in dims else next(ones) for i in range(len(x_shape)))
             return x_shape
-        if node.kind == SOFTMAX:
+        if node.kind in (SOFTMAX, SCAN):
             return broadcast([self.shape(x), g_shape])
         if node.kind == TRANSPOSE:
             d0, d1 = call.dims
@@ -1239,7 +1240,7 @@ class _Planner(_Shares):
             # and the recomputed values computed from it: what it reads, or a softmax as exp of its log_softmax
             made = [r for r in guards if name in self.graph.values[r].reads or self.graph.exp_of.get(r) == name]
             readers += [guards[r] for r in made]
-            if self.graph.values[name].kind in (MATMUL, SOFTMAX) and readers and all(readers):
+            if self.graph.values[name].kind in (MATMUL, SOFTMAX, SCAN) and readers and all(readers):
                 guards[name] = frozenset().union(*readers)
             else:
                 guards[name] = frozenset()
@@ -1409,7 +1410,7 @@ class _Keeping:
             changed = False
             for name in [v.name for v in self.graph.nodes if v.name in wanted and v.name not in recomputed]:
                 v = self.graph.values[name]
-                if v.kind in (MATMUL, SOFTMAX):
+                if v.kind in (MATMUL, SOFTMAX, SCAN):
                     again = self.policy == "memory"
                 else:
                     again = _recomputed_first(v, self.graph, self.policy, self.fused)
@@ -1454,7 +1455,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and not hoisted
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX, SCAN) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1558,7 +1559,7 @@ class _Requests(Emitter):
         v = self.planner.graph.values[name]
         if v.kind == TENSOR:
             return name
-        if v.kind in (ELEMENTWISE, SOFTMAX):
+        if v.kind in (ELEMENTWISE, SOFTMAX, SCAN):
             for s in sorted(v.expr.free_symbols, key=lambda s: s.name):
                 read = self.planner.graph.values.get(s.name)
                 same = read is not None and read.shape == v.shape and read.kind != SCALAR
@@ -1831,7 +1832,7 @@ def _positional(call: structural.Structural) -> bool:
     """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
     if isinstance(call, structural.Reduction):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, structural.Softmax):
+    if isinstance(call, (structural.Softmax, structural.Scan)):
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
@@ -1894,7 +1895,7 @@ def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
-    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product"}.get(
+    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product", SCAN: "a scan"}.get(
         v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
     )
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"

@@ -775,7 +775,7 @@ class _CallBuilder(_BuilderBase):
         )
 
     def _structural(self, node: ast.Call, depth: int) -> sympy.Basic:
-        """A reduction, softmax or transpose: its operand, then its parameters, which are literals."""
+        """A reduction, softmax, scan or transpose: its operand, then its parameters, which are literals."""
         name = node.func.id
         usage = f"write it as {structural.example(name)}"
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
@@ -786,13 +786,13 @@ class _CallBuilder(_BuilderBase):
             d0, d1 = (self._integer(a, name, usage) for a in node.args[1:])
             return structural.Transposed(self._expr(self.build(node.args[0], depth), node.args[0]), d0, d1)
         if len(node.args) != 1:
-            what = "the dimension" if name in structural.SOFTMAXES else "dim and keepdim"
+            what = "the dimension" if name in structural.ALONG_ONE_DIM else "dim and keepdim"
             raise self.fail(
                 node,
                 f"{name}() takes one expression and {what} as keywords (got {len(node.args)} positional arguments)",
                 hint=usage,
             )
-        allowed = {"dim"} if name in structural.SOFTMAXES else {"dim", "keepdim"}
+        allowed = {"dim"} if name in structural.ALONG_ONE_DIM else {"dim", "keepdim"}
         keywords = {}
         for keyword in node.keywords:
             if keyword.arg not in allowed or keyword.arg in keywords:
@@ -800,10 +800,11 @@ class _CallBuilder(_BuilderBase):
                 raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
             keywords[keyword.arg] = keyword.value
         operand = self._expr(self.build(node.args[0], depth), node.args[0])
-        if name in structural.SOFTMAXES:
+        if name in structural.ALONG_ONE_DIM:
             if "dim" not in keywords:
-                raise self.fail(node, f"{name}() needs the dimension it normalizes along", hint=usage)
-            return structural.SOFTMAXES[name](operand, self._integer(keywords["dim"], name, usage))
+                what = "normalizes" if name in structural.SOFTMAXES else "runs"
+                raise self.fail(node, f"{name}() needs the dimension it {what} along", hint=usage)
+            return structural.ALONG_ONE_DIM[name](operand, self._integer(keywords["dim"], name, usage))
         dims: tuple[int, ...] = ()
         if "dim" in keywords:
             value = keywords["dim"]

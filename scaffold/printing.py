@@ -49,7 +49,7 @@ from sympy.printing.str import StrPrinter
 from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
-from .structural import REDUCTIONS, LogSoftmax, LogSumExp, Reduction, Softmax, Structural, Transposed
+from .structural import REDUCTIONS, SCANS, LogSoftmax, LogSumExp, Reduction, Scan, Softmax, Structural, Transposed
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -727,6 +727,9 @@ class _StructuralPrinter(_PrinterBase):
         function = "torch.log_softmax" if isinstance(expr, LogSoftmax) else "torch.softmax"
         return f"{function}({self._print(expr.args[0])}, dim={expr.dim})"
 
+    def _print_Scan(self, expr: Scan) -> str:
+        return f"torch.{expr.spelling}({self._print(expr.args[0])}, dim={expr.dim})"
+
     def _print_MatrixProduct(self, expr: Structural) -> str:
         a, b = (self._operand(e, POWER) for e in expr.args)
         return f"({a} @ {b})"
@@ -738,6 +741,8 @@ class _StructuralPrinter(_PrinterBase):
 for _class in REDUCTIONS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
 _StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
+for _class in SCANS.values():
+    setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Scan)
 
 
 class TorchPrinter(

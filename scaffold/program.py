@@ -511,6 +511,7 @@ _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
     structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
+    structural.SCAN: "dim counts from 0, or from -1 for the last dimension",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -571,7 +572,7 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
             if call.dims:  # a reduction over every dimension has rank 0 (or its operand's, kept) at any rank
                 removed = 0 if call.keepdim else len(call.dims)
                 require(str(call.args[0]), rank + removed, exact, reason)
-        elif isinstance(call, (structural.Softmax, structural.Transposed)):
+        elif isinstance(call, (structural.Softmax, structural.Scan, structural.Transposed)):
             require(str(call.args[0]), rank, exact, reason)
         else:
             for operand in call.operand_exprs:
@@ -583,7 +584,7 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
         if isinstance(call, structural.Reduction) and call.dims:
             reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
-        elif isinstance(call, structural.Softmax):
+        elif isinstance(call, (structural.Softmax, structural.Scan)):
             require(
                 str(call.args[0]),
                 call.dim + 1 if call.dim >= 0 else -call.dim,

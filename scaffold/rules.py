@@ -28,6 +28,8 @@ softmax    y * (g - sum(g * y))                           y * (t - sum(y * t))
 log_softmax g - exp(y) * sum(g)                           t - sum(exp(y) * t)
 a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
+cumsum     g summed from the back (reversed cumsum)        cumsum(t)
+cumprod    exact at zeros: see _cumprod_backward           exact at zeros: see _cumprod_tangent
 ========== ============================================== =================================================
 """
 
@@ -43,12 +45,15 @@ from .stable import remove_singularities, stabilize
 from .structural import (
     AMax,
     AMin,
+    CumProd,
+    CumSum,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
     ReduceMean,
     ReduceSum,
     Reduction,
+    Scan,
     Softmax,
     Structural,
     Transposed,
@@ -197,6 +202,8 @@ def forward_code(call: Structural, operands: list[str]) -> str:
         return f"{function}({operands[0]}, dim={call.dim})"
     if isinstance(call, MatrixProduct):
         return f"{operands[0]} @ {operands[1]}"
+    if isinstance(call, Scan):
+        return f"torch.{call.spelling}({operands[0]}, dim={call.dim})"
     assert isinstance(call, Transposed)
     return f"{operands[0]}.transpose({call.dims[0]}, {call.dims[1]})"
 
@@ -204,7 +211,7 @@ def forward_code(call: Structural, operands: list[str]) -> str:
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax))
+    return isinstance(call, (MatrixProduct, Softmax, Scan))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -243,7 +250,40 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return f"torch.{kernel}({g}, {y}, {call.dim}, {y}.dtype)"
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, CumSum):
+        return _from_the_back(g, call.dim)
+    if isinstance(call, CumProd):
+        return _cumprod_backward(call, g, emit.value(x), emit.value(node.name), emit)
     return _matmul_backward(call, operand, g, emit)
+
+
+def _from_the_back(code: str, dim: int) -> str:
+    """The sums of ``code`` (a name) from each position to the end along ``dim``: cumsum's gradient."""
+    return f"{code}.flip({dim}).cumsum({dim}).flip({dim})"
+
+
+def _cumprod_backward(call: CumProd, g: str, x: str, y: str, emit: Emitter) -> str:
+    """cumprod's gradient, exact where ``x`` has zeros and differentiable again (torch ops only, O(n)).
+
+    x_i's gradient is sum over k >= i of g_k * prod(x_j, j <= k, j != i). Where x_i != 0 that is the sum
+    from the back of g * y, over x_i (derivatives.yaml's formula). Every term has a factor 0 at the zeros
+    after the first, so at the first zero it is the sum from the back of g * cumprod(x with that zero as 1),
+    and at the second the same with both first zeros as 1, times the first zero (0, but not flat in it:
+    a second derivative needs that). After the second zero the gradient is 0 to first order."""
+    d = call.dim
+    g = g if g.isidentifier() else emit.temporary(g)  # (expanded to the result's shape: read three times)
+    zero = emit.temporary(f"{x} == 0")
+    count = emit.temporary(f"{zero}.cumsum({d})")
+    first = emit.temporary(f"{zero} & ({count} == 1)")
+    second = emit.temporary(f"{zero} & ({count} == 2)")
+    but_first = emit.temporary(f"torch.where({first}, 1, {x})")
+    but_two = emit.temporary(f"torch.where({second}, 1, {but_first})")
+    first_zero = f"torch.where({first}, {x}, 0).sum({d}, keepdim=True)"
+    at_first = _from_the_back(emit.temporary(f"{g} * {but_first}.cumprod({d})"), d)
+    at_second = _from_the_back(emit.temporary(f"{g} * {but_two}.cumprod({d})"), d)
+    nonzero = f"{_from_the_back(emit.temporary(f'{g} * {y}'), d)} / torch.where({zero}, 1, {x})"
+    zeros = f"torch.where({first}, {at_first}, torch.where({second}, {first_zero} * {at_second}, 0))"
+    return f"torch.where({zero}, {zeros}, {nonzero})"
 
 
 def _keeping(call: Reduction) -> Reduction:
@@ -290,8 +330,24 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, CumSum):
+        return f"{tangents[0]}.cumsum({call.dim})"
+    if isinstance(call, CumProd):
+        return _cumprod_tangent(call, tangents[0], emit.value(x), emit.value(node.name))
     a, b = (str(o) for o in call.operand_exprs)
     return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
+
+
+def _cumprod_tangent(call: CumProd, t: str, x: str, y: str) -> str:
+    """cumprod's tangent, exact where ``x`` has zeros: y_k's is sum over i <= k of t_i * prod(x_j, j <= k,
+    j != i). Before the first zero that is y * cumsum(t / x); from the first zero to the second only its
+    own term is left, t there times cumprod(x with that zero as 1); from the second on, 0."""
+    d = call.dim
+    zero, count = f"({x} == 0)", f"({x} == 0).cumsum({d})"
+    first = f"{zero} & ({count} == 1)"
+    before = f"{y} * ({t} / torch.where({zero}, 1, {x})).cumsum({d})"
+    after = f"torch.where({first}, {t}, 0).sum({d}, keepdim=True) * torch.where({first}, 1, {x}).cumprod({d})"
+    return f"torch.where({count} == 0, {before}, torch.where({count} == 1, {after}, 0))"
 
 
 def _summing(call: Reduction) -> Reduction:
@@ -316,5 +372,7 @@ def describe(node: Value) -> str:
             Softmax: f"{x}'s gradient is {y} * (g - sum(g * {y}))",
             LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
             Transposed: f"{x}'s gradient is g transposed back",
+            CumSum: f"{x}'s gradient is g summed from each position to the end",
+            CumProd: f"{x}'s gradient is g * {y} summed from the back, over {x}; at its zeros, without dividing",
         }[type(call)]
     return f"{y} = {spelled(call)}: {rule}"

@@ -1,10 +1,11 @@
-"""The language's operations that are not elementwise: reductions, softmax, matrix products, transpose.
+"""The language's operations that are not elementwise: reductions, softmax, matrix products, transpose, scans.
 
-Stage 2 (:mod:`.expression`) parses ``sum(e, dim=-1, keepdim=True)``, ``softmax(e, dim=-1)``, ``a @ b``
-and ``transpose(e, 0, 1)`` into the placeholders below: sympy functions that sympy treats as opaque real
-numbers, so that the elementwise math around them (``x - mean(x, dim=-1, keepdim=True)``) is ordinary
-sympy. Stage 3 (:mod:`.program`) lifts each placeholder out into a node of its own kind, with its shape;
-stage 4b (:mod:`.rules`) holds each kind's derivative rule, as PyTorch's derivatives.yaml does.
+Stage 2 (:mod:`.expression`) parses ``sum(e, dim=-1, keepdim=True)``, ``softmax(e, dim=-1)``, ``a @ b``,
+``transpose(e, 0, 1)`` and ``cumsum(e, dim=-1)`` into the placeholders below: sympy functions that sympy
+treats as opaque real numbers, so that the elementwise math around them (``x - mean(x, dim=-1,
+keepdim=True)``) is ordinary sympy. Stage 3 (:mod:`.program`) lifts each placeholder out into a node of its
+own kind, with its shape; stage 4b (:mod:`.rules`) holds each kind's derivative rule, as PyTorch's
+derivatives.yaml does.
 
 A placeholder's arguments are its operands (expressions) and its parameters (sympy integers, tuples,
 booleans), which have no free symbols: ``expr.free_symbols`` of a lifted node is what it reads.
@@ -16,11 +17,12 @@ import sympy
 import sympy.printing.str
 
 #: Node kinds (stage 3): a reduction over dimensions, softmax/log_softmax along one, a matrix product, a
-#: transpose of two dimensions.
+#: transpose of two dimensions, a scan (cumsum/cumprod) along one.
 REDUCE = "reduce"
 SOFTMAX = "softmax"
 MATMUL = "matmul"
 TRANSPOSE = "transpose"
+SCAN = "scan"
 
 
 class Structural(sympy.Function):
@@ -154,15 +156,48 @@ class Transposed(Structural):
         return f", {self.dims[0]}, {self.dims[1]}"
 
 
+class Scan(Structural):
+    """``cumsum(e, dim=D)`` and ``cumprod(e, dim=D)``: arguments (e, D); the result has e's shape."""
+
+    kind = SCAN
+    nargs = 2
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    def _parameters(self) -> str:
+        return f", dim={self.dim}"
+
+
+class CumSum(Scan):
+    spelling = "cumsum"
+    stem = "running_sum"
+
+
+class CumProd(Scan):
+    spelling = "cumprod"
+    stem = "running_product"
+
+
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
+SCANS: dict[str, type[Scan]] = {c.spelling: c for c in (CumSum, CumProd)}
+#: The calls of one expression along one required dim (``softmax(e, dim=-1)``, ``cumsum(e, dim=0)``).
+ALONG_ONE_DIM: dict[str, type[Softmax] | type[Scan]] = {**SOFTMAXES, **SCANS}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(ALONG_ONE_DIM) | {"transpose"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
 #: only, so a printer names each.)
-CLASSES: tuple[type[Structural], ...] = (*REDUCTIONS.values(), *SOFTMAXES.values(), MatrixProduct, Transposed)
+CLASSES: tuple[type[Structural], ...] = (
+    *REDUCTIONS.values(),
+    *SOFTMAXES.values(),
+    *SCANS.values(),
+    MatrixProduct,
+    Transposed,
+)
 
 
 class _LanguagePrinter(sympy.printing.str.StrPrinter):
@@ -187,7 +222,7 @@ def example(spelling: str) -> str:
     """How the language writes a call to ``spelling``."""
     if spelling in REDUCTIONS:
         return f"{spelling}(x, dim=-1, keepdim=True)"
-    if spelling in SOFTMAXES:
+    if spelling in ALONG_ONE_DIM:
         return f"{spelling}(x, dim=-1)"
     return "transpose(x, -1, -2)"
 
@@ -215,7 +250,7 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         if call.keepdim:
             return tuple(1 if i in dims else n for i, n in enumerate(shape))
         return tuple(n for i, n in enumerate(shape) if i not in dims)
-    if isinstance(call, Softmax):
+    if isinstance(call, (Softmax, Scan)):
         normalized_dim(call.dim, len(shapes[0]), what[0])
         return shapes[0]
     if isinstance(call, Transposed):
