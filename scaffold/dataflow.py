@@ -57,8 +57,10 @@ from .rules import (
 )
 from .stable import finite_at_zero, xexpy
 from .structural import (
+    CAT,
     MATMUL,
     REDUCE,
+    SLICE,
     SOFTMAX,
     TRANSPOSE,
     LogSoftmax,
@@ -69,6 +71,8 @@ from .structural import (
 )
 
 GRAD_OUTPUT = "grad_output"
+#: Steps that move or copy elements (elementwise math too): backward computes them again, keeping no more
+_COPIES = (ELEMENTWISE, TRANSPOSE, SLICE, CAT)
 TANGENT = "_tangent"
 
 
@@ -353,7 +357,8 @@ class _Graph:
             swapped = list(padded)
             swapped[d0], swapped[d1] = padded[d1], padded[d0]
             return tuple(swapped)
-        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
+        # a product sums each operand's gradient back to its shape; a slice and cat give it exactly (rules)
+        assert node.kind in (MATMUL, SLICE, CAT)
         return self.shape(str(call.operand_exprs[operand]))
 
 
@@ -520,7 +525,7 @@ class _ForwardWriter(_Writer):
             return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
         code = forward_code(v.expr, operands)
-        return f"{code}.clone()" if copy and v.kind == TRANSPOSE else code
+        return f"{code}.clone()" if copy and v.kind in (TRANSPOSE, SLICE) else code
 
     def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
         """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
@@ -595,12 +600,12 @@ class _ForwardWriter(_Writer):
     def _may_share(self, v: Value, returned: frozenset[str]) -> bool:
         """Whether the returned value ``v`` may share its memory with an input or another returned value: an
         elementwise one that may be either itself (the printed code tells), a transpose of one."""
-        if v.name not in returned or v.kind not in (ELEMENTWISE, TRANSPOSE):
+        if v.name not in returned or v.kind not in (ELEMENTWISE, TRANSPOSE, SLICE):
             return False
-        operand = v.expr.operand_exprs[0] if v.kind == TRANSPOSE else None
+        operand = v.expr.operand_exprs[0] if v.kind in (TRANSPOSE, SLICE) else None
         while operand is not None and operand.name not in returned:
             read = self.graph.values[operand.name]
-            operand = read.expr.operand_exprs[0] if read.kind == TRANSPOSE else None
+            operand = read.expr.operand_exprs[0] if read.kind in (TRANSPOSE, SLICE) else None
             if read.kind == TENSOR:
                 return True
         return v.kind == ELEMENTWISE or operand is not None
@@ -1357,7 +1362,11 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.graph.hoisted:
+                elif (
+                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT)
+                    and name not in kept
+                    and name not in self.graph.hoisted
+                ):
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.graph.values and s.name not in wanted:
@@ -1454,7 +1463,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and not hoisted
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, MATMUL, SOFTMAX) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1831,7 +1840,7 @@ def _positional(call: structural.Structural) -> bool:
     """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
     if isinstance(call, structural.Reduction):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, structural.Softmax):
+    if isinstance(call, (structural.Softmax, structural.Sliced, structural.Concatenated)):
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)

@@ -780,6 +780,8 @@ class _CallBuilder(_BuilderBase):
         usage = f"write it as {structural.example(name)}"
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.fail(node, "starred arguments are not allowed")
+        if name == "cat":
+            return self._cat(node, depth)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -845,7 +847,66 @@ class _CallBuilder(_BuilderBase):
         return sympy.Integer(sign * node.value)
 
 
-class _Builder(_CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
+_SLICE_USAGE = "slice with integer bounds and step 1, e.g. x[..., :4], x[..., 4:] or x[1:-1]"
+
+
+class _ShapeBuilder(_BuilderBase):
+    """Slices (``x[..., 2:]``, ``x[1:-1, :4]``: one node per sliced dimension) and ``cat((a, b), dim=D)``."""
+
+    def build_Subscript(self, node: ast.Subscript, depth: int) -> sympy.Basic:
+        items = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        ellipses = [i for i, item in enumerate(items) if _is_ellipsis(item)]
+        if len(ellipses) > 1:
+            raise self.fail(node, "an index has at most one '...'", hint=_SLICE_USAGE)
+        for item in items:
+            if not isinstance(item, ast.Slice) and not _is_ellipsis(item):
+                raise self.fail(
+                    node,
+                    "only slices (start:stop) index a value: an integer, a tensor or None picks or adds elements",
+                    hint=_SLICE_USAGE + "; to pick one element keep its dimension, x[..., 2:3]",
+                )
+        cut = ellipses[0] if ellipses else len(items)
+        # before '...' (or without one) dims count from the front, after it from the back
+        dims = list(range(cut)) + list(range(-(len(items) - cut - 1), 0))
+        result = self._expr(self.build(node.value, depth), node.value)
+        for dim, item in zip(dims, [i for i in items if not _is_ellipsis(i)]):
+            if item.step is not None:
+                raise self.fail(item, "a slice's step must be left out (steps are 1)", hint=_SLICE_USAGE)
+            start, stop = (self._bound(b) for b in (item.lower, item.upper))
+            if start == sympy.Tuple(0):
+                start = sympy.Tuple()
+            if start or stop:
+                result = structural.Sliced(result, sympy.Integer(dim), start, stop)
+        return result
+
+    def _bound(self, node: ast.AST | None) -> sympy.Tuple:
+        """A slice's bound: a Tuple of it, empty where it is left out."""
+        if node is None:
+            return sympy.Tuple()
+        sign = 1
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            sign, node = -1, node.operand
+        if not (isinstance(node, ast.Constant) and type(node.value) is int):
+            raise self.fail(node, "a slice's bounds must be literal integers, such as 1 or -1", hint=_SLICE_USAGE)
+        return sympy.Tuple(sign * node.value)
+
+    def _cat(self, node: ast.Call, depth: int) -> sympy.Basic:
+        usage = f"write it as {structural.example('cat')}"
+        tensors = node.args[0] if len(node.args) == 1 else None
+        keywords = {k.arg: k.value for k in node.keywords}
+        if not isinstance(tensors, (ast.Tuple, ast.List)) or set(keywords) != {"dim"}:
+            raise self.fail(node, "cat() takes a tuple of expressions and dim=D", hint=usage)
+        if len(tensors.elts) < 2:
+            raise self.fail(node, "cat() joins two or more expressions", hint=usage)
+        operands = [self._expr(self.build(e, depth), e) for e in tensors.elts]
+        return structural.Concatenated(*operands, self._integer(keywords["dim"], "cat", usage))
+
+
+def _is_ellipsis(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is Ellipsis
+
+
+class _Builder(_ShapeBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
     """Builds the sympy expression a Python expression's syntax tree spells, refusing anything else."""
 
 

@@ -49,7 +49,18 @@ from sympy.printing.str import StrPrinter
 from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
-from .structural import REDUCTIONS, LogSoftmax, LogSumExp, Reduction, Softmax, Structural, Transposed
+from .structural import (
+    REDUCTIONS,
+    Concatenated,
+    LogSoftmax,
+    LogSumExp,
+    Reduction,
+    Sliced,
+    Softmax,
+    Structural,
+    Transposed,
+    sliced,
+)
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -733,6 +744,12 @@ class _StructuralPrinter(_PrinterBase):
 
     def _print_Transposed(self, expr: Transposed) -> str:
         return f"{self._operand(expr.args[0], ATOM)}.transpose({expr.dims[0]}, {expr.dims[1]})"
+
+    def _print_Sliced(self, expr: Sliced) -> str:
+        return sliced(self._operand(expr.args[0], ATOM), expr)
+
+    def _print_Concatenated(self, expr: Concatenated) -> str:
+        return f"torch.cat(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
 
 
 for _class in REDUCTIONS.values():

@@ -511,6 +511,8 @@ _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
     structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
+    structural.SLICE: "x[..., a:b] slices the last dimension, x[a:b] the first; the slice must take elements",
+    structural.CAT: "cat joins operands of one shape but along dim (dim counts from 0, or from -1 for the last)",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -571,7 +573,7 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
             if call.dims:  # a reduction over every dimension has rank 0 (or its operand's, kept) at any rank
                 removed = 0 if call.keepdim else len(call.dims)
                 require(str(call.args[0]), rank + removed, exact, reason)
-        elif isinstance(call, (structural.Softmax, structural.Transposed)):
+        elif isinstance(call, (structural.Softmax, structural.Transposed, structural.Sliced)):
             require(str(call.args[0]), rank, exact, reason)
         else:
             for operand in call.operand_exprs:
@@ -593,6 +595,10 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
         elif isinstance(call, structural.Transposed):
             reason = structural.spelled(_written(program, call))
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, (structural.Sliced, structural.Concatenated)):
+            reason = structural.spelled(_written(program, call))
+            for operand in call.operand_exprs:
+                require(str(operand), call.dim + 1 if call.dim >= 0 else -call.dim, False, reason)
         elif isinstance(call, structural.MatrixProduct):
             product = structural.spelled(_written(program, call)).removeprefix("(").removesuffix(")")
             for operand in call.operand_exprs:

@@ -28,6 +28,8 @@ softmax    y * (g - sum(g * y))                           y * (t - sum(y * t))
 log_softmax g - exp(y) * sum(g)                           t - sum(exp(y) * t)
 a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
+x[a:b]     zeros of x's shape with g scattered into a:b   t[a:b]
+cat        g split: each operand's part along dim          cat of the tangents
 ========== ============================================== =================================================
 """
 
@@ -43,15 +45,18 @@ from .stable import remove_singularities, stabilize
 from .structural import (
     AMax,
     AMin,
+    Concatenated,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
     ReduceMean,
     ReduceSum,
     Reduction,
+    Sliced,
     Softmax,
     Structural,
     Transposed,
+    sliced,
     spelled,
 )
 
@@ -197,6 +202,10 @@ def forward_code(call: Structural, operands: list[str]) -> str:
         return f"{function}({operands[0]}, dim={call.dim})"
     if isinstance(call, MatrixProduct):
         return f"{operands[0]} @ {operands[1]}"
+    if isinstance(call, Sliced):
+        return sliced(operands[0], call)
+    if isinstance(call, Concatenated):
+        return f"torch.cat(({', '.join(operands)}), dim={call.dim})"
     assert isinstance(call, Transposed)
     return f"{operands[0]}.transpose({call.dims[0]}, {call.dims[1]})"
 
@@ -204,7 +213,7 @@ def forward_code(call: Structural, operands: list[str]) -> str:
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax))
+    return isinstance(call, (MatrixProduct, Softmax, Sliced, Concatenated))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -243,7 +252,23 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return f"torch.{kernel}({g}, {y}, {call.dim}, {y}.dtype)"
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, Sliced):
+        # out of place (differentiable again): zeros where forward dropped x's elements
+        # bounds from the front: slice_scatter's vmap rule (jacrev, hessian) refuses negative ones
+        shape = emit.shape(x)
+        start, stop = (b if b is None or b >= 0 else f"{shape}[{call.dim}] - {-b}" for b in call.bounds)
+        return f"{g}.new_zeros({shape}).slice_scatter({g}, {call.dim}, {start}, {stop})"
+    if isinstance(call, Concatenated):
+        return _cat_backward(call, operand, g, emit)
     return _matmul_backward(call, operand, g, emit)
+
+
+def _cat_backward(call: Concatenated, operand: int, g: str, emit: Emitter) -> str:
+    """Operand ``operand``'s part of ``g``: its size along dim, after the operands before it (sizes at
+    call time)."""
+    sizes = [f"{emit.shape(str(o))}[{call.dim}]" for o in call.operand_exprs]
+    start = " + ".join(sizes[:operand]) or "0"
+    return f"{g}.narrow({call.dim}, {start}, {sizes[operand]})"
 
 
 def _keeping(call: Reduction) -> Reduction:
@@ -290,6 +315,8 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, (Sliced, Concatenated)):
+        return forward_code(call, tangents)
     a, b = (str(o) for o in call.operand_exprs)
     return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
 
@@ -316,5 +343,7 @@ def describe(node: Value) -> str:
             Softmax: f"{x}'s gradient is {y} * (g - sum(g * {y}))",
             LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
             Transposed: f"{x}'s gradient is g transposed back",
+            Sliced: f"{x}'s gradient is g where the slice took {x}'s elements, 0 elsewhere",
+            Concatenated: "each operand's gradient is its part of g along dim",
         }[type(call)]
     return f"{y} = {spelled(call)}: {rule}"

@@ -21,6 +21,9 @@ REDUCE = "reduce"
 SOFTMAX = "softmax"
 MATMUL = "matmul"
 TRANSPOSE = "transpose"
+#: Shape operations: a slice along one dimension, a concatenation.
+SLICE = "slice"
+CAT = "cat"
 
 
 class Structural(sympy.Function):
@@ -154,15 +157,75 @@ class Transposed(Structural):
         return f", {self.dims[0]}, {self.dims[1]}"
 
 
+class Sliced(Structural):
+    """``e[..., start:stop]``, a slice along one dimension with step 1: arguments (e, dim, start, stop), a
+    bound an empty Tuple where it is left out, else a Tuple of it (``e[1:-1, 2:]`` is two slices, one per dimension)."""
+
+    kind = SLICE
+    spelling = "[]"
+    stem = "part"
+    nargs = 4
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def bounds(self) -> tuple[int | None, int | None]:
+        return tuple(int(b[0]) if b else None for b in self.args[2:])  # type: ignore[return-value]
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        operand = printer._print(self.args[0])
+        return sliced(
+            operand if self.args[0].is_Symbol or isinstance(self.args[0], Structural) else f"({operand})", self
+        )
+
+
+def sliced(code: str, call: Sliced) -> str:
+    """``code`` (an atom) indexed as ``call`` slices: ``x[..., 2:]``, ``x[:, 1:-1]``."""
+    start, stop = call.bounds
+    part = f"{'' if start is None else start}:{'' if stop is None else stop}"
+    if call.dim >= 0:
+        return f"{code}[{', '.join([':'] * call.dim + [part])}]"
+    return f"{code}[{', '.join(['...', part] + [':'] * (-call.dim - 1))}]"
+
+
+class Concatenated(Structural):
+    """``cat((a, b, ...), dim=D)``: arguments (a, b, ..., D)."""
+
+    kind = CAT
+    spelling = "cat"
+    stem = "joined"
+
+    @property
+    def operands(self) -> int:  # type: ignore[override]
+        return len(self.args) - 1
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[-1])
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        parts = ", ".join(printer._print(o) for o in self.operand_exprs)
+        return f"cat(({parts}), dim={self.dim})"
+
+
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose", "cat"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
 #: only, so a printer names each.)
-CLASSES: tuple[type[Structural], ...] = (*REDUCTIONS.values(), *SOFTMAXES.values(), MatrixProduct, Transposed)
+CLASSES: tuple[type[Structural], ...] = (
+    *REDUCTIONS.values(),
+    *SOFTMAXES.values(),
+    MatrixProduct,
+    Transposed,
+    Sliced,
+    Concatenated,
+)
 
 
 class _LanguagePrinter(sympy.printing.str.StrPrinter):
@@ -189,6 +252,8 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1, keepdim=True)"
     if spelling in SOFTMAXES:
         return f"{spelling}(x, dim=-1)"
+    if spelling == "cat":
+        return "cat((x, y), dim=-1)"
     return "transpose(x, -1, -2)"
 
 
@@ -224,7 +289,38 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         swapped = list(shape)
         swapped[d0], swapped[d1] = shape[d1], shape[d0]
         return tuple(swapped)
+    if isinstance(call, Sliced):
+        return sliced_shape(call, shapes[0], what[0])
+    if isinstance(call, Concatenated):
+        return cat_shape(call, shapes, what)
     return matmul_shape(*shapes, *what)
+
+
+def sliced_shape(call: Sliced, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The shape of ``call`` of a value of ``shape``: Python's slice of the sliced dimension; an empty
+    slice is refused."""
+    d = normalized_dim(call.dim, len(shape), what)
+    size = len(range(shape[d])[slice(*call.bounds)])
+    if size == 0:
+        start, stop = call.bounds
+        raise ShapeError(
+            f"{start if start is not None else ''}:{stop if stop is not None else ''} at dim={call.dim} of {what} "
+            f"takes no elements (that dimension has {shape[d]})"
+        )
+    return (*shape[:d], size, *shape[d + 1 :])
+
+
+def cat_shape(call: Concatenated, shapes: tuple[tuple[int, ...], ...], what: tuple[str, ...]) -> tuple[int, ...]:
+    """torch.cat's result shape: operands of one rank, the same sizes but along dim, where they add up."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) > 1:
+        listed = ", ".join(what)
+        raise ShapeError(f"cat needs operands with the same number of dimensions: {listed}")
+    d = normalized_dim(call.dim, len(shapes[0]), what[0])
+    for shape, described in zip(shapes[1:], what[1:]):
+        if shape[:d] + shape[d + 1 :] != shapes[0][:d] + shapes[0][d + 1 :]:
+            raise ShapeError(f"cat along dim={call.dim}: {what[0]} and {described} differ in another dimension")
+    return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1 :])
 
 
 def reduced_dims(call: Reduction, shape: tuple[int, ...]) -> tuple[int, ...]:
