@@ -126,15 +126,31 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
         if None in batched or len(batched) > 1 or call.dim >= 0:
             raise _ApartError
         return batched.pop()
-    named = (
-        call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
-    )  # softmax, slice
+    if isinstance(call, structural.Reshaping):
+        return _reshaped(call, dims[operands[0]])
+    # a softmax or a slice names one dim
+    named = call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
     if not named or any(d >= 0 for d in named):  # over every dimension, or counted from the front
         if dims[operands[0]] is not None:
             raise _ApartError
         return None
     removed = len(named) if isinstance(call, structural.Reduction) and not call.keepdim else 0
     return None if dims[operands[0]] is None else dims[operands[0]] - removed
+
+
+def _reshaped(call: structural.Reshaping, count: int | None) -> int | None:
+    """A reshape (its sizes count from the front), or a flatten of every dimension, moves the batch into
+    the others; an unsqueeze, squeeze or flatten at dims counted from the end leaves it first."""
+    if count is None:
+        return None
+    if isinstance(call, structural.Reshaped):
+        raise _ApartError
+    named = call.dims if isinstance(call, structural.Flattened) else (call.dim,)
+    if any(d >= 0 for d in named):
+        raise _ApartError
+    if isinstance(call, structural.Flattened):
+        return count + named[0] - named[1]
+    return count + (-1 if isinstance(call, structural.Squeezed) else 1)
 
 
 def _broadcast(program: Program, reads: list[str], dims: dict[str, int | None]) -> int | None:

@@ -782,6 +782,8 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(node, "starred arguments are not allowed")
         if name == "cat":
             return self._cat(node, depth)
+        if name in structural.RESHAPES:
+            return self._reshaping(node, depth)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -900,6 +902,33 @@ class _ShapeBuilder(_BuilderBase):
             raise self.fail(node, "cat() joins two or more expressions", hint=usage)
         operands = [self._expr(self.build(e, depth), e) for e in tensors.elts]
         return structural.Concatenated(*operands, self._integer(keywords["dim"], "cat", usage))
+
+    def _reshaping(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """reshape(e, (d0, ...)), unsqueeze(e, d), squeeze(e, d), flatten(e, start_dim=a, end_dim=b): the
+        parameters literal integers, by position or (but reshape's) by torch's keywords."""
+        name = node.func.id
+        usage = f"write it as {structural.example(name)}"
+        names = {"reshape": ("shape",), "flatten": ("start_dim", "end_dim")}.get(name, ("dim",))
+        given = dict(zip(names, node.args[1:]))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given or name == "reshape":
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, an unknown keyword or twice", hint=usage)
+            given[keyword.arg] = keyword.value
+        if not node.args or len(node.args) > 1 + len(names) or (name != "flatten" and len(given) != 1):
+            raise self.fail(node, f"{name}() takes an expression and {', '.join(names)}", hint=usage)
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        if name == "flatten":
+            start, end = (self._integer(given[k], name, usage) if k in given else d for k, d in zip(names, (0, -1)))
+            return structural.Flattened(operand, sympy.Integer(start), sympy.Integer(end))
+        if name != "reshape":
+            return structural.RESHAPES[name](operand, self._integer(given["dim"], name, usage))
+        sizes = given["shape"]
+        if not isinstance(sizes, ast.Tuple) or not sizes.elts:
+            raise self.fail(node, "reshape() takes the new shape as a tuple of integers", hint=usage)
+        values = [self._integer(e, name, usage) for e in sizes.elts]
+        if list(values).count(-1) > 1 or any(v < -1 or v == 0 for v in values):
+            raise self.fail(node, "reshape() takes sizes of at least 1, and at most one -1", hint=usage)
+        return structural.Reshaped(operand, sympy.Tuple(*values))
 
 
 def _is_ellipsis(node: ast.AST) -> bool:

@@ -51,10 +51,13 @@ from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
 from .structural import (
     REDUCTIONS,
+    RESHAPES,
     Concatenated,
+    Flattened,
     LogSoftmax,
     LogSumExp,
     Reduction,
+    Reshaped,
     Sliced,
     Softmax,
     Structural,
@@ -748,6 +751,14 @@ class _StructuralPrinter(_PrinterBase):
     def _print_Sliced(self, expr: Sliced) -> str:
         return sliced(self._operand(expr.args[0], ATOM), expr)
 
+    def _print_Reshaping(self, expr: Structural) -> str:
+        x = self._operand(expr.args[0], ATOM)
+        if isinstance(expr, Reshaped):
+            return f"{x}.reshape({', '.join(map(str, expr.sizes))})"
+        if isinstance(expr, Flattened):
+            return f"{x}.flatten({expr.dims[0]}, {expr.dims[1]})"
+        return f"{x}.{expr.spelling}({expr.args[1]})"
+
     def _print_Concatenated(self, expr: Concatenated) -> str:
         return f"torch.cat(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
 
@@ -755,6 +766,8 @@ class _StructuralPrinter(_PrinterBase):
 for _class in REDUCTIONS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
 _StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
+for _class in RESHAPES.values():
+    setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reshaping)
 
 
 class TorchPrinter(

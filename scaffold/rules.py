@@ -30,6 +30,7 @@ a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
 x[a:b]     zeros of x's shape with g scattered into a:b   t[a:b]
 cat        g split: each operand's part along dim          cat of the tangents
+reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
 ========== ============================================== =================================================
 """
 
@@ -46,12 +47,15 @@ from .structural import (
     AMax,
     AMin,
     Concatenated,
+    Flattened,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
     ReduceMean,
     ReduceSum,
     Reduction,
+    Reshaped,
+    Reshaping,
     Sliced,
     Softmax,
     Structural,
@@ -206,14 +210,24 @@ def forward_code(call: Structural, operands: list[str]) -> str:
         return sliced(operands[0], call)
     if isinstance(call, Concatenated):
         return f"torch.cat(({', '.join(operands)}), dim={call.dim})"
+    if isinstance(call, Reshaping):
+        return _reshaping_code(call, operands[0])
     assert isinstance(call, Transposed)
     return f"{operands[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+
+
+def _reshaping_code(call: Reshaping, x: str) -> str:
+    if isinstance(call, Reshaped):
+        return f"{x}.reshape({', '.join(map(str, call.sizes))})"
+    if isinstance(call, Flattened):
+        return f"{x}.flatten({call.dims[0]}, {call.dims[1]})"
+    return f"{x}.{call.spelling}({call.dim})"
 
 
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax, Sliced, Concatenated))
+    return isinstance(call, (MatrixProduct, Softmax, Sliced, Concatenated, Reshaping))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -260,6 +274,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return f"{g}.new_zeros({shape}).slice_scatter({g}, {call.dim}, {start}, {stop})"
     if isinstance(call, Concatenated):
         return _cat_backward(call, operand, g, emit)
+    if isinstance(call, Reshaping):
+        return f"{g}.reshape({emit.shape(x)})"
     return _matmul_backward(call, operand, g, emit)
 
 
@@ -315,7 +331,7 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
-    if isinstance(call, (Sliced, Concatenated)):
+    if isinstance(call, (Sliced, Concatenated, Reshaping)):
         return forward_code(call, tangents)
     a, b = (str(o) for o in call.operand_exprs)
     return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
@@ -345,5 +361,5 @@ def describe(node: Value) -> str:
             Transposed: f"{x}'s gradient is g transposed back",
             Sliced: f"{x}'s gradient is g where the slice took {x}'s elements, 0 elsewhere",
             Concatenated: "each operand's gradient is its part of g along dim",
-        }[type(call)]
+        }.get(type(call), f"{x}'s gradient is g reshaped back to {x}'s shape")
     return f"{y} = {spelled(call)}: {rule}"

@@ -24,6 +24,8 @@ TRANSPOSE = "transpose"
 #: Shape operations: a slice along one dimension, a concatenation.
 SLICE = "slice"
 CAT = "cat"
+#: reshape, unsqueeze, squeeze, flatten: the same elements in another shape
+RESHAPE = "reshape"
 
 
 class Structural(sympy.Function):
@@ -210,10 +212,68 @@ class Concatenated(Structural):
         return f"cat(({parts}), dim={self.dim})"
 
 
+class Reshaping(Structural):
+    """The operand's elements in another shape, in the same order: its gradient is g reshaped back."""
+
+    kind = RESHAPE
+    nargs = 2
+
+
+class Reshaped(Reshaping):
+    """``reshape(e, (d0, d1, ...))``, one of them -1: arguments (e, Tuple of the sizes)."""
+
+    spelling = "reshape"
+    stem = "reshaped"
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.args[1])
+
+    def _parameters(self) -> str:
+        return f", {self.sizes}" if len(self.sizes) != 1 else f", ({self.sizes[0]},)"
+
+
+class Unsqueezed(Reshaping):
+    """``unsqueeze(e, d)``: arguments (e, d)."""
+
+    spelling = "unsqueeze"
+    stem = "unsqueezed"
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    def _parameters(self) -> str:
+        return f", {self.dim}"
+
+
+class Squeezed(Unsqueezed):
+    """``squeeze(e, d)``, of a dimension of size 1: arguments (e, d)."""
+
+    spelling = "squeeze"
+    stem = "squeezed"
+
+
+class Flattened(Reshaping):
+    """``flatten(e, start_dim=a, end_dim=b)``: arguments (e, a, b)."""
+
+    spelling = "flatten"
+    stem = "flat"
+    nargs = 3
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        return int(self.args[1]), int(self.args[2])
+
+    def _parameters(self) -> str:
+        return f", start_dim={self.dims[0]}, end_dim={self.dims[1]}"
+
+
+RESHAPES: dict[str, type[Reshaping]] = {c.spelling: c for c in (Reshaped, Unsqueezed, Squeezed, Flattened)}
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose", "cat"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | frozenset(RESHAPES) | {"transpose", "cat"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
@@ -225,6 +285,7 @@ CLASSES: tuple[type[Structural], ...] = (
     Transposed,
     Sliced,
     Concatenated,
+    *RESHAPES.values(),
 )
 
 
@@ -254,6 +315,11 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1)"
     if spelling == "cat":
         return "cat((x, y), dim=-1)"
+    if spelling in RESHAPES:
+        return {
+            "reshape": "reshape(x, (-1, 12))",
+            "flatten": "flatten(x, start_dim=-2, end_dim=-1)",
+        }.get(spelling, f"{spelling}(x, -1)")
     return "transpose(x, -1, -2)"
 
 
@@ -293,7 +359,43 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         return sliced_shape(call, shapes[0], what[0])
     if isinstance(call, Concatenated):
         return cat_shape(call, shapes, what)
+    if isinstance(call, Reshaping):
+        return reshaped_shape(call, shapes[0], what[0])
     return matmul_shape(*shapes, *what)
+
+
+def reshaped_shape(call: Reshaping, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The shape ``call`` gives a value of ``shape``, as torch's; a squeeze of a dimension that is not 1,
+    or sizes that do not hold the elements, refused."""
+    if isinstance(call, Squeezed):
+        d = normalized_dim(call.dim, len(shape), what)
+        if shape[d] != 1:
+            raise ShapeError(f"squeeze at dim={call.dim} of {what}: that dimension has size {shape[d]}, not 1")
+        return shape[:d] + shape[d + 1 :]
+    if isinstance(call, Unsqueezed):
+        d = normalized_dim(call.dim, len(shape) + 1, what + " unsqueezed")
+        return (*shape[:d], 1, *shape[d:])
+    if isinstance(call, Flattened):
+        start, end = (normalized_dim(d, max(len(shape), 1), what) for d in call.dims)
+        if start > end:
+            raise ShapeError(f"flatten of {what}: start_dim={call.dims[0]} comes after end_dim={call.dims[1]}")
+        return (*shape[:start], _count(shape[start : end + 1]), *shape[end + 1 :])
+    assert isinstance(call, Reshaped)
+    total, known = _count(shape), _count(tuple(d for d in call.sizes if d != -1))
+    fits = total % known == 0 if -1 in call.sizes else total == known
+    if not fits:
+        raise ShapeError(
+            f"reshape of {what}, {total} elements, to {call.sizes}: "
+            + (f"{total} is not a multiple of {known}" if -1 in call.sizes else f"that holds {known}")
+        )
+    return tuple(total // known if d == -1 else d for d in call.sizes)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 def sliced_shape(call: Sliced, shape: tuple[int, ...], what: str) -> tuple[int, ...]:

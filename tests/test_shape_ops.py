@@ -1,6 +1,6 @@
-"""Shape operations (issue 34): slices with integer bounds, cat. Each matches torch in value, gradient and
-second derivative (float64) at two batch ranks and passes its generated tests; what cannot be right is
-refused with a message that says what and how to fix it."""
+"""Shape operations (issue 34): slices with integer bounds, cat, reshape, unsqueeze, squeeze, flatten.
+Each matches torch in value, gradient and second derivative (float64) at two batch ranks and passes its
+generated tests; what cannot be right is refused with a message that says what and how to fix it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from scaffold.api import compile_op, generate_op
+from scaffold.batching import batching
 from scaffold.errors import ScaffoldError
 from scaffold.write import write_files
 
@@ -38,15 +39,45 @@ CASES = {
         {"x": [4, 3], "y": [2, 3]},
         lambda x, y: torch.cat((x, y * x[:1]), dim=0),
     ),
+    "rows_of_twelve": (
+        "sum(reshape(x, (-1, 12))**2, dim=-1)",
+        {"x": [4, 6, 2]},
+        lambda x: (x.reshape(-1, 12) ** 2).sum(-1),
+    ),
+    "unsqueezed": (
+        "exp(unsqueeze(x, -1)) * y",
+        {"x": [4, 3], "y": [4, 3, 2]},
+        lambda x, y: torch.exp(x.unsqueeze(-1)) * y,
+    ),
+    "lead_unsqueezed": ("unsqueeze(x, 0) * y", {"x": [4, 3], "y": [2, 4, 3]}, lambda x, y: x.unsqueeze(0) * y),
+    "squeezed": ("squeeze(x, -1) * y", {"x": [4, 3, 1], "y": [4, 3]}, lambda x, y: x.squeeze(-1) * y),
+    "flat_pairs": (
+        "sum(flatten(x, start_dim=-2, end_dim=-1)**2, dim=-1)",
+        {"x": [4, 3, 2]},
+        lambda x: (x.flatten(-2, -1) ** 2).sum(-1),
+    ),
+    "flat_all": ("flatten(x)*2", {"x": [4, 3, 2]}, lambda x: x.flatten() * 2),
 }
 
 #: the cases whose dims count from the back: a leading batch dimension is a batch
-BATCHED = ["rope", "last_columns", "product_sliced", "joined_squares"]
+BATCHED = [
+    "rope",
+    "last_columns",
+    "product_sliced",
+    "joined_squares",
+    "rows_of_twelve",
+    "unsqueezed",
+    "squeezed",
+    "flat_pairs",
+    "flat_all",
+]
+#: also generated as custom ops, whose vmap rule calls the op once where that is right
+CUSTOM_OPS = ["rope", "rows_of_twelve", "unsqueezed", "flat_pairs"]
 
 
-def _spec(name: str):
+def _spec(name: str, **extra):
     forward, shapes, _ = CASES[name]
-    return make_spec(name, forward, {t: {"shape": s} for t, s in shapes.items()})
+    return make_spec(name, forward, {t: {"shape": s} for t, s in shapes.items()}, **extra)
 
 
 def _inputs(shapes: list[list[int]], seed: int) -> list[torch.Tensor]:
@@ -93,11 +124,21 @@ def test_slice_and_cat_are_recomputed_not_saved():
     assert "slice_scatter" in source and ".narrow(-1, " in source
 
 
+def test_a_reshape_is_computed_item_by_item_under_vmap_and_a_flatten_at_the_end_in_one_call():
+    for name, one_call in [("rows_of_twelve", False), ("flat_pairs", True), ("last_columns", True)]:
+        program = compile_op(_spec(name)).program
+        rule = batching(program, tuple(o.value for o in program.outputs), frozenset())
+        assert (rule is not None and any(all(case) for case in rule.one_call)) == one_call, name
+
+
 def _generated(folder):
     runs = {}
     for name in CASES:
         write_files(generate_op(_spec(name)), folder / name)
         runs[name] = GeneratedRun(folder / name)
+    for name in CUSTOM_OPS:
+        write_files(generate_op(_spec(name, target="custom_op")), folder / f"{name}_op")
+        runs[f"{name}_op"] = GeneratedRun(folder / f"{name}_op")
     return runs
 
 
@@ -126,6 +167,21 @@ def test_each_passes_its_generated_tests(background_results):
             "cat((x, y), dim=0)",
             {"x": [4, 3], "y": [3]},
             "cat needs operands with the same number of dimensions: x (shape [4, 3]), y (shape [3])",
+        ),
+        (
+            "reshape(x, (5, -1))",
+            {"x": [4, 3]},
+            "reshape of x (shape [4, 3]), 12 elements, to (5, -1): 12 is not a multiple of 5",
+        ),
+        ("reshape(x, (5, 3))", {"x": [4, 3]}, "reshape of x (shape [4, 3]), 12 elements, to (5, 3): that holds 15"),
+        ("reshape(x, (-1, -1))", {"x": [4, 3]}, "reshape() takes sizes of at least 1, and at most one -1"),
+        ("reshape(x, 12)", {"x": [4, 3]}, "reshape() takes the new shape as a tuple of integers"),
+        ("squeeze(x, 0)", {"x": [4, 3]}, "squeeze at dim=0 of x (shape [4, 3]): that dimension has size 4, not 1"),
+        ("unsqueeze(x, 3)", {"x": [4, 3]}, "dim=3 is out of range for x (shape [4, 3]) unsqueezed (valid: -3 to 2)"),
+        (
+            "flatten(x, start_dim=1, end_dim=0)",
+            {"x": [4, 3]},
+            "flatten of x (shape [4, 3]): start_dim=1 comes after end_dim=0",
         ),
     ],
 )
