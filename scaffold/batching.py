@@ -119,13 +119,13 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
     if isinstance(call, structural.MatrixProduct):
         return _product(program, operands, dims)
     if isinstance(call, structural.Concatenated):
-        # cat does not broadcast: every operand batched, along a dim counted from the end
+        # cat and stack do not broadcast: every operand batched, along a dim counted from the end
         batched = {dims[o] for o in operands}
         if batched == {None}:
             return None
         if None in batched or len(batched) > 1 or call.dim >= 0:
             raise _ApartError
-        return batched.pop()
+        return batched.pop() + (1 if isinstance(call, structural.Stacked) else 0)
     if isinstance(call, structural.Reshaping):
         return _reshaped(call, dims[operands[0]])
     # a softmax or a slice names one dim

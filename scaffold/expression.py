@@ -780,7 +780,7 @@ class _CallBuilder(_BuilderBase):
         usage = f"write it as {structural.example(name)}"
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.fail(node, "starred arguments are not allowed")
-        if name == "cat":
+        if name in ("cat", "stack"):
             return self._cat(node, depth)
         if name in structural.RESHAPES:
             return self._reshaping(node, depth)
@@ -893,15 +893,18 @@ class _ShapeBuilder(_BuilderBase):
         return sympy.Tuple(sign * node.value)
 
     def _cat(self, node: ast.Call, depth: int) -> sympy.Basic:
-        usage = f"write it as {structural.example('cat')}"
+        """cat((a, b, ...), dim=D) or stack((a, b, ...), dim=D)."""
+        name = node.func.id
+        usage = f"write it as {structural.example(name)}"
         tensors = node.args[0] if len(node.args) == 1 else None
         keywords = {k.arg: k.value for k in node.keywords}
         if not isinstance(tensors, (ast.Tuple, ast.List)) or set(keywords) != {"dim"}:
-            raise self.fail(node, "cat() takes a tuple of expressions and dim=D", hint=usage)
+            raise self.fail(node, f"{name}() takes a tuple of expressions and dim=D", hint=usage)
         if len(tensors.elts) < 2:
-            raise self.fail(node, "cat() joins two or more expressions", hint=usage)
+            raise self.fail(node, f"{name}() joins two or more expressions", hint=usage)
         operands = [self._expr(self.build(e, depth), e) for e in tensors.elts]
-        return structural.Concatenated(*operands, self._integer(keywords["dim"], "cat", usage))
+        joined = structural.Stacked if name == "stack" else structural.Concatenated
+        return joined(*operands, self._integer(keywords["dim"], name, usage))
 
     def _reshaping(self, node: ast.Call, depth: int) -> sympy.Basic:
         """reshape(e, (d0, ...)), unsqueeze(e, d), squeeze(e, d), flatten(e, start_dim=a, end_dim=b): the

@@ -760,12 +760,14 @@ class _StructuralPrinter(_PrinterBase):
         return f"{x}.{expr.spelling}({expr.args[1]})"
 
     def _print_Concatenated(self, expr: Concatenated) -> str:
-        return f"torch.cat(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
+        function = "torch.stack" if expr.spelling == "stack" else "torch.cat"
+        return f"{function}(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
 
 
 for _class in REDUCTIONS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
 _StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
+_StructuralPrinter._print_Stacked = _StructuralPrinter._print_Concatenated
 for _class in RESHAPES.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reshaping)
 

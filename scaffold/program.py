@@ -577,6 +577,9 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
                 require(str(call.args[0]), rank + removed, exact, reason)
         elif isinstance(call, (structural.Softmax, structural.Transposed, structural.Sliced)):
             require(str(call.args[0]), rank, exact, reason)
+        elif isinstance(call, structural.Stacked):
+            for operand in call.operand_exprs:
+                require(str(operand), max(rank - 1, 0), exact, reason)
         elif isinstance(call, structural.Reshaping):
             change = _rank_change(call)
             if change is not None:
@@ -603,8 +606,12 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
         elif isinstance(call, (structural.Sliced, structural.Concatenated)):
             reason = structural.spelled(_written(program, call))
+            rank = call.dim + 1 if call.dim >= 0 else -call.dim
+            if isinstance(call, structural.Stacked):  # the dim is the result's, which has one more
+                rank -= 1
             for operand in call.operand_exprs:
-                require(str(operand), call.dim + 1 if call.dim >= 0 else -call.dim, False, reason)
+                if rank:
+                    require(str(operand), rank, False, reason)
         elif isinstance(call, structural.Reshaping) and not isinstance(call, structural.Reshaped):
             reason = structural.spelled(_written(program, call))
             if _rank_needed(call):

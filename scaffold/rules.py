@@ -30,6 +30,7 @@ a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
 x[a:b]     zeros of x's shape with g scattered into a:b   t[a:b]
 cat        g split: each operand's part along dim          cat of the tangents
+stack      g selected at each operand's index along dim    stack of the tangents
 reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
 ========== ============================================== =================================================
 """
@@ -58,6 +59,7 @@ from .structural import (
     Reshaping,
     Sliced,
     Softmax,
+    Stacked,
     Structural,
     Transposed,
     sliced,
@@ -209,7 +211,8 @@ def forward_code(call: Structural, operands: list[str]) -> str:
     if isinstance(call, Sliced):
         return sliced(operands[0], call)
     if isinstance(call, Concatenated):
-        return f"torch.cat(({', '.join(operands)}), dim={call.dim})"
+        function = "torch.stack" if isinstance(call, Stacked) else "torch.cat"
+        return f"{function}(({', '.join(operands)}), dim={call.dim})"
     if isinstance(call, Reshaping):
         return _reshaping_code(call, operands[0])
     assert isinstance(call, Transposed)
@@ -282,6 +285,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
 def _cat_backward(call: Concatenated, operand: int, g: str, emit: Emitter) -> str:
     """Operand ``operand``'s part of ``g``: its size along dim, after the operands before it (sizes at
     call time)."""
+    if isinstance(call, Stacked):
+        return f"{g}.select({call.dim}, {operand})"
     sizes = [f"{emit.shape(str(o))}[{call.dim}]" for o in call.operand_exprs]
     start = " + ".join(sizes[:operand]) or "0"
     return f"{g}.narrow({call.dim}, {start}, {sizes[operand]})"
@@ -361,5 +366,6 @@ def describe(node: Value) -> str:
             Transposed: f"{x}'s gradient is g transposed back",
             Sliced: f"{x}'s gradient is g where the slice took {x}'s elements, 0 elsewhere",
             Concatenated: "each operand's gradient is its part of g along dim",
+            Stacked: "each operand's gradient is g at its index along dim",
         }.get(type(call), f"{x}'s gradient is g reshaped back to {x}'s shape")
     return f"{y} = {spelled(call)}: {rule}"

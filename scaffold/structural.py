@@ -212,6 +212,17 @@ class Concatenated(Structural):
         return f"cat(({parts}), dim={self.dim})"
 
 
+class Stacked(Concatenated):
+    """``stack((a, b, ...), dim=D)``: arguments (a, b, ..., D); operands of one shape, joined along a new
+    dimension (a cat's kind of node: each operand's gradient is its part of g)."""
+
+    spelling = "stack"
+    stem = "stacked"
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        return "stack" + super().spelled(printer).removeprefix("cat")
+
+
 class Reshaping(Structural):
     """The operand's elements in another shape, in the same order: its gradient is g reshaped back."""
 
@@ -273,7 +284,7 @@ RESHAPES: dict[str, type[Reshaping]] = {c.spelling: c for c in (Reshaped, Unsque
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | frozenset(RESHAPES) | {"transpose", "cat"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | frozenset(RESHAPES) | {"transpose", "cat", "stack"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
@@ -285,6 +296,7 @@ CLASSES: tuple[type[Structural], ...] = (
     Transposed,
     Sliced,
     Concatenated,
+    Stacked,
     *RESHAPES.values(),
 )
 
@@ -313,8 +325,8 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1, keepdim=True)"
     if spelling in SOFTMAXES:
         return f"{spelling}(x, dim=-1)"
-    if spelling == "cat":
-        return "cat((x, y), dim=-1)"
+    if spelling in ("cat", "stack"):
+        return f"{spelling}((x, y), dim=-1)"
     if spelling in RESHAPES:
         return {
             "reshape": "reshape(x, (-1, 12))",
@@ -357,6 +369,12 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         return tuple(swapped)
     if isinstance(call, Sliced):
         return sliced_shape(call, shapes[0], what[0])
+    if isinstance(call, Stacked):
+        different = [w for s, w in zip(shapes[1:], what[1:]) if s != shapes[0]]
+        if different:
+            raise ShapeError(f"stack needs operands of one shape: {what[0]} and {different[0]} differ")
+        d = normalized_dim(call.dim, len(shapes[0]) + 1, "the stacked result")
+        return (*shapes[0][:d], len(shapes), *shapes[0][d:])
     if isinstance(call, Concatenated):
         return cat_shape(call, shapes, what)
     if isinstance(call, Reshaping):

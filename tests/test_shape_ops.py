@@ -57,6 +57,12 @@ CASES = {
         lambda x: (x.flatten(-2, -1) ** 2).sum(-1),
     ),
     "flat_all": ("flatten(x)*2", {"x": [4, 3, 2]}, lambda x: x.flatten() * 2),
+    "stacked_squares": (
+        "sum(stack((x, exp(y)), dim=-1)**2, dim=-1)",
+        {"x": [4, 3], "y": [4, 3]},
+        lambda x, y: (torch.stack((x, torch.exp(y)), dim=-1) ** 2).sum(-1),
+    ),
+    "stacked_rows": ("stack((x, x*y), dim=0)", {"x": [4, 3], "y": [4, 3]}, lambda x, y: torch.stack((x, x * y), 0)),
 }
 
 #: the cases whose dims count from the back: a leading batch dimension is a batch
@@ -70,9 +76,10 @@ BATCHED = [
     "squeezed",
     "flat_pairs",
     "flat_all",
+    "stacked_squares",
 ]
 #: also generated as custom ops, whose vmap rule calls the op once where that is right
-CUSTOM_OPS = ["rope", "rows_of_twelve", "unsqueezed", "flat_pairs"]
+CUSTOM_OPS = ["rope", "rows_of_twelve", "unsqueezed", "flat_pairs", "stacked_squares"]
 
 
 def _spec(name: str, **extra):
@@ -174,6 +181,8 @@ def test_each_passes_its_generated_tests(background_results):
             "reshape of x (shape [4, 3]), 12 elements, to (5, -1): 12 is not a multiple of 5",
         ),
         ("reshape(x, (5, 3))", {"x": [4, 3]}, "reshape of x (shape [4, 3]), 12 elements, to (5, 3): that holds 15"),
+        ("stack((x, y), dim=0)", {"x": [4, 3], "y": [3]}, "stack needs operands of one shape: x (shape [4, 3]) and y"),
+        ("stack((x, x), dim=3)", {"x": [4, 3]}, "dim=3 is out of range for the stacked result (valid: -3 to 2)"),
         ("reshape(x, (-1, -1))", {"x": [4, 3]}, "reshape() takes sizes of at least 1, and at most one -1"),
         ("reshape(x, 12)", {"x": [4, 3]}, "reshape() takes the new shape as a tuple of integers"),
         ("squeeze(x, 0)", {"x": [4, 3]}, "squeeze at dim=0 of x (shape [4, 3]): that dimension has size 4, not 1"),
