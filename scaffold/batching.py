@@ -7,8 +7,9 @@ That is the batch computed item by item where every step of the forward keeps th
 
 * an elementwise step broadcasts its operands, which line up where every batched operand has as many
   dimensions as the others (counting the batch's) and no operand that is not batched has more;
-* a reduction, softmax or transpose over dims counted from the end (``dim=-1``) leaves the leading batch
-  dimension alone; one over dims counted from the front, or over every dimension, does not;
+* a reduction, softmax, transpose, slice or cat (every operand batched) over dims counted from the end
+  (``dim=-1``) leaves the leading batch dimension alone; one over dims counted from the front, or over
+  every dimension, does not;
 * ``a @ b`` of matrices broadcasts its leading dimensions as an elementwise step; of a vector, only where
   the vector is not batched, or is the left operand of a matrix (``v @ W``, rows against ``W``);
 * and each output the op returns (hidden ones too: a mask, an intermediate backward reads) has the batch
@@ -117,6 +118,17 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
     operands = [str(o) for o in call.operand_exprs]
     if isinstance(call, structural.MatrixProduct):
         return _product(program, operands, dims)
+    if isinstance(call, structural.Concatenated):
+        # cat and stack do not broadcast: every operand batched, along a dim counted from the end
+        batched = {dims[o] for o in operands}
+        if batched == {None}:
+            return None
+        if None in batched or len(batched) > 1 or call.dim >= 0:
+            raise _ApartError
+        return batched.pop() + (1 if isinstance(call, structural.Stacked) else 0)
+    if isinstance(call, structural.Reshaping):
+        return _reshaped(call, dims[operands[0]])
+    # a softmax or a slice names one dim
     named = call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
     if not named or any(d >= 0 for d in named):  # over every dimension, or counted from the front
         if dims[operands[0]] is not None:
@@ -124,6 +136,21 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
         return None
     removed = len(named) if isinstance(call, structural.Reduction) and not call.keepdim else 0
     return None if dims[operands[0]] is None else dims[operands[0]] - removed
+
+
+def _reshaped(call: structural.Reshaping, count: int | None) -> int | None:
+    """A reshape (its sizes count from the front), or a flatten of every dimension, moves the batch into
+    the others; an unsqueeze, squeeze or flatten at dims counted from the end leaves it first."""
+    if count is None:
+        return None
+    if isinstance(call, structural.Reshaped):
+        raise _ApartError
+    named = call.dims if isinstance(call, structural.Flattened) else (call.dim,)
+    if any(d >= 0 for d in named):
+        raise _ApartError
+    if isinstance(call, structural.Flattened):
+        return count + named[0] - named[1]
+    return count + (-1 if isinstance(call, structural.Squeezed) else 1)
 
 
 def _broadcast(program: Program, reads: list[str], dims: dict[str, int | None]) -> int | None:

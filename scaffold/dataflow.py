@@ -57,9 +57,12 @@ from .rules import (
 )
 from .stable import finite_at_zero, xexpy
 from .structural import (
+    CAT,
     MATMUL,
     REDUCE,
+    RESHAPE,
     SCAN,
+    SLICE,
     SOFTMAX,
     TRANSPOSE,
     LogSoftmax,
@@ -70,6 +73,12 @@ from .structural import (
 )
 
 GRAD_OUTPUT = "grad_output"
+#: Steps that move or copy elements (elementwise math too): backward computes them again, keeping no more
+_COPIES = (ELEMENTWISE, TRANSPOSE, SLICE, CAT, RESHAPE)
+#: Steps whose rule places the gradient's elements by the result's shape at call time
+_PLACING = (SLICE, CAT, RESHAPE)
+#: Steps whose result may be a view of their operand
+_VIEWS = (TRANSPOSE, SLICE, RESHAPE)
 TANGENT = "_tangent"
 
 
@@ -354,7 +363,8 @@ class _Graph:
             swapped = list(padded)
             swapped[d0], swapped[d1] = padded[d1], padded[d0]
             return tuple(swapped)
-        assert node.kind == MATMUL  # each operand's gradient is summed back to its shape (rules)
+        # a product sums each operand's gradient back to its shape; a slice and cat give it exactly (rules)
+        assert node.kind in (MATMUL, SLICE, CAT, RESHAPE)
         return self.shape(str(call.operand_exprs[operand]))
 
 
@@ -521,7 +531,7 @@ class _ForwardWriter(_Writer):
             return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
         code = forward_code(v.expr, operands)
-        return f"{code}.clone()" if copy and v.kind == TRANSPOSE else code
+        return f"{code}.clone()" if copy and v.kind in _VIEWS else code
 
     def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
         """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
@@ -578,7 +588,10 @@ class _ForwardWriter(_Writer):
             key = _log_normalizer(v)
             partners = [w for w in self.graph.nodes if w is not v and _log_normalizer(w) == key]
             if key is None or not partners:
-                lines += self.forward_statements(v, taken, self.custom_op and self._may_share(v, returned))
+                # a custom op's outputs never alias; a Function's hidden output a view of an input would
+                # take its gradient twice (through the view and through backward's)
+                copy = (self.custom_op or v.kind in _VIEWS) and self._may_share(v, returned)
+                lines += self.forward_statements(v, taken, copy)
                 continue
             operand, dim = key
             if key not in shared:
@@ -596,12 +609,12 @@ class _ForwardWriter(_Writer):
     def _may_share(self, v: Value, returned: frozenset[str]) -> bool:
         """Whether the returned value ``v`` may share its memory with an input or another returned value: an
         elementwise one that may be either itself (the printed code tells), a transpose of one."""
-        if v.name not in returned or v.kind not in (ELEMENTWISE, TRANSPOSE):
+        if v.name not in returned or v.kind not in (ELEMENTWISE, *_VIEWS):
             return False
-        operand = v.expr.operand_exprs[0] if v.kind == TRANSPOSE else None
+        operand = v.expr.operand_exprs[0] if v.kind in _VIEWS else None
         while operand is not None and operand.name not in returned:
             read = self.graph.values[operand.name]
-            operand = read.expr.operand_exprs[0] if read.kind == TRANSPOSE else None
+            operand = read.expr.operand_exprs[0] if read.kind in _VIEWS else None
             if read.kind == TENSOR:
                 return True
         return v.kind == ELEMENTWISE or operand is not None
@@ -802,13 +815,18 @@ class _Shares(_Skipping):
         want = self.graph.shape(target)
         if self.graph.values[target].kind != TENSOR:
             if (
-                static == want
+                len(static) == len(want)
+                and all(w in (1, n) for n, w in zip(static, want))
                 and node is not None
                 and self.graph.values[node].kind != MATMUL
-                and self.graph.outranks(node, target)
+                and (
+                    self.graph.outranks(node, target)
+                    or (self.graph.values[target].kind in _PLACING and self._broadcast_later(target))
+                )
             ):
-                # the example's shapes agree, the shapes at call time need not: node may have leading
-                # dimensions that target has not
+                # the example's ranks agree, the shapes at call time need not: node (or a step after it)
+                # may have leading dimensions that target has not; a slice, cat or reshape places g's
+                # elements by its own shape
                 code, static = f"{_atom(code)}.sum_to_size({self.emitter.shape(target)})", want
             elif static != want and target in self.graph.hoisted and self.graph.reads_arguments(target):
                 # a part hoisted out of a formula is as large at call time as the tensor arguments it reads,
@@ -1010,6 +1028,16 @@ class _Planner(_Shares):
             emitter.pending.clear()
             static = self.graph.rule_shape(node, i, node.shape if exact != g else have)
             self._contribute(lines, operand, code, static, grad_names, grad_shapes, node=node.name)
+
+    def _broadcast_later(self, name: str) -> bool:
+        """Whether a step after the value ``name`` may have leading dimensions at call time that it has not,
+        which the gradient then has."""
+        later, after = {name}, []
+        for v in self.graph.program.values:
+            if v.expr is not None and set(v.reads) & later and v.name != name:
+                later.add(v.name)
+                after.append(v.name)
+        return any(self.graph.outranks(v, name) for v in after)
 
     def _join_returned(
         self, lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes
@@ -1358,7 +1386,11 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.graph.hoisted:
+                elif (
+                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT)
+                    and name not in kept
+                    and name not in self.graph.hoisted
+                ):
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.graph.values and s.name not in wanted:
@@ -1455,7 +1487,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX, SCAN) and not hoisted
+            cheap = v.kind in (*_COPIES, MATMUL, SOFTMAX, SCAN) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1832,11 +1864,13 @@ def _positional(call: structural.Structural) -> bool:
     """Whether a structural call counts some dim from the front (a matrix product counts from the back)."""
     if isinstance(call, structural.Reduction):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, (structural.Softmax, structural.Scan)):
+    if isinstance(call, (structural.Softmax, structural.Scan, structural.Sliced, structural.Concatenated)):
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
-    return False
+    if isinstance(call, (structural.Unsqueezed, structural.Flattened)):  # a squeeze too
+        return call.dim >= 0 if isinstance(call, structural.Unsqueezed) else any(d >= 0 for d in call.dims)
+    return isinstance(call, structural.Reshaped)  # its sizes count from the front
 
 
 def _may_alias(code: str) -> bool:

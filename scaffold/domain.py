@@ -214,6 +214,8 @@ def _elementwise_stand_in(expr: sympy.Basic) -> sympy.Basic:
             return -sympy.log(1 + sympy.exp(-operands[0]))
         if isinstance(expr, structural.Softmax):
             return 1 / (1 + sympy.exp(-operands[0]))
+        if isinstance(expr, (structural.Transposed, structural.Sliced, structural.Reshaping)):
+            return operands[0]
         return sympy.Mul(*operands)
     if not expr.args or not expr.has(structural.Structural):
         return expr

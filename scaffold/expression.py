@@ -780,6 +780,10 @@ class _CallBuilder(_BuilderBase):
         usage = f"write it as {structural.example(name)}"
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.fail(node, "starred arguments are not allowed")
+        if name in ("cat", "stack"):
+            return self._cat(node, depth)
+        if name in structural.RESHAPES:
+            return self._reshaping(node, depth)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -846,7 +850,96 @@ class _CallBuilder(_BuilderBase):
         return sympy.Integer(sign * node.value)
 
 
-class _Builder(_CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
+_SLICE_USAGE = "slice with integer bounds and step 1, e.g. x[..., :4], x[..., 4:] or x[1:-1]"
+
+
+class _ShapeBuilder(_BuilderBase):
+    """Slices (``x[..., 2:]``, ``x[1:-1, :4]``: one node per sliced dimension) and ``cat((a, b), dim=D)``."""
+
+    def build_Subscript(self, node: ast.Subscript, depth: int) -> sympy.Basic:
+        items = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        ellipses = [i for i, item in enumerate(items) if _is_ellipsis(item)]
+        if len(ellipses) > 1:
+            raise self.fail(node, "an index has at most one '...'", hint=_SLICE_USAGE)
+        for item in items:
+            if not isinstance(item, ast.Slice) and not _is_ellipsis(item):
+                raise self.fail(
+                    node,
+                    "only slices (start:stop) index a value: an integer, a tensor or None picks or adds elements",
+                    hint=_SLICE_USAGE + "; to pick one element keep its dimension, x[..., 2:3]",
+                )
+        cut = ellipses[0] if ellipses else len(items)
+        # before '...' (or without one) dims count from the front, after it from the back
+        dims = list(range(cut)) + list(range(-(len(items) - cut - 1), 0))
+        result = self._expr(self.build(node.value, depth), node.value)
+        for dim, item in zip(dims, [i for i in items if not _is_ellipsis(i)]):
+            if item.step is not None:
+                raise self.fail(item, "a slice's step must be left out (steps are 1)", hint=_SLICE_USAGE)
+            start, stop = (self._bound(b) for b in (item.lower, item.upper))
+            if start == sympy.Tuple(0):
+                start = sympy.Tuple()
+            if start or stop:
+                result = structural.Sliced(result, sympy.Integer(dim), start, stop)
+        return result
+
+    def _bound(self, node: ast.AST | None) -> sympy.Tuple:
+        """A slice's bound: a Tuple of it, empty where it is left out."""
+        if node is None:
+            return sympy.Tuple()
+        sign = 1
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            sign, node = -1, node.operand
+        if not (isinstance(node, ast.Constant) and type(node.value) is int):
+            raise self.fail(node, "a slice's bounds must be literal integers, such as 1 or -1", hint=_SLICE_USAGE)
+        return sympy.Tuple(sign * node.value)
+
+    def _cat(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """cat((a, b, ...), dim=D) or stack((a, b, ...), dim=D)."""
+        name = node.func.id
+        usage = f"write it as {structural.example(name)}"
+        tensors = node.args[0] if len(node.args) == 1 else None
+        keywords = {k.arg: k.value for k in node.keywords}
+        if not isinstance(tensors, (ast.Tuple, ast.List)) or set(keywords) != {"dim"}:
+            raise self.fail(node, f"{name}() takes a tuple of expressions and dim=D", hint=usage)
+        if len(tensors.elts) < 2:
+            raise self.fail(node, f"{name}() joins two or more expressions", hint=usage)
+        operands = [self._expr(self.build(e, depth), e) for e in tensors.elts]
+        joined = structural.Stacked if name == "stack" else structural.Concatenated
+        return joined(*operands, self._integer(keywords["dim"], name, usage))
+
+    def _reshaping(self, node: ast.Call, depth: int) -> sympy.Basic:
+        """reshape(e, (d0, ...)), unsqueeze(e, d), squeeze(e, d), flatten(e, start_dim=a, end_dim=b): the
+        parameters literal integers, by position or (but reshape's) by torch's keywords."""
+        name = node.func.id
+        usage = f"write it as {structural.example(name)}"
+        names = {"reshape": ("shape",), "flatten": ("start_dim", "end_dim")}.get(name, ("dim",))
+        given = dict(zip(names, node.args[1:]))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given or name == "reshape":
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, an unknown keyword or twice", hint=usage)
+            given[keyword.arg] = keyword.value
+        if not node.args or len(node.args) > 1 + len(names) or (name != "flatten" and len(given) != 1):
+            raise self.fail(node, f"{name}() takes an expression and {', '.join(names)}", hint=usage)
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        if name == "flatten":
+            start, end = (self._integer(given[k], name, usage) if k in given else d for k, d in zip(names, (0, -1)))
+            return structural.Flattened(operand, sympy.Integer(start), sympy.Integer(end))
+        if name != "reshape":
+            return structural.RESHAPES[name](operand, self._integer(given["dim"], name, usage))
+        sizes = given["shape"]
+        if not isinstance(sizes, ast.Tuple) or not sizes.elts:
+            raise self.fail(node, "reshape() takes the new shape as a tuple of integers", hint=usage)
+        values = [self._integer(e, name, usage) for e in sizes.elts]
+        if list(values).count(-1) > 1 or any(v < -1 or v == 0 for v in values):
+            raise self.fail(node, "reshape() takes sizes of at least 1, and at most one -1", hint=usage)
+        return structural.Reshaped(operand, sympy.Tuple(*values))
+
+
+def _is_ellipsis(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is Ellipsis
+
+
+class _Builder(_ShapeBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
     """Builds the sympy expression a Python expression's syntax tree spells, refusing anything else."""
 
 

@@ -49,7 +49,23 @@ from sympy.printing.str import StrPrinter
 from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
-from .structural import REDUCTIONS, SCANS, LogSoftmax, LogSumExp, Reduction, Scan, Softmax, Structural, Transposed
+from .structural import (
+    REDUCTIONS,
+    RESHAPES,
+    SCANS,
+    Concatenated,
+    Flattened,
+    LogSoftmax,
+    LogSumExp,
+    Reduction,
+    Reshaped,
+    Scan,
+    Sliced,
+    Softmax,
+    Structural,
+    Transposed,
+    sliced,
+)
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -737,12 +753,30 @@ class _StructuralPrinter(_PrinterBase):
     def _print_Transposed(self, expr: Transposed) -> str:
         return f"{self._operand(expr.args[0], ATOM)}.transpose({expr.dims[0]}, {expr.dims[1]})"
 
+    def _print_Sliced(self, expr: Sliced) -> str:
+        return sliced(self._operand(expr.args[0], ATOM), expr)
+
+    def _print_Reshaping(self, expr: Structural) -> str:
+        x = self._operand(expr.args[0], ATOM)
+        if isinstance(expr, Reshaped):
+            return f"{x}.reshape({', '.join(map(str, expr.sizes))})"
+        if isinstance(expr, Flattened):
+            return f"{x}.flatten({expr.dims[0]}, {expr.dims[1]})"
+        return f"{x}.{expr.spelling}({expr.args[1]})"
+
+    def _print_Concatenated(self, expr: Concatenated) -> str:
+        function = "torch.stack" if expr.spelling == "stack" else "torch.cat"
+        return f"{function}(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
+
 
 for _class in REDUCTIONS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
 _StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
 for _class in SCANS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Scan)
+_StructuralPrinter._print_Stacked = _StructuralPrinter._print_Concatenated
+for _class in RESHAPES.values():
+    setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reshaping)
 
 
 class TorchPrinter(

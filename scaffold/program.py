@@ -512,6 +512,10 @@ _SHAPE_HINT = {
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
     structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
     structural.SCAN: "dim counts from 0, or from -1 for the last dimension",
+    structural.SLICE: "x[..., a:b] slices the last dimension, x[a:b] the first; the slice must take elements",
+    structural.RESHAPE: "reshape keeps the number of elements (one size may be -1); squeeze removes a dimension "
+    "of size 1",
+    structural.CAT: "cat joins operands of one shape but along dim (dim counts from 0, or from -1 for the last)",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -572,8 +576,15 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
             if call.dims:  # a reduction over every dimension has rank 0 (or its operand's, kept) at any rank
                 removed = 0 if call.keepdim else len(call.dims)
                 require(str(call.args[0]), rank + removed, exact, reason)
-        elif isinstance(call, (structural.Softmax, structural.Scan, structural.Transposed)):
+        elif isinstance(call, (structural.Softmax, structural.Scan, structural.Transposed, structural.Sliced)):
             require(str(call.args[0]), rank, exact, reason)
+        elif isinstance(call, structural.Stacked):
+            for operand in call.operand_exprs:
+                require(str(operand), max(rank - 1, 0), exact, reason)
+        elif isinstance(call, structural.Reshaping):
+            change = _rank_change(call)
+            if change is not None:
+                require(str(call.args[0]), max(rank - change, 0), exact, reason)
         else:
             for operand in call.operand_exprs:
                 if len(values[str(operand)].shape) == here:
@@ -594,6 +605,18 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
         elif isinstance(call, structural.Transposed):
             reason = structural.spelled(_written(program, call))
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, (structural.Sliced, structural.Concatenated)):
+            reason = structural.spelled(_written(program, call))
+            rank = call.dim + 1 if call.dim >= 0 else -call.dim
+            if isinstance(call, structural.Stacked):  # the dim is the result's, which has one more
+                rank -= 1
+            for operand in call.operand_exprs:
+                if rank:
+                    require(str(operand), rank, False, reason)
+        elif isinstance(call, structural.Reshaping) and not isinstance(call, structural.Reshaped):
+            reason = structural.spelled(_written(program, call))
+            if _rank_needed(call):
+                require(str(call.args[0]), _rank_needed(call), False, reason)
         elif isinstance(call, structural.MatrixProduct):
             product = structural.spelled(_written(program, call)).removeprefix("(").removesuffix(")")
             for operand in call.operand_exprs:
@@ -602,6 +625,27 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
                 else:
                     require(str(operand), 2, False, f"a matrix in {product}")
     return tuple(found[t] for t in program.tensor_names if t in found)
+
+
+def _rank_change(call: structural.Reshaping) -> int | None:
+    """How many dimensions ``call`` adds (removes: negative) at every rank; None where its result's rank
+    is the same at every rank (a reshape, a flatten from the front to the back)."""
+    if isinstance(call, structural.Squeezed):
+        return -1
+    if isinstance(call, structural.Unsqueezed):
+        return 1
+    if isinstance(call, structural.Flattened) and (call.dims[0] < 0) == (call.dims[1] < 0):
+        return call.dims[0] - call.dims[1]
+    return None
+
+
+def _rank_needed(call: structural.Reshaping) -> int:
+    """The operand's rank an unsqueeze, squeeze or flatten needs for its dims to exist."""
+    if isinstance(call, structural.Flattened):
+        return max(d + 1 if d >= 0 else -d for d in call.dims)
+    if isinstance(call, structural.Squeezed):
+        return call.dim + 1 if call.dim >= 0 else -call.dim
+    return call.dim if call.dim >= 0 else -call.dim - 1  # an unsqueeze: the result has one more
 
 
 def _written(program: Program, call: structural.Structural) -> sympy.Basic:

@@ -797,13 +797,16 @@ def second_shapes(
     each 0-d tensor at the shape of the others (:func:`_per_element`)."""
     resized = [tuple(n if n == 1 else n + 1 for n in shape) for shape in shapes]
     ranks = [len(shape) for t, shape in zip(spec.tensors, shapes) if not t.learnable]
-    seconds = resized
+    candidates = [resized]
     if ranks:
-        batched = [
-            (SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape
-            for t, shape in zip(spec.tensors, resized)
+        candidates = [
+            [(SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape for t, shape in each]
+            for each in (zip(spec.tensors, resized), zip(spec.tensors, shapes))
         ]
-        seconds = batched if fits(batched) else resized
+        candidates.insert(1, resized)
+    # sizes one larger where the op takes them; else the example's (cat's operands add up to another
+    # input's size, a reshape's sizes hold the elements), with the batch where it fits
+    seconds = next((c for c in candidates if fits(c)), resized)
     return _per_element(seconds, fits)
 
 

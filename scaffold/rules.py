@@ -30,6 +30,10 @@ a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
 cumsum     g summed from the back (reversed cumsum)        cumsum(t)
 cumprod    exact at zeros: see _cumprod_backward           exact at zeros: see _cumprod_tangent
+x[a:b]     zeros of x's shape with g scattered into a:b   t[a:b]
+cat        g split: each operand's part along dim          cat of the tangents
+stack      g selected at each operand's index along dim    stack of the tangents
+reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
 ========== ============================================== =================================================
 """
 
@@ -47,6 +51,8 @@ from .structural import (
     AMin,
     CumProd,
     CumSum,
+    Concatenated,
+    Flattened,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
@@ -54,9 +60,14 @@ from .structural import (
     ReduceSum,
     Reduction,
     Scan,
+    Reshaped,
+    Reshaping,
+    Sliced,
     Softmax,
+    Stacked,
     Structural,
     Transposed,
+    sliced,
     spelled,
 )
 
@@ -204,14 +215,29 @@ def forward_code(call: Structural, operands: list[str]) -> str:
         return f"{operands[0]} @ {operands[1]}"
     if isinstance(call, Scan):
         return f"torch.{call.spelling}({operands[0]}, dim={call.dim})"
+    if isinstance(call, Sliced):
+        return sliced(operands[0], call)
+    if isinstance(call, Concatenated):
+        function = "torch.stack" if isinstance(call, Stacked) else "torch.cat"
+        return f"{function}(({', '.join(operands)}), dim={call.dim})"
+    if isinstance(call, Reshaping):
+        return _reshaping_code(call, operands[0])
     assert isinstance(call, Transposed)
     return f"{operands[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+
+
+def _reshaping_code(call: Reshaping, x: str) -> str:
+    if isinstance(call, Reshaped):
+        return f"{x}.reshape({', '.join(map(str, call.sizes))})"
+    if isinstance(call, Flattened):
+        return f"{x}.flatten({call.dims[0]}, {call.dims[1]})"
+    return f"{x}.{call.spelling}({call.dim})"
 
 
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax, Scan))
+    return isinstance(call, (MatrixProduct, Softmax, Scan, Sliced, Concatenated, Reshaping))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -254,6 +280,16 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return _from_the_back(g, call.dim)
     if isinstance(call, CumProd):
         return _cumprod_backward(call, g, emit.value(x), emit.value(node.name), emit)
+    if isinstance(call, Sliced):
+        # out of place (differentiable again): zeros where forward dropped x's elements
+        # bounds from the front: slice_scatter's vmap rule (jacrev, hessian) refuses negative ones
+        shape = emit.shape(x)
+        start, stop = (b if b is None or b >= 0 else f"{shape}[{call.dim}] - {-b}" for b in call.bounds)
+        return f"{g}.new_zeros({shape}).slice_scatter({g}, {call.dim}, {start}, {stop})"
+    if isinstance(call, Concatenated):
+        return _cat_backward(call, operand, g, emit)
+    if isinstance(call, Reshaping):
+        return f"{g}.reshape({emit.shape(x)})"
     return _matmul_backward(call, operand, g, emit)
 
 
@@ -284,6 +320,16 @@ def _cumprod_backward(call: CumProd, g: str, x: str, y: str, emit: Emitter) -> s
     nonzero = f"{_from_the_back(emit.temporary(f'{g} * {y}'), d)} / torch.where({zero}, 1, {x})"
     zeros = f"torch.where({first}, {at_first}, torch.where({second}, {first_zero} * {at_second}, 0))"
     return f"torch.where({zero}, {zeros}, {nonzero})"
+
+
+def _cat_backward(call: Concatenated, operand: int, g: str, emit: Emitter) -> str:
+    """Operand ``operand``'s part of ``g``: its size along dim, after the operands before it (sizes at
+    call time)."""
+    if isinstance(call, Stacked):
+        return f"{g}.select({call.dim}, {operand})"
+    sizes = [f"{emit.shape(str(o))}[{call.dim}]" for o in call.operand_exprs]
+    start = " + ".join(sizes[:operand]) or "0"
+    return f"{g}.narrow({call.dim}, {start}, {sizes[operand]})"
 
 
 def _keeping(call: Reduction) -> Reduction:
@@ -334,6 +380,8 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{tangents[0]}.cumsum({call.dim})"
     if isinstance(call, CumProd):
         return _cumprod_tangent(call, tangents[0], emit.value(x), emit.value(node.name))
+    if isinstance(call, (Sliced, Concatenated, Reshaping)):
+        return forward_code(call, tangents)
     a, b = (str(o) for o in call.operand_exprs)
     return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
 
@@ -374,5 +422,8 @@ def describe(node: Value) -> str:
             Transposed: f"{x}'s gradient is g transposed back",
             CumSum: f"{x}'s gradient is g summed from each position to the end",
             CumProd: f"{x}'s gradient is g * {y} summed from the back, over {x}; at its zeros, without dividing",
-        }[type(call)]
+            Sliced: f"{x}'s gradient is g where the slice took {x}'s elements, 0 elsewhere",
+            Concatenated: "each operand's gradient is its part of g along dim",
+            Stacked: "each operand's gradient is g at its index along dim",
+        }.get(type(call), f"{x}'s gradient is g reshaped back to {x}'s shape")
     return f"{y} = {spelled(call)}: {rule}"

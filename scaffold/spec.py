@@ -575,7 +575,7 @@ class OpSpec(_ArgumentChecks, _SizeChecks):
     def structured(self) -> bool:
         """Whether the forward uses reductions, softmax, ``@`` or transpose (:mod:`.structural`): a look at
         its words, before it is parsed."""
-        return "@" in self.forward or bool(_STRUCTURAL_CALL.search(self.forward))
+        return "@" in self.forward or "[" in self.forward or bool(_STRUCTURAL_CALL.search(self.forward))
 
     @property
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:

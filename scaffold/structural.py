@@ -23,6 +23,11 @@ SOFTMAX = "softmax"
 MATMUL = "matmul"
 TRANSPOSE = "transpose"
 SCAN = "scan"
+#: Shape operations: a slice along one dimension, a concatenation.
+SLICE = "slice"
+CAT = "cat"
+#: reshape, unsqueeze, squeeze, flatten: the same elements in another shape
+RESHAPE = "reshape"
 
 
 class Structural(sympy.Function):
@@ -180,13 +185,135 @@ class CumProd(Scan):
     stem = "running_product"
 
 
+class Sliced(Structural):
+    """``e[..., start:stop]``, a slice along one dimension with step 1: arguments (e, dim, start, stop), a
+    bound an empty Tuple where it is left out, else a Tuple of it (``e[1:-1, 2:]`` is two slices, one per dimension)."""
+
+    kind = SLICE
+    spelling = "[]"
+    stem = "part"
+    nargs = 4
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def bounds(self) -> tuple[int | None, int | None]:
+        return tuple(int(b[0]) if b else None for b in self.args[2:])  # type: ignore[return-value]
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        operand = printer._print(self.args[0])
+        return sliced(
+            operand if self.args[0].is_Symbol or isinstance(self.args[0], Structural) else f"({operand})", self
+        )
+
+
+def sliced(code: str, call: Sliced) -> str:
+    """``code`` (an atom) indexed as ``call`` slices: ``x[..., 2:]``, ``x[:, 1:-1]``."""
+    start, stop = call.bounds
+    part = f"{'' if start is None else start}:{'' if stop is None else stop}"
+    if call.dim >= 0:
+        return f"{code}[{', '.join([':'] * call.dim + [part])}]"
+    return f"{code}[{', '.join(['...', part] + [':'] * (-call.dim - 1))}]"
+
+
+class Concatenated(Structural):
+    """``cat((a, b, ...), dim=D)``: arguments (a, b, ..., D)."""
+
+    kind = CAT
+    spelling = "cat"
+    stem = "joined"
+
+    @property
+    def operands(self) -> int:  # type: ignore[override]
+        return len(self.args) - 1
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[-1])
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        parts = ", ".join(printer._print(o) for o in self.operand_exprs)
+        return f"cat(({parts}), dim={self.dim})"
+
+
+class Stacked(Concatenated):
+    """``stack((a, b, ...), dim=D)``: arguments (a, b, ..., D); operands of one shape, joined along a new
+    dimension (a cat's kind of node: each operand's gradient is its part of g)."""
+
+    spelling = "stack"
+    stem = "stacked"
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        return "stack" + super().spelled(printer).removeprefix("cat")
+
+
+class Reshaping(Structural):
+    """The operand's elements in another shape, in the same order: its gradient is g reshaped back."""
+
+    kind = RESHAPE
+    nargs = 2
+
+
+class Reshaped(Reshaping):
+    """``reshape(e, (d0, d1, ...))``, one of them -1: arguments (e, Tuple of the sizes)."""
+
+    spelling = "reshape"
+    stem = "reshaped"
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.args[1])
+
+    def _parameters(self) -> str:
+        return f", {self.sizes}" if len(self.sizes) != 1 else f", ({self.sizes[0]},)"
+
+
+class Unsqueezed(Reshaping):
+    """``unsqueeze(e, d)``: arguments (e, d)."""
+
+    spelling = "unsqueeze"
+    stem = "unsqueezed"
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    def _parameters(self) -> str:
+        return f", {self.dim}"
+
+
+class Squeezed(Unsqueezed):
+    """``squeeze(e, d)``, of a dimension of size 1: arguments (e, d)."""
+
+    spelling = "squeeze"
+    stem = "squeezed"
+
+
+class Flattened(Reshaping):
+    """``flatten(e, start_dim=a, end_dim=b)``: arguments (e, a, b)."""
+
+    spelling = "flatten"
+    stem = "flat"
+    nargs = 3
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        return int(self.args[1]), int(self.args[2])
+
+    def _parameters(self) -> str:
+        return f", start_dim={self.dims[0]}, end_dim={self.dims[1]}"
+
+
+RESHAPES: dict[str, type[Reshaping]] = {c.spelling: c for c in (Reshaped, Unsqueezed, Squeezed, Flattened)}
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 SCANS: dict[str, type[Scan]] = {c.spelling: c for c in (CumSum, CumProd)}
 #: The calls of one expression along one required dim (``softmax(e, dim=-1)``, ``cumsum(e, dim=0)``).
 ALONG_ONE_DIM: dict[str, type[Softmax] | type[Scan]] = {**SOFTMAXES, **SCANS}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(ALONG_ONE_DIM) | {"transpose"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(ALONG_ONE_DIM) | frozenset(RESHAPES) | {"transpose", "cat", "stack"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
@@ -197,6 +324,10 @@ CLASSES: tuple[type[Structural], ...] = (
     *SCANS.values(),
     MatrixProduct,
     Transposed,
+    Sliced,
+    Concatenated,
+    Stacked,
+    *RESHAPES.values(),
 )
 
 
@@ -224,6 +355,13 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1, keepdim=True)"
     if spelling in ALONG_ONE_DIM:
         return f"{spelling}(x, dim=-1)"
+    if spelling in ("cat", "stack"):
+        return f"{spelling}((x, y), dim=-1)"
+    if spelling in RESHAPES:
+        return {
+            "reshape": "reshape(x, (-1, 12))",
+            "flatten": "flatten(x, start_dim=-2, end_dim=-1)",
+        }.get(spelling, f"{spelling}(x, -1)")
     return "transpose(x, -1, -2)"
 
 
@@ -259,7 +397,80 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         swapped = list(shape)
         swapped[d0], swapped[d1] = shape[d1], shape[d0]
         return tuple(swapped)
+    if isinstance(call, Sliced):
+        return sliced_shape(call, shapes[0], what[0])
+    if isinstance(call, Stacked):
+        different = [w for s, w in zip(shapes[1:], what[1:]) if s != shapes[0]]
+        if different:
+            raise ShapeError(f"stack needs operands of one shape: {what[0]} and {different[0]} differ")
+        d = normalized_dim(call.dim, len(shapes[0]) + 1, "the stacked result")
+        return (*shapes[0][:d], len(shapes), *shapes[0][d:])
+    if isinstance(call, Concatenated):
+        return cat_shape(call, shapes, what)
+    if isinstance(call, Reshaping):
+        return reshaped_shape(call, shapes[0], what[0])
     return matmul_shape(*shapes, *what)
+
+
+def reshaped_shape(call: Reshaping, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The shape ``call`` gives a value of ``shape``, as torch's; a squeeze of a dimension that is not 1,
+    or sizes that do not hold the elements, refused."""
+    if isinstance(call, Squeezed):
+        d = normalized_dim(call.dim, len(shape), what)
+        if shape[d] != 1:
+            raise ShapeError(f"squeeze at dim={call.dim} of {what}: that dimension has size {shape[d]}, not 1")
+        return shape[:d] + shape[d + 1 :]
+    if isinstance(call, Unsqueezed):
+        d = normalized_dim(call.dim, len(shape) + 1, what + " unsqueezed")
+        return (*shape[:d], 1, *shape[d:])
+    if isinstance(call, Flattened):
+        start, end = (normalized_dim(d, max(len(shape), 1), what) for d in call.dims)
+        if start > end:
+            raise ShapeError(f"flatten of {what}: start_dim={call.dims[0]} comes after end_dim={call.dims[1]}")
+        return (*shape[:start], _count(shape[start : end + 1]), *shape[end + 1 :])
+    assert isinstance(call, Reshaped)
+    total, known = _count(shape), _count(tuple(d for d in call.sizes if d != -1))
+    fits = total % known == 0 if -1 in call.sizes else total == known
+    if not fits:
+        raise ShapeError(
+            f"reshape of {what}, {total} elements, to {call.sizes}: "
+            + (f"{total} is not a multiple of {known}" if -1 in call.sizes else f"that holds {known}")
+        )
+    return tuple(total // known if d == -1 else d for d in call.sizes)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def sliced_shape(call: Sliced, shape: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """The shape of ``call`` of a value of ``shape``: Python's slice of the sliced dimension; an empty
+    slice is refused."""
+    d = normalized_dim(call.dim, len(shape), what)
+    size = len(range(shape[d])[slice(*call.bounds)])
+    if size == 0:
+        start, stop = call.bounds
+        raise ShapeError(
+            f"{start if start is not None else ''}:{stop if stop is not None else ''} at dim={call.dim} of {what} "
+            f"takes no elements (that dimension has {shape[d]})"
+        )
+    return (*shape[:d], size, *shape[d + 1 :])
+
+
+def cat_shape(call: Concatenated, shapes: tuple[tuple[int, ...], ...], what: tuple[str, ...]) -> tuple[int, ...]:
+    """torch.cat's result shape: operands of one rank, the same sizes but along dim, where they add up."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) > 1:
+        listed = ", ".join(what)
+        raise ShapeError(f"cat needs operands with the same number of dimensions: {listed}")
+    d = normalized_dim(call.dim, len(shapes[0]), what[0])
+    for shape, described in zip(shapes[1:], what[1:]):
+        if shape[:d] + shape[d + 1 :] != shapes[0][:d] + shapes[0][d + 1 :]:
+            raise ShapeError(f"cat along dim={call.dim}: {what[0]} and {described} differ in another dimension")
+    return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1 :])
 
 
 def reduced_dims(call: Reduction, shape: tuple[int, ...]) -> tuple[int, ...]:
