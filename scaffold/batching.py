@@ -117,6 +117,8 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
     operands = [str(o) for o in call.operand_exprs]
     if isinstance(call, structural.MatrixProduct):
         return _product(program, operands, dims)
+    if isinstance(call, structural.OneHot):  # a dimension more, at the end
+        return None if dims[operands[0]] is None else dims[operands[0]] + 1
     named = call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
     if not named or any(d >= 0 for d in named):  # over every dimension, or counted from the front
         if dims[operands[0]] is not None:

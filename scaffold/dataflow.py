@@ -58,6 +58,7 @@ from .rules import (
 from .stable import finite_at_zero, xexpy
 from .structural import (
     MATMUL,
+    ONE_HOT,
     REDUCE,
     SOFTMAX,
     TRANSPOSE,
@@ -225,7 +226,9 @@ class _Graph:
         upstream: dict[str, frozenset[int]] = {}
         for v in self.program.values:
             if v.kind == TENSOR:
-                upstream[v.name] = frozenset() if v.name in custom else frozenset({self.tensor_args.index(v.name)})
+                # class indices (int64) take no gradient
+                none = v.name in custom or v.name in self.program.integers
+                upstream[v.name] = frozenset() if none else frozenset({self.tensor_args.index(v.name)})
             elif v.kind == SCALAR:
                 upstream[v.name] = frozenset()
             else:
@@ -388,6 +391,10 @@ class _Writer:
         self.kernel_alone: str | None = None  # an elementwise node's gradient code, where one kernel alone
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
+        # whose dtype a one_hot takes: the first floating-point argument's in forward and jvp, the upstream
+        # gradient's in backward (which may not have that argument)
+        floats = [n for n in graph.tensor_args if n not in graph.program.integers]
+        self.one_hot_dtype = f"{floats[0]}.dtype" if floats else "torch.get_default_dtype()"
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
         self.named = frozenset(self.taken)  # the names every function of the module may not take
 
@@ -519,7 +526,7 @@ class _ForwardWriter(_Writer):
         if v.kind == ELEMENTWISE:
             return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
-        code = forward_code(v.expr, operands)
+        code = forward_code(v.expr, operands, self.one_hot_dtype)
         return f"{code}.clone()" if copy and v.kind == TRANSPOSE else code
 
     def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
@@ -620,7 +627,8 @@ class _ForwardWriter(_Writer):
     def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
         lines = []
         emitter = _Everything(self)
-        tangents = {n: n + TANGENT for n in self.graph.tensor_args}
+        # class indices have no tangent, nor has what depends on them alone (a one_hot)
+        tangents = {n: n + TANGENT for n in self.graph.tensor_args if n not in self.graph.program.integers}
         taken = set(self.named) | {v.name + TANGENT for v in self.graph.program.values}
         scalars: set[str] = set()
         for v in self.graph.nodes:
@@ -629,6 +637,8 @@ class _ForwardWriter(_Writer):
             t = v.name + TANGENT
             if v.kind == ELEMENTWISE:
                 lines += self._elementwise_tangent(v, tangents, taken, scalars)
+            elif not any(str(o) in tangents for o in v.expr.operand_exprs):
+                continue
             else:
                 operands = [tangents[str(o)] for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
@@ -912,7 +922,9 @@ class _Planner(_Shares):
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
+        self.one_hot_dtype, forward_dtype = f"{grad_names[self.graph.visible[0]]}.dtype", self.one_hot_dtype
         recompute_lines = self._recompute_lines(recomputed, lines)
+        self.one_hot_dtype = forward_dtype
         forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
@@ -969,7 +981,7 @@ class _Planner(_Shares):
         jumps) gets zeros of its shape, as autograd gives, not None: None says the op does not depend on it."""
         anchor = grad_names[self.graph.visible[0]]
         for index, name in enumerate(self.graph.tensor_args):
-            if name in grad_shapes or not self.graph.program.consumers(name):
+            if name in grad_shapes or not self.graph.program.consumers(name) or name in self.graph.program.integers:
                 continue
             if self.skips_unused:
                 raise _NeedsEveryGradientError  # its zeros take their dtype and device from an output's gradient
@@ -1357,7 +1369,10 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                elif v.kind in (ELEMENTWISE, TRANSPOSE) and name not in kept and name not in self.graph.hoisted:
+                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float
+                elif (
+                    v.kind in (ELEMENTWISE, TRANSPOSE, ONE_HOT) and name not in kept and name not in self.graph.hoisted
+                ):
                     recomputed.add(name)
                     for s in v.expr.free_symbols:
                         if s.name in self.graph.values and s.name not in wanted:
@@ -1454,7 +1469,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX) and not hoisted
+            cheap = v.kind in (ELEMENTWISE, TRANSPOSE, MATMUL, SOFTMAX, ONE_HOT) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)

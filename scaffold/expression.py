@@ -780,6 +780,8 @@ class _CallBuilder(_BuilderBase):
         usage = f"write it as {structural.example(name)}"
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             raise self.fail(node, "starred arguments are not allowed")
+        if name == "one_hot":
+            return self._one_hot(node, depth, usage)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -832,6 +834,19 @@ class _CallBuilder(_BuilderBase):
             keepdim = flag.value
         reduction = structural.REDUCTIONS[name]
         return reduction(operand, sympy.Tuple(*map(sympy.Integer, dims)), sympy.true if keepdim else sympy.false)
+
+    def _one_hot(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``one_hot(t, num_classes=C)``: t an int64 tensor argument (stage 3 checks its dtype), C a literal
+        integer, by keyword or second in order."""
+        given = list(node.args[1:2]) + [k.value for k in node.keywords if k.arg == "num_classes"]
+        unknown = [k.arg for k in node.keywords if k.arg != "num_classes"]
+        if len(node.args) not in (1, 2) or unknown or len(given) != 1:
+            raise self.fail(node, "one_hot() takes an int64 tensor and num_classes", hint=usage)
+        classes = given[0]
+        if not (isinstance(classes, ast.Constant) and type(classes.value) is int and 0 < classes.value <= 2**20):
+            raise self.fail(node, "one_hot() takes num_classes as a literal positive integer, such as 10", hint=usage)
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        return structural.OneHot(operand, sympy.Integer(classes.value))
 
     def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
         """A literal dimension: an int, or minus one."""

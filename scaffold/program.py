@@ -82,6 +82,8 @@ class Program:
     # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
     # computes them, forward does not
     backward_only: frozenset[str] = frozenset()
+    # the int64 tensor arguments (class indices): no gradient reaches them, backward returns None for them
+    integers: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
@@ -183,7 +185,8 @@ class _Lifter:
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
         hoisted -= {o.value for o in outputs}
         backward_only = frozenset(v.name for v in self.values[count:])
-        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only)
+        integers = frozenset(t.name for t in self.spec.tensors if t.integer)
+        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only, integers)
 
     def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:
         """The custom gradient ``expr`` of ``name`` over the program's values: each reduction, softmax or
@@ -309,6 +312,8 @@ class _Lifter:
         return symbol
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
+        if isinstance(formula, structural.OneHot):
+            self.check_indices(formula, written, line)
         if isinstance(formula, Structural):
             operands = [str(o) for o in formula.operand_exprs]
             described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
@@ -326,6 +331,25 @@ class _Lifter:
                 where=self.at(line),
                 hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
             ) from None
+
+    def check_indices(self, formula: structural.OneHot, written: sympy.Basic, line: int) -> None:
+        """one_hot's operand is an int64 tensor argument."""
+        operand = str(formula.args[0])
+        if not any(t.name == operand and t.integer for t in self.spec.tensors):
+            raise ExpressionError(
+                f"{structural.spelled(written)}: one_hot takes an int64 tensor argument of class indices, "
+                f"and {structural.spelled(self.written[operand])} is not one",
+                where=self.at(line),
+                hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
+            )
+        low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
+        if low < 0 or high >= formula.classes:
+            raise ExpressionError(
+                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
+                f"0 to {formula.classes - 1}, which one_hot refuses",
+                where=self.at(line),
+                hint=f"declare domain = [0, {formula.classes - 1}] for {operand}, or raise num_classes",
+            )
 
     def line_of(self, written: sympy.Basic) -> int:
         """The first line of the forward whose value contains ``written`` (0: a forward of one line)."""
@@ -511,6 +535,7 @@ _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
     structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
+    structural.ONE_HOT: "one_hot(t, num_classes=C) adds a last dimension of size C",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }

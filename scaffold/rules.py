@@ -28,6 +28,7 @@ softmax    y * (g - sum(g * y))                           y * (t - sum(y * t))
 log_softmax g - exp(y) * sum(g)                           t - sum(exp(y) * t)
 a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
+one_hot    none: its operand holds int64 class indices    none (zero)
 ========== ============================================== =================================================
 """
 
@@ -46,6 +47,7 @@ from .structural import (
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
+    OneHot,
     ReduceMean,
     ReduceSum,
     Reduction,
@@ -106,6 +108,7 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     )
     flat = [name for name in program.tensor_names if name not in _differentiable(program, nodes)]
     flat = [name for name in flat if name not in dict(custom) and program.consumers(name)]
+    flat = [name for name in flat if name not in program.integers]  # class indices: no gradient, no warning
     warnings = unused_scalar_warnings(program.parsed) + flat_warnings(program.parsed, flat)
     removable_tensors = tuple(name for name in program.tensor_names if name in removable)
     return ProgramDerivation(program, tuple(nodes), custom, warnings, removable_tensors)
@@ -188,8 +191,11 @@ def unsqueezed(code: str, call: Reduction) -> str:
     return code
 
 
-def forward_code(call: Structural, operands: list[str]) -> str:
-    """The torch code computing ``call`` of the values ``operands`` (names)."""
+def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
+    """The torch code computing ``call`` of the values ``operands`` (names); ``dtype``, code for the
+    floating-point dtype a one_hot takes."""
+    if isinstance(call, OneHot):
+        return f"torch.nn.functional.one_hot({operands[0]}, {call.classes}).to({dtype})"
     if isinstance(call, Reduction):
         return reduce_code(call, operands[0])
     if isinstance(call, Softmax):
@@ -316,5 +322,6 @@ def describe(node: Value) -> str:
             Softmax: f"{x}'s gradient is {y} * (g - sum(g * {y}))",
             LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
             Transposed: f"{x}'s gradient is g transposed back",
+            OneHot: f"{x} holds int64 class indices: no gradient",
         }[type(call)]
     return f"{y} = {spelled(call)}: {rule}"

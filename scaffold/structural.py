@@ -21,6 +21,7 @@ REDUCE = "reduce"
 SOFTMAX = "softmax"
 MATMUL = "matmul"
 TRANSPOSE = "transpose"
+ONE_HOT = "one_hot"
 
 
 class Structural(sympy.Function):
@@ -154,15 +155,39 @@ class Transposed(Structural):
         return f", {self.dims[0]}, {self.dims[1]}"
 
 
+class OneHot(Structural):
+    """``one_hot(t, num_classes=C)``: arguments (t, C). t holds int64 class indices in [0, C); the result is
+    float (the dtype of the op's floating-point inputs), t's shape with a last dimension C. It has no
+    gradient: its operand is an integer tensor."""
+
+    kind = ONE_HOT
+    spelling = "one_hot"
+    stem = "one_hot"
+    nargs = 2
+
+    @property
+    def classes(self) -> int:
+        return int(self.args[1])
+
+    def _parameters(self) -> str:
+        return f", num_classes={self.classes}"
+
+
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose", "one_hot"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
 #: only, so a printer names each.)
-CLASSES: tuple[type[Structural], ...] = (*REDUCTIONS.values(), *SOFTMAXES.values(), MatrixProduct, Transposed)
+CLASSES: tuple[type[Structural], ...] = (
+    *REDUCTIONS.values(),
+    *SOFTMAXES.values(),
+    MatrixProduct,
+    Transposed,
+    OneHot,
+)
 
 
 class _LanguagePrinter(sympy.printing.str.StrPrinter):
@@ -189,6 +214,8 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1, keepdim=True)"
     if spelling in SOFTMAXES:
         return f"{spelling}(x, dim=-1)"
+    if spelling == "one_hot":
+        return "one_hot(t, num_classes=10), t an int64 tensor"
     return "transpose(x, -1, -2)"
 
 
@@ -218,6 +245,8 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
     if isinstance(call, Softmax):
         normalized_dim(call.dim, len(shapes[0]), what[0])
         return shapes[0]
+    if isinstance(call, OneHot):
+        return (*shapes[0], call.classes)
     if isinstance(call, Transposed):
         (shape,) = shapes
         d0, d1 = (normalized_dim(d, len(shape), what[0]) for d in call.dims)

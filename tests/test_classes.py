@@ -1,0 +1,169 @@
+"""Integer class indices (issue 34): a tensor declared ``dtype = "int64"`` with an integer domain takes no
+gradient and is drawn as integers by the generated tests; ``one_hot(t, num_classes=C)`` is a float node of
+its own with no gradient, recomputed from t in backward; cross-entropy written with it equals torch's, with
+and without label smoothing, at two batch ranks, saves no one-hot matrix and passes its generated tests."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.nn import functional
+
+from scaffold import generate_op
+from scaffold.errors import ScaffoldError
+from scaffold.testing import Input, OpTests
+from scaffold.write import write_files
+
+from .conftest import GeneratedRun, background_run, import_generated, make_spec
+
+CE = "logsumexp(z, dim=-1) - sum(z*one_hot(t, num_classes=5), dim=-1)"
+SMOOTHED = f"(1 - eps)*({CE}) + eps*(logsumexp(z, dim=-1) - mean(z, dim=-1))"
+TARGETS = {"shape": [4], "dtype": "int64", "domain": [0, 4]}
+SHAPES = [((4, 5), (4,)), ((2, 3, 5), (2, 3))]
+
+
+def _ce_spec(name: str = "ce", forward: str = CE, **extra):
+    return make_spec(name, forward, {"z": {"shape": [4, 5]}, "t": dict(TARGETS)}, **extra)
+
+
+def _inputs(z_shape, t_shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    z = (torch.randn(z_shape, generator=generator, dtype=torch.float64) * 2).requires_grad_()
+    t = torch.randint(0, 5, t_shape, generator=generator)
+    return z, t
+
+
+@pytest.mark.parametrize(("z_shape", "t_shape"), SHAPES)
+def test_cross_entropy_with_class_indices_matches_torch(tmp_path, z_shape, t_shape):
+    op = import_generated(tmp_path, _ce_spec()).ce
+    z, t = _inputs(z_shape, t_shape)
+    out = op(z, t)
+    expected = functional.cross_entropy(z.reshape(-1, 5), t.reshape(-1), reduction="none").reshape(t_shape)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn(t_shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(out, z, upstream)[0], torch.autograd.grad(expected, z, upstream)[0])
+    assert t.dtype == torch.int64 and not t.requires_grad  # passed through unchanged
+    # float32 in, float32 out: one_hot takes the logits' dtype
+    z32 = z.detach().float().requires_grad_()
+    out32 = op(z32, t)
+    assert out32.dtype == torch.float32
+    assert torch.autograd.grad(out32.sum(), z32)[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize(("z_shape", "t_shape"), SHAPES)
+def test_label_smoothing_matches_torch(tmp_path, z_shape, t_shape):
+    spec = make_spec(
+        "smoothed_ce",
+        SMOOTHED,
+        {"z": {"shape": [4, 5]}, "t": dict(TARGETS)},
+        {"eps": {"type": "float", "default": 0.1}},
+    )
+    op = import_generated(tmp_path, spec).smoothed_ce
+    z, t = _inputs(z_shape, t_shape, seed=1)
+    out = op(z, t, 0.1)
+    flat = functional.cross_entropy(z.reshape(-1, 5), t.reshape(-1), reduction="none", label_smoothing=0.1)
+    expected = flat.reshape(t_shape)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn(t_shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(out, z, upstream)[0], torch.autograd.grad(expected, z, upstream)[0])
+
+
+def test_backward_saves_the_logits_and_the_targets_never_a_one_hot_matrix(tmp_path):
+    module = import_generated(tmp_path, _ce_spec())
+    source = (tmp_path / "ce.py").read_text()
+    [saved] = re.findall(r"ctx\.save_for_backward\((.*)\)", source)
+    assert saved == "z, t, lse"  # the logits, the targets and the row logsumexp (4 numbers)
+    assert "softmax" not in saved and "one_hot" not in saved
+    # backward recomputes the one-hot rows from the indices
+    backward = source[source.index("def _backward") :]
+    assert "torch.nn.functional.one_hot(t, 5)" in backward
+    z, t = _inputs((4, 5), (4,))
+    out, *hidden = module.CeFunction.apply(z, t)
+    assert [h.shape for h in hidden] == [torch.Size([4])]  # only the logsumexp is returned beside the loss
+    assert not t.requires_grad
+
+
+def test_backward_returns_none_for_the_indices(tmp_path):
+    module = import_generated(tmp_path, _ce_spec())
+    z, t = _inputs((4, 5), (4,))
+    outs = module.CeFunction.apply(z, t)
+    grads = outs[0].grad_fn.apply(*(torch.ones_like(o) for o in outs))
+    assert grads[1] is None and grads[0].shape == z.shape
+
+
+def test_the_indices_may_be_read_by_elementwise_math_too(tmp_path):
+    """t in float math is promoted as torch promotes it; it still takes no gradient."""
+    spec = make_spec("weighted", "sum(z*one_hot(t, num_classes=5), dim=-1)*(t + 1)", {"z": {}, "t": dict(TARGETS)})
+    op = import_generated(tmp_path, spec).weighted
+    z, t = _inputs((4, 5), (4,))
+    out = op(z, t)
+    expected = z.gather(-1, t.unsqueeze(-1)).squeeze(-1) * (t + 1)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), z)[0], torch.autograd.grad(expected.sum(), z)[0])
+
+
+def _generated(folder):
+    runs = {}
+    for name, spec in [
+        ("ce", _ce_spec()),
+        (
+            "smoothed",
+            make_spec(
+                "smoothed",
+                SMOOTHED,
+                {"z": {"shape": [4, 5]}, "t": dict(TARGETS)},
+                {"eps": {"type": "float", "default": 0.1}},
+            ),
+        ),
+    ]:
+        write_files(generate_op(spec), folder / name)
+        runs[name] = GeneratedRun(folder / name)
+    return runs
+
+
+@background_run(_generated)
+def test_cross_entropy_passes_its_generated_tests(background_results):
+    for name, result in background_results.items():
+        assert result.returncode == 0, (name, result.stdout[-3000:])
+
+
+def test_the_generated_tests_draw_the_indices_as_integers_in_their_domain(tmp_path):
+    module = import_generated(tmp_path, _ce_spec())
+    test_file = (tmp_path / "test_ce.py").read_text()
+    assert 'Input("t", (2,), low=0, high=4, dtype="int64"' in test_file
+    tests = OpTests(
+        function=module.CeFunction,
+        op=module.ce,
+        module=module.Ce,
+        reference=lambda z, t: torch.logsumexp(z, dim=-1) - (z * functional.one_hot(t, 5)).sum(dim=-1),
+        inputs=[Input("z", (3, 5)), Input("t", (3,), low=0, high=4, dtype="int64")],
+        elementwise=False,
+    )
+    for seed in range(4):
+        _, t = tests.make_inputs("cpu", seed=seed)
+        assert torch.equal(t, t.round()) and 0 <= t.min() and t.max() <= 4
+    assert set(tests.extreme_inputs()[1].tolist()) <= {0.0, 1.0, 2.0, 3.0, 4.0}
+    tests.check_gradcheck("cpu")
+    tests.check_matches_reference("cpu")
+
+
+def test_one_hot_of_a_float_tensor_is_refused():
+    with pytest.raises(ScaffoldError, match="one_hot takes an int64 tensor argument of class indices"):
+        generate_op(make_spec("bad", "sum(one_hot(x, num_classes=5)*z, dim=-1)", {"x": {"shape": [4]}, "z": {}}))
+
+
+@pytest.mark.parametrize(
+    ("forward", "message"),
+    [
+        ("sum(z*one_hot(t), dim=-1)", "one_hot() takes an int64 tensor and num_classes"),
+        ("sum(z*one_hot(t, num_classes=n), dim=-1)", "num_classes as a literal positive integer"),
+        ("sum(z*one_hot(t, classes=5), dim=-1)", "one_hot() takes an int64 tensor and num_classes"),
+        ("sum(z*one_hot(t, num_classes=6), dim=-1)", "do not broadcast together"),
+    ],
+)
+def test_one_hot_calls_that_are_refused(forward, message):
+    spec = make_spec("bad", forward, {"z": {}, "t": dict(TARGETS)}, {"n": {"type": "int", "default": 5}})
+    with pytest.raises(ScaffoldError, match=re.escape(message)):
+        generate_op(spec)
