@@ -119,6 +119,11 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
         return _product(program, operands, dims)
     if isinstance(call, structural.OneHot):  # a dimension more, at the end
         return None if dims[operands[0]] is None else dims[operands[0]] + 1
+    if isinstance(call, structural.Gather):  # the operand and the index batched alike, along a dim from the back
+        counts = {dims[o] for o in operands}
+        if len(counts) > 1 or call.dim >= 0 and counts != {None}:
+            raise _ApartError
+        return dims[operands[0]]
     named = call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
     if not named or any(d >= 0 for d in named):  # over every dimension, or counted from the front
         if dims[operands[0]] is not None:

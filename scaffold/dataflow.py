@@ -57,6 +57,7 @@ from .rules import (
 )
 from .stable import finite_at_zero, xexpy
 from .structural import (
+    GATHER,
     MATMUL,
     ONE_HOT,
     REDUCE,
@@ -350,6 +351,8 @@ class _Graph:
             return x_shape
         if node.kind == SOFTMAX:
             return broadcast([self.shape(x), g_shape])
+        if node.kind == GATHER:
+            return self.shape(x)
         if node.kind == TRANSPOSE:
             d0, d1 = call.dims
             padded = (1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape)
@@ -640,7 +643,7 @@ class _ForwardWriter(_Writer):
             elif not any(str(o) in tangents for o in v.expr.operand_exprs):
                 continue
             else:
-                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
+                operands = [tangents.get(str(o), "None") for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
             tangents[v.name] = t
         for mask, condition in ((m, c) for c, m in self.masks.items()):
@@ -1850,6 +1853,8 @@ def _positional(call: structural.Structural) -> bool:
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
+    if isinstance(call, structural.Gather):
+        return call.dim >= 0
     return False
 
 

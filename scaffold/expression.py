@@ -782,6 +782,8 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(node, "starred arguments are not allowed")
         if name == "one_hot":
             return self._one_hot(node, depth, usage)
+        if name == "gather":
+            return self._gather(node, depth, usage)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -847,6 +849,22 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(node, "one_hot() takes num_classes as a literal positive integer, such as 10", hint=usage)
         operand = self._expr(self.build(node.args[0], depth), node.args[0])
         return structural.OneHot(operand, sympy.Integer(classes.value))
+
+    def _gather(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``gather(e, dim=D, index=t)`` (or in order, as torch.gather): t an int64 tensor argument (stage 3
+        checks it), D a literal dimension."""
+        names = ["input", "dim", "index"]
+        given = dict(zip(names, node.args))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"gather() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        if len(node.args) > 3 or set(given) != set(names):
+            raise self.fail(node, "gather() takes an expression, dim and index", hint=usage)
+        operand = self._expr(self.build(given["input"], depth), given["input"])
+        index = self._expr(self.build(given["index"], depth), given["index"])
+        return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
 
     def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
         """A literal dimension: an int, or minus one."""

@@ -49,7 +49,7 @@ from sympy.printing.str import StrPrinter
 from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
-from .structural import REDUCTIONS, LogSoftmax, LogSumExp, OneHot, Reduction, Softmax, Structural, Transposed
+from .structural import REDUCTIONS, Gather, LogSoftmax, LogSumExp, OneHot, Reduction, Softmax, Structural, Transposed
 
 #: Module aliases the printed code may use, with the import line each needs.
 IMPORTS = {"math": "import math"}
@@ -733,6 +733,9 @@ class _StructuralPrinter(_PrinterBase):
 
     def _print_Transposed(self, expr: Transposed) -> str:
         return f"{self._operand(expr.args[0], ATOM)}.transpose({expr.dims[0]}, {expr.dims[1]})"
+
+    def _print_Gather(self, expr: Gather) -> str:
+        return f"torch.gather({self._print(expr.args[0])}, {expr.dim}, {self._print(expr.args[1])})"
 
     def _print_OneHot(self, expr: OneHot) -> str:
         # int64; the float math it meets promotes it to that math's dtype

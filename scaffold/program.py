@@ -312,7 +312,7 @@ class _Lifter:
         return symbol
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
-        if isinstance(formula, structural.OneHot):
+        if isinstance(formula, (structural.OneHot, structural.Gather)):
             self.check_indices(formula, written, line)
         if isinstance(formula, Structural):
             operands = [str(o) for o in formula.operand_exprs]
@@ -332,23 +332,31 @@ class _Lifter:
                 hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
             ) from None
 
-    def check_indices(self, formula: structural.OneHot, written: sympy.Basic, line: int) -> None:
-        """one_hot's operand is an int64 tensor argument."""
-        operand = str(formula.args[0])
+    def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
+        """one_hot's operand and gather's index are int64 tensor arguments whose domains are valid indices."""
+        one_hot = isinstance(formula, structural.OneHot)
+        operand = str(formula.args[0] if one_hot else formula.args[1])
         if not any(t.name == operand and t.integer for t in self.spec.tensors):
             raise ExpressionError(
-                f"{structural.spelled(written)}: one_hot takes an int64 tensor argument of class indices, "
-                f"and {structural.spelled(self.written[operand])} is not one",
+                f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
+                f"{'class indices' if one_hot else 'indices'}, and "
+                f"{structural.spelled(self.written[operand])} is not one",
                 where=self.at(line),
                 hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
             )
         low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
-        if low < 0 or high >= formula.classes:
+        if one_hot:
+            count = formula.classes
+        else:
+            shape = self.shapes[str(formula.args[0])]
+            count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
+        if low < 0 or high >= count:
+            where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
             raise ExpressionError(
                 f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
-                f"0 to {formula.classes - 1}, which one_hot refuses",
+                f"0 to {count - 1}, which {formula.spelling} refuses",
                 where=self.at(line),
-                hint=f"declare domain = [0, {formula.classes - 1}] for {operand}, or raise num_classes",
+                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
             )
 
     def line_of(self, written: sympy.Basic) -> int:
@@ -536,6 +544,7 @@ _SHAPE_HINT = {
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
     structural.TRANSPOSE: "the dimensions count from 0, or from -1 for the last one",
     structural.ONE_HOT: "one_hot(t, num_classes=C) adds a last dimension of size C",
+    structural.GATHER: "gather(e, dim=D, index=t): t has e's rank, and no larger size than e away from D",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -598,6 +607,9 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
                 require(str(call.args[0]), rank + removed, exact, reason)
         elif isinstance(call, (structural.Softmax, structural.Transposed)):
             require(str(call.args[0]), rank, exact, reason)
+        elif isinstance(call, structural.Gather):  # the index and the operand have one rank
+            for operand in call.operand_exprs:
+                require(str(operand), rank, exact, reason)
         else:
             for operand in call.operand_exprs:
                 if len(values[str(operand)].shape) == here:
@@ -608,6 +620,11 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
         if isinstance(call, structural.Reduction) and call.dims:
             reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, structural.Gather):
+            for operand in call.operand_exprs:
+                require(
+                    str(operand), call.dim + 1 if call.dim >= 0 else -call.dim, False, f"gather over dim={call.dim}"
+                )
         elif isinstance(call, structural.Softmax):
             require(
                 str(call.args[0]),

@@ -1541,8 +1541,14 @@ PROGRAM_SIZES = (2, 3, 4, 5, 6, 7)
 
 
 def fixed_sizes(program: Program) -> frozenset[int]:
-    """The sizes the forward writes as numbers, which the tests keep: each one_hot's number of classes."""
-    return frozenset(v.expr.classes for v in program.values if isinstance(v.expr, structural.OneHot))
+    """The sizes the tests keep: each one_hot's number of classes, the size a gather indexes along (its
+    indices' domain fits them)."""
+    sizes = {v.expr.classes for v in program.values if isinstance(v.expr, structural.OneHot)}
+    for v in program.values:
+        if isinstance(v.expr, structural.Gather):
+            shape = program.value(str(v.expr.args[0])).shape
+            sizes.add(shape[v.expr.dim % len(shape)])
+    return frozenset(sizes)
 
 
 def program_small_shapes(spec: OpSpec, fixed: frozenset[int] = frozenset()) -> list[tuple[int, ...]]:

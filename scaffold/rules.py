@@ -29,6 +29,7 @@ log_softmax g - exp(y) * sum(g)                           t - sum(exp(y) * t)
 a @ b      a: g @ b^T, b: a^T @ g (summed over broadcast)  ta @ b + a @ tb
 transpose  g transposed back                              t transposed
 one_hot    none: its operand holds int64 class indices    none (zero)
+gather     zeros scattered with g at the indices (added)  t gathered at the indices
 ========== ============================================== =================================================
 """
 
@@ -44,6 +45,7 @@ from .stable import remove_singularities, stabilize
 from .structural import (
     AMax,
     AMin,
+    Gather,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
@@ -196,6 +198,8 @@ def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
     floating-point dtype a one_hot takes."""
     if isinstance(call, OneHot):
         return f"torch.nn.functional.one_hot({operands[0]}, {call.classes}).to({dtype})"
+    if isinstance(call, Gather):
+        return f"{operands[0]}.gather({call.dim}, {operands[1]})"
     if isinstance(call, Reduction):
         return reduce_code(call, operands[0])
     if isinstance(call, Softmax):
@@ -210,7 +214,7 @@ def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax))
+    return isinstance(call, (MatrixProduct, Softmax, Gather))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -249,6 +253,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return f"torch.{kernel}({g}, {y}, {call.dim}, {y}.dtype)"
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, Gather):  # out of place, so differentiable again
+        return f"{g}.new_zeros({emit.shape(x)}).scatter_add({call.dim}, {emit.value(str(call.args[1]))}, {g})"
     return _matmul_backward(call, operand, g, emit)
 
 
@@ -296,6 +302,8 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, Gather):
+        return f"{tangents[0]}.gather({call.dim}, {emit.value(str(call.args[1]))})"
     a, b = (str(o) for o in call.operand_exprs)
     return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
 
@@ -323,5 +331,6 @@ def describe(node: Value) -> str:
             LogSoftmax: f"{x}'s gradient is g - exp({y}) * sum(g)",
             Transposed: f"{x}'s gradient is g transposed back",
             OneHot: f"{x} holds int64 class indices: no gradient",
+            Gather: f"{x}'s gradient is g added into zeros where {call.args[1]} points",
         }[type(call)]
     return f"{y} = {spelled(call)}: {rule}"

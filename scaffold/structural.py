@@ -22,6 +22,7 @@ SOFTMAX = "softmax"
 MATMUL = "matmul"
 TRANSPOSE = "transpose"
 ONE_HOT = "one_hot"
+GATHER = "gather"
 
 
 class Structural(sympy.Function):
@@ -173,10 +174,29 @@ class OneHot(Structural):
         return f", num_classes={self.classes}"
 
 
+class Gather(Structural):
+    """``gather(e, dim=D, index=t)``, as torch.gather: arguments (e, t, D). t is an int64 tensor argument of
+    e's rank, each index in [0, e.size(D)); the result has t's shape. e's gradient scatters g back to the
+    positions read (summed where an index repeats); t has none."""
+
+    kind = GATHER
+    spelling = "gather"
+    stem = "gathered"
+    operands = 2
+    nargs = 3
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[2])
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        return f"gather({printer._print(self.args[0])}, dim={self.dim}, index={printer._print(self.args[1])})"
+
+
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose", "one_hot"}
+SPELLINGS = frozenset(REDUCTIONS) | frozenset(SOFTMAXES) | {"transpose", "one_hot", "gather"}
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
@@ -187,6 +207,7 @@ CLASSES: tuple[type[Structural], ...] = (
     MatrixProduct,
     Transposed,
     OneHot,
+    Gather,
 )
 
 
@@ -214,6 +235,8 @@ def example(spelling: str) -> str:
         return f"{spelling}(x, dim=-1, keepdim=True)"
     if spelling in SOFTMAXES:
         return f"{spelling}(x, dim=-1)"
+    if spelling == "gather":
+        return "gather(x, dim=-1, index=t), t an int64 tensor of x's rank"
     if spelling == "one_hot":
         return "one_hot(t, num_classes=10), t an int64 tensor"
     return "transpose(x, -1, -2)"
@@ -247,6 +270,8 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         return shapes[0]
     if isinstance(call, OneHot):
         return (*shapes[0], call.classes)
+    if isinstance(call, Gather):
+        return gather_shape(call, *shapes, *what)
     if isinstance(call, Transposed):
         (shape,) = shapes
         d0, d1 = (normalized_dim(d, len(shape), what[0]) for d in call.dims)
@@ -254,6 +279,20 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         swapped[d0], swapped[d1] = shape[d1], shape[d0]
         return tuple(swapped)
     return matmul_shape(*shapes, *what)
+
+
+def gather_shape(call: Gather, shape: tuple[int, ...], index: tuple[int, ...], what: str, index_what: str):
+    """torch.gather's result shape: the index's, which has the operand's rank and, away from dim, no larger
+    sizes."""
+    dim = normalized_dim(call.dim, len(shape), what)
+    if len(index) != len(shape):
+        raise ShapeError(f"gather of {what} by {index_what}: the index must have as many dimensions as the operand")
+    if any(m > n for d, (m, n) in enumerate(zip(index, shape)) if d != dim):
+        raise ShapeError(
+            f"gather of {what} by {index_what}: the index is larger than the operand in a dimension other "
+            f"than dim={call.dim}"
+        )
+    return index
 
 
 def reduced_dims(call: Reduction, shape: tuple[int, ...]) -> tuple[int, ...]:

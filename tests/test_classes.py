@@ -1,7 +1,9 @@
 """Integer class indices (issue 34): a tensor declared ``dtype = "int64"`` with an integer domain takes no
 gradient and is drawn as integers by the generated tests; ``one_hot(t, num_classes=C)`` is a float node of
 its own with no gradient, recomputed from t in backward; cross-entropy written with it equals torch's, with
-and without label smoothing, at two batch ranks, saves no one-hot matrix and passes its generated tests."""
+and without label smoothing, at two batch ranks, saves no one-hot matrix and passes its generated tests.
+``gather(e, dim=D, index=t)`` is torch.gather, its gradient scattered back (added where indices repeat):
+the NLL of gathered log-probabilities equals torch's."""
 
 from __future__ import annotations
 
@@ -104,8 +106,52 @@ def test_the_indices_may_be_read_by_elementwise_math_too(tmp_path):
     torch.testing.assert_close(torch.autograd.grad(out.sum(), z)[0], torch.autograd.grad(expected.sum(), z)[0])
 
 
+NLL = "-gather(log_softmax(z, dim=-1), dim=-1, index=t)"
+NLL_SHAPES = [((4, 5), (4, 1)), ((2, 3, 5), (2, 3, 1))]
+
+
+def _nll_spec():
+    return make_spec("nll", NLL, {"z": {"shape": [4, 5]}, "t": {"shape": [4, 1], "dtype": "int64", "domain": [0, 4]}})
+
+
+@pytest.mark.parametrize(("z_shape", "t_shape"), NLL_SHAPES)
+def test_the_nll_of_gathered_log_probabilities_matches_torch(tmp_path, z_shape, t_shape):
+    op = import_generated(tmp_path, _nll_spec()).nll
+    z, t = _inputs(z_shape, t_shape, seed=2)
+    out = op(z, t)
+    flat = functional.nll_loss(torch.log_softmax(z, -1).reshape(-1, 5), t.reshape(-1), reduction="none")
+    expected = flat.reshape(t_shape)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn(t_shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(out, z, upstream)[0], torch.autograd.grad(expected, z, upstream)[0])
+
+
+def test_gather_adds_the_gradients_of_repeated_indices_and_differentiates_again(tmp_path):
+    spec = make_spec(
+        "picked",
+        "gather(z, dim=-1, index=t)**2",
+        {"z": {"shape": [4, 5]}, "t": {"shape": [4, 3], "dtype": "int64", "domain": [0, 4]}},
+    )
+    op = import_generated(tmp_path, spec).picked
+    z = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([[0, 0, 0], [1, 2, 1], [4, 3, 2], [4, 4, 0]])
+    out = op(z, t)
+    expected = torch.gather(z, -1, t) ** 2
+    torch.testing.assert_close(out, expected)
+    (grad,) = torch.autograd.grad(out.sum(), z, create_graph=True)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), z, create_graph=True)
+    torch.testing.assert_close(grad, expected_grad)
+    torch.testing.assert_close(torch.autograd.grad(grad.sum(), z)[0], torch.autograd.grad(expected_grad.sum(), z)[0])
+    with torch.autograd.forward_ad.dual_level():
+        tangent = torch.randn(4, 5, dtype=torch.float64)
+        dual = torch.autograd.forward_ad.make_dual(z.detach(), tangent)
+        jvp = torch.autograd.forward_ad.unpack_dual(op(dual, t)).tangent
+    torch.testing.assert_close(jvp, 2 * torch.gather(z.detach(), -1, t) * torch.gather(tangent, -1, t))
+
+
 def _generated(folder):
-    runs = {}
+    runs = {"nll": GeneratedRun(folder / "nll")}
+    write_files(generate_op(_nll_spec()), folder / "nll")
     for name, spec in [
         ("ce", _ce_spec()),
         (
@@ -147,6 +193,18 @@ def test_the_generated_tests_draw_the_indices_as_integers_in_their_domain(tmp_pa
     assert set(tests.extreme_inputs()[1].tolist()) <= {0.0, 1.0, 2.0, 3.0, 4.0}
     tests.check_gradcheck("cpu")
     tests.check_matches_reference("cpu")
+
+
+def test_gather_by_a_float_tensor_or_out_of_range_indices_is_refused():
+    with pytest.raises(ScaffoldError, match="gather takes an int64 tensor argument of indices"):
+        generate_op(make_spec("bad", "gather(z, dim=-1, index=x)", {"x": {"shape": [4, 1]}, "z": {}}))
+    indices = {"shape": [4, 1], "dtype": "int64", "domain": [0, 5]}
+    with pytest.raises(ScaffoldError, match=re.escape("has indices outside 0 to 4, which gather refuses")):
+        generate_op(make_spec("bad", "gather(z, dim=-1, index=t)", {"t": indices, "z": {}}))
+    with pytest.raises(ScaffoldError, match="the index must have as many dimensions as the operand"):
+        generate_op(
+            make_spec("bad", "gather(z, dim=-1, index=t)", {"t": {**indices, "shape": [4], "domain": [0, 4]}, "z": {}})
+        )
 
 
 def test_one_hot_of_a_float_tensor_is_refused():
