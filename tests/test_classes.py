@@ -154,6 +154,7 @@ def _generated(folder):
     write_files(generate_op(_nll_spec()), folder / "nll")
     for name, spec in [
         ("ce", _ce_spec()),
+        ("ce_custom_op", _ce_spec("ce_custom_op", target="custom_op")),  # opcheck takes t as int64
         (
             "smoothed",
             make_spec(
