@@ -394,8 +394,8 @@ class _Writer:
         self.kernel_alone: str | None = None  # an elementwise node's gradient code, where one kernel alone
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
-        # whose dtype a one_hot takes: the first floating-point argument's in forward and jvp, the upstream
-        # gradient's in backward (which may not have that argument)
+        # whose dtype a one_hot takes: the first floating-point argument's in forward and jvp, a saved
+        # tensor's in backward (which may not have that argument)
         floats = [n for n in graph.tensor_args if n not in graph.program.integers]
         self.one_hot_dtype = f"{floats[0]}.dtype" if floats else "torch.get_default_dtype()"
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
@@ -925,7 +925,10 @@ class _Planner(_Shares):
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
-        self.one_hot_dtype, forward_dtype = f"{grad_names[self.graph.visible[0]]}.dtype", self.one_hot_dtype
+        # a saved floating-point tensor's dtype (an unused output's gradient may be None)
+        floats = [n for n in saved if n in self.graph.values and n not in self.graph.program.integers]
+        anchor = floats[0] if floats else grad_names[self.graph.visible[0]]
+        self.one_hot_dtype, forward_dtype = f"{anchor}.dtype", self.one_hot_dtype
         recompute_lines = self._recompute_lines(recomputed, lines)
         self.one_hot_dtype = forward_dtype
         forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))

@@ -1245,10 +1245,12 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
             if call is not None:
                 object.__setattr__(self, name, _indices(call, positions))
         module = self.module
+        # the Module's forward takes the inputs that are not its parameters
+        taken = tuple(k for k, i in enumerate(i for i in self.inputs if not i.learnable) if i.integer)
 
         def made(*args, **kwargs):
             instance = module(*args, **kwargs)
-            instance.forward = _indices(instance.forward, positions)
+            instance.forward = _indices(instance.forward, taken)
             return instance
 
         object.__setattr__(self, "module", made)

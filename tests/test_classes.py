@@ -155,6 +155,24 @@ def _generated(folder):
     for name, spec in [
         ("ce", _ce_spec()),
         ("ce_custom_op", _ce_spec("ce_custom_op", target="custom_op")),  # opcheck takes t as int64
+        # two outputs: backward's one_hot takes a saved tensor's dtype (the loss's gradient may be None)
+        (
+            "ce_and_lse",
+            _ce_spec(
+                "ce_and_lse",
+                "lse = logsumexp(z, dim=-1)\nloss = lse - sum(z*one_hot(t, num_classes=5), dim=-1)",
+                outputs=["loss", "lse"],
+            ),
+        ),
+        # a parameter per class: the Module's forward takes t alone, first
+        (
+            "class_weight",
+            make_spec(
+                "class_weight",
+                "sum(one_hot(t, num_classes=5)*w, dim=-1)",
+                {"w": {"shape": [5], "learnable": True, "init": "normal(0.0, 1.0)"}, "t": dict(TARGETS)},
+            ),
+        ),
         (
             "smoothed",
             make_spec(
