@@ -845,10 +845,18 @@ class _CallBuilder(_BuilderBase):
         if len(node.args) not in (1, 2) or unknown or len(given) != 1:
             raise self.fail(node, "one_hot() takes an int64 tensor and num_classes", hint=usage)
         classes = given[0]
-        if not (isinstance(classes, ast.Constant) and type(classes.value) is int and 0 < classes.value <= 2**20):
-            raise self.fail(node, "one_hot() takes num_classes as a literal positive integer, such as 10", hint=usage)
+        if isinstance(classes, ast.Name) and classes.id in self.symbols and self.symbols[classes.id].is_integer:
+            count = self.symbols[classes.id]  # an int scalar
+        elif isinstance(classes, ast.Constant) and type(classes.value) is int and 0 < classes.value <= 2**20:
+            count = sympy.Integer(classes.value)
+        else:
+            raise self.fail(
+                node,
+                "one_hot() takes num_classes as a literal positive integer, such as 10, or an int scalar",
+                hint=usage,
+            )
         operand = self._expr(self.build(node.args[0], depth), node.args[0])
-        return structural.OneHot(operand, sympy.Integer(classes.value))
+        return structural.OneHot(operand, count)
 
     def _gather(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
         """``gather(e, dim=D, index=t)`` (or in order, as torch.gather): t an int64 tensor argument (stage 3

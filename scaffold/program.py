@@ -161,6 +161,8 @@ class _Lifter:
         self.scalars = {s.name for s in spec.scalars}
         # reductions' results, and the parts hoisted from formulas (see hoisted)
         self.statistics: set[str] = set()
+        # the int scalars at their defaults: the example's sizes (one_hot(t, num_classes=C))
+        self.defaults = {parsed.symbols[s.name]: sympy.Integer(s.default) for s in spec.scalars if s.type == "int"}
 
     def program(self) -> Program:
         outputs = []
@@ -318,7 +320,8 @@ class _Lifter:
             operands = [str(o) for o in formula.operand_exprs]
             described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
             try:
-                return structural.result_shape(formula, tuple(self.shapes[o] for o in operands), described)
+                at_defaults = formula.xreplace(self.defaults)
+                return structural.result_shape(at_defaults, tuple(self.shapes[o] for o in operands), described)
             except structural.ShapeError as exc:
                 raise ExpressionError(str(exc), where=self.at(line), hint=_SHAPE_HINT[formula.kind]) from None
         shapes = {s.name: self.shapes[s.name] for s in formula.free_symbols}
@@ -346,7 +349,13 @@ class _Lifter:
             )
         low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
         if one_hot:
-            count = formula.classes
+            count = int(formula.classes.xreplace(self.defaults))
+            if count < 1:
+                raise ExpressionError(
+                    f"{structural.spelled(written)}: num_classes is {count} (its default), not a positive integer",
+                    where=self.at(line),
+                    hint="give the int scalar a positive default",
+                )
         else:
             shape = self.shapes[str(formula.args[0])]
             count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1

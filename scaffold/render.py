@@ -663,7 +663,7 @@ def test_view(
     reference_lines = _reference_lines(code, program.parsed)
     gradients = _custom_gradients(code, program)
     if program.structured:
-        fixed = fixed_sizes(program)
+        fixed = fixed_sizes(program, spec)
         shapes = program_small_shapes(spec, fixed)
         # the Module's parameters have their example shapes, and the example's shapes fit them together
         module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
@@ -1540,10 +1540,11 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
 PROGRAM_SIZES = (2, 3, 4, 5, 6, 7)
 
 
-def fixed_sizes(program: Program) -> frozenset[int]:
+def fixed_sizes(program: Program, spec: OpSpec) -> frozenset[int]:
     """The sizes the tests keep: each one_hot's number of classes, the size a gather indexes along (its
     indices' domain fits them)."""
-    sizes = {v.expr.classes for v in program.values if isinstance(v.expr, structural.OneHot)}
+    defaults = {program.parsed.symbols[s.name]: s.default for s in spec.scalars if s.type == "int"}
+    sizes = {int(v.expr.classes.xreplace(defaults)) for v in program.values if isinstance(v.expr, structural.OneHot)}
     for v in program.values:
         if isinstance(v.expr, structural.Gather):
             shape = program.value(str(v.expr.args[0])).shape

@@ -159,7 +159,8 @@ class Transposed(Structural):
 class OneHot(Structural):
     """``one_hot(t, num_classes=C)``: arguments (t, C). t holds int64 class indices in [0, C); the result is
     float (the dtype of the op's floating-point inputs), t's shape with a last dimension C. It has no
-    gradient: its operand is an integer tensor."""
+    gradient: its operand is an integer tensor. C is a literal, or an int scalar's symbol (a value it reads,
+    whose default is the example's)."""
 
     kind = ONE_HOT
     spelling = "one_hot"
@@ -167,8 +168,9 @@ class OneHot(Structural):
     nargs = 2
 
     @property
-    def classes(self) -> int:
-        return int(self.args[1])
+    def classes(self) -> sympy.Expr:
+        """The number of classes: an Integer, or an int scalar's symbol."""
+        return self.args[1]
 
     def _parameters(self) -> str:
         return f", num_classes={self.classes}"
@@ -269,7 +271,7 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
         normalized_dim(call.dim, len(shapes[0]), what[0])
         return shapes[0]
     if isinstance(call, OneHot):
-        return (*shapes[0], call.classes)
+        return (*shapes[0], int(call.classes))  # (the caller puts an int scalar's default in)
     if isinstance(call, Gather):
         return gather_shape(call, *shapes, *what)
     if isinstance(call, Transposed):

@@ -72,6 +72,24 @@ def test_label_smoothing_matches_torch(tmp_path, z_shape, t_shape):
     torch.testing.assert_close(torch.autograd.grad(out, z, upstream)[0], torch.autograd.grad(expected, z, upstream)[0])
 
 
+def test_the_number_of_classes_may_be_an_int_scalar(tmp_path):
+    """num_classes=C, C an int scalar: its default is the example's, and a call may give another."""
+    spec = make_spec(
+        "ce_classes",
+        CE.replace("num_classes=5", "num_classes=C"),
+        {"z": {"shape": [4, 5]}, "t": dict(TARGETS)},
+        {"C": {"type": "int", "default": 5}},
+    )
+    op = import_generated(tmp_path, spec).ce_classes
+    generator = torch.Generator().manual_seed(3)
+    z = torch.randn(2, 3, 7, generator=generator, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 7, (2, 3), generator=generator)
+    out = op(z, t, 7)
+    expected = functional.cross_entropy(z.reshape(-1, 7), t.reshape(-1), reduction="none").reshape(2, 3)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), z)[0], torch.autograd.grad(expected.sum(), z)[0])
+
+
 def test_backward_saves_the_logits_and_the_targets_never_a_one_hot_matrix(tmp_path):
     module = import_generated(tmp_path, _ce_spec())
     source = (tmp_path / "ce.py").read_text()
@@ -235,12 +253,22 @@ def test_one_hot_of_a_float_tensor_is_refused():
     ("forward", "message"),
     [
         ("sum(z*one_hot(t), dim=-1)", "one_hot() takes an int64 tensor and num_classes"),
-        ("sum(z*one_hot(t, num_classes=n), dim=-1)", "num_classes as a literal positive integer"),
+        (
+            "sum(z*one_hot(t, num_classes=a), dim=-1)",
+            "num_classes as a literal positive integer, such as 10, or an int",
+        ),
+        ("sum(z*one_hot(t, num_classes=n - 5), dim=-1)", "num_classes as a literal positive integer"),
+        ("sum(z*one_hot(t, num_classes=m), dim=-1)", "num_classes is 0 (its default), not a positive integer"),
         ("sum(z*one_hot(t, classes=5), dim=-1)", "one_hot() takes an int64 tensor and num_classes"),
         ("sum(z*one_hot(t, num_classes=6), dim=-1)", "do not broadcast together"),
     ],
 )
 def test_one_hot_calls_that_are_refused(forward, message):
-    spec = make_spec("bad", forward, {"z": {}, "t": dict(TARGETS)}, {"n": {"type": "int", "default": 5}})
+    scalars = {
+        "n": {"type": "int", "default": 5},
+        "m": {"type": "int", "default": 0},
+        "a": {"type": "float", "default": 5.0},
+    }
+    spec = make_spec("bad", forward, {"z": {}, "t": dict(TARGETS)}, scalars)
     with pytest.raises(ScaffoldError, match=re.escape(message)):
         generate_op(spec)
