@@ -925,12 +925,7 @@ class _Planner(_Shares):
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
-        # a saved floating-point tensor's dtype (an unused output's gradient may be None)
-        floats = [n for n in saved if n in self.graph.values and n not in self.graph.program.integers]
-        anchor = floats[0] if floats else grad_names[self.graph.visible[0]]
-        self.one_hot_dtype, forward_dtype = f"{anchor}.dtype", self.one_hot_dtype
-        recompute_lines = self._recompute_lines(recomputed, lines)
-        self.one_hot_dtype = forward_dtype
+        recompute_lines = self._backward_recompute_lines(recomputed, lines, saved, grad_names)
         forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
@@ -1058,6 +1053,17 @@ class _Planner(_Shares):
                     Line(f"{g} = {total}", guard, 1),
                 ]
         return lines
+
+    def _backward_recompute_lines(self, recomputed: list[str], lines: list[Line], saved: list[str], grad_names):
+        """:meth:`_recompute_lines`, a one_hot there in a saved floating-point tensor's dtype (an unused output's
+        gradient may be None)."""
+        floats = [n for n in saved if n in self.graph.values and n not in self.graph.program.integers]
+        anchor = floats[0] if floats else grad_names[self.graph.visible[0]]
+        self.one_hot_dtype, forward_dtype = f"{anchor}.dtype", self.one_hot_dtype
+        try:
+            return self._recompute_lines(recomputed, lines)
+        finally:
+            self.one_hot_dtype = forward_dtype
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
         """backward's first lines: the values it computes again, each where some gradient reads it."""

@@ -272,3 +272,15 @@ def test_one_hot_calls_that_are_refused(forward, message):
     spec = make_spec("bad", forward, {"z": {}, "t": dict(TARGETS)}, scalars)
     with pytest.raises(ScaffoldError, match=re.escape(message)):
         generate_op(spec)
+
+
+def test_an_int64_tensor_survives_the_spec_round_trip():
+    import tomllib
+
+    from scaffold.spec import spec_from_mapping, spec_to_toml
+
+    spec = _ce_spec()
+    again = spec_from_mapping(tomllib.loads(spec_to_toml(spec)), source="ce.toml")
+    assert again.tensors == spec.tensors
+    assert again.tensors[1].dtype == "int64" and again.tensors[1].domain == (0, 4)
+    assert make_spec("d", CE, {"z": {}, "t": {"shape": [4], "dtype": "int64"}}).tensors[1].domain == (0, 3)
