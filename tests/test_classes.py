@@ -90,6 +90,28 @@ def test_the_number_of_classes_may_be_an_int_scalar(tmp_path):
     torch.testing.assert_close(torch.autograd.grad(out.sum(), z)[0], torch.autograd.grad(expected.sum(), z)[0])
 
 
+FOCAL = "p = sigmoid(z)\ny = one_hot(t, num_classes=5)\nsum(-(y*(1 - p)**2*log(p) + (1 - y)*p**2*log(1 - p)), dim=-1)"
+
+
+def _focal_spec():
+    return make_spec("focal", FOCAL, {"z": {"shape": [4, 5]}, "t": dict(TARGETS)})
+
+
+@pytest.mark.parametrize(("z_shape", "t_shape"), SHAPES)
+def test_a_sigmoid_focal_loss_with_class_ids_matches_torch(tmp_path, z_shape, t_shape):
+    """torchvision's sigmoid_focal_loss (gamma 2, no alpha) over one-hot targets, summed over the classes."""
+    module = import_generated(tmp_path, _focal_spec())
+    assert re.findall(r"ctx\.save_for_backward\((.*)\)", (tmp_path / "focal.py").read_text()) == ["z, t"]
+    z, t = _inputs(z_shape, t_shape, seed=4)
+    out = module.focal(z, t)
+    y = functional.one_hot(t, 5).to(z.dtype)
+    p = torch.sigmoid(z)
+    p_t = p * y + (1 - p) * (1 - y)
+    expected = (functional.binary_cross_entropy_with_logits(z, y, reduction="none") * (1 - p_t) ** 2).sum(-1)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), z)[0], torch.autograd.grad(expected.sum(), z)[0])
+
+
 def test_backward_saves_the_logits_and_the_targets_never_a_one_hot_matrix(tmp_path):
     module = import_generated(tmp_path, _ce_spec())
     source = (tmp_path / "ce.py").read_text()
@@ -168,8 +190,9 @@ def test_gather_adds_the_gradients_of_repeated_indices_and_differentiates_again(
 
 
 def _generated(folder):
-    runs = {"nll": GeneratedRun(folder / "nll")}
+    runs = {"nll": GeneratedRun(folder / "nll"), "focal": GeneratedRun(folder / "focal")}
     write_files(generate_op(_nll_spec()), folder / "nll")
+    write_files(generate_op(_focal_spec()), folder / "focal")
     for name, spec in [
         ("ce", _ce_spec()),
         ("ce_custom_op", _ce_spec("ce_custom_op", target="custom_op")),  # opcheck takes t as int64
