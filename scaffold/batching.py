@@ -118,6 +118,13 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
     operands = [str(o) for o in call.operand_exprs]
     if isinstance(call, structural.MatrixProduct):
         return _product(program, operands, dims)
+    if isinstance(call, structural.OneHot):  # a dimension more, at the end
+        return None if dims[operands[0]] is None else dims[operands[0]] + 1
+    if isinstance(call, structural.Gather):  # the operand and the index batched alike, along a dim from the back
+        counts = {dims[o] for o in operands}
+        if len(counts) > 1 or call.dim >= 0 and counts != {None}:
+            raise _ApartError
+        return dims[operands[0]]
     if isinstance(call, structural.Concatenated):
         # cat and stack do not broadcast: every operand batched, along a dim counted from the end
         batched = {dims[o] for o in operands}

@@ -58,7 +58,9 @@ from .rules import (
 from .stable import finite_at_zero, xexpy
 from .structural import (
     CAT,
+    GATHER,
     MATMUL,
+    ONE_HOT,
     REDUCE,
     RESHAPE,
     SCAN,
@@ -235,7 +237,9 @@ class _Graph:
         upstream: dict[str, frozenset[int]] = {}
         for v in self.program.values:
             if v.kind == TENSOR:
-                upstream[v.name] = frozenset() if v.name in custom else frozenset({self.tensor_args.index(v.name)})
+                # class indices (int64) take no gradient
+                none = v.name in custom or v.name in self.program.integers
+                upstream[v.name] = frozenset() if none else frozenset({self.tensor_args.index(v.name)})
             elif v.kind == SCALAR:
                 upstream[v.name] = frozenset()
             else:
@@ -357,6 +361,8 @@ class _Graph:
             return x_shape
         if node.kind in (SOFTMAX, SCAN):
             return broadcast([self.shape(x), g_shape])
+        if node.kind == GATHER:
+            return self.shape(x)
         if node.kind == TRANSPOSE:
             d0, d1 = call.dims
             padded = (1,) * (len(node.shape) - len(g_shape)) + tuple(g_shape)
@@ -399,6 +405,10 @@ class _Writer:
         self.kernel_alone: str | None = None  # an elementwise node's gradient code, where one kernel alone
         # names code may not take for a temporary: the values, their gradients and what backward takes
         self.taken = {*graph.values, *(f"grad_{n}" for n in graph.values), GRAD_OUTPUT, "ctx", "torch", "math"}
+        # whose dtype a one_hot takes: the first floating-point argument's in forward and jvp, a saved
+        # tensor's in backward (which may not have that argument)
+        floats = [n for n in graph.tensor_args if n not in graph.program.integers]
+        self.one_hot_dtype = f"{floats[0]}.dtype" if floats else "torch.get_default_dtype()"
         self.taken |= {f"{n}_shape" for n in graph.values} | {f"mask{k}" for k in range(64)} | {"mask", "grads"}
         self.named = frozenset(self.taken)  # the names every function of the module may not take
 
@@ -530,7 +540,7 @@ class _ForwardWriter(_Writer):
         if v.kind == ELEMENTWISE:
             return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
-        code = forward_code(v.expr, operands)
+        code = forward_code(v.expr, operands, self.one_hot_dtype)
         return f"{code}.clone()" if copy and v.kind in _VIEWS else code
 
     def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
@@ -634,7 +644,8 @@ class _ForwardWriter(_Writer):
     def _jvp(self, hidden: list[str]) -> tuple[list[str], list[str], list[str]]:
         lines = []
         emitter = _Everything(self)
-        tangents = {n: n + TANGENT for n in self.graph.tensor_args}
+        # class indices have no tangent, nor has what depends on them alone (a one_hot)
+        tangents = {n: n + TANGENT for n in self.graph.tensor_args if n not in self.graph.program.integers}
         taken = set(self.named) | {v.name + TANGENT for v in self.graph.program.values}
         scalars: set[str] = set()
         for v in self.graph.nodes:
@@ -643,8 +654,10 @@ class _ForwardWriter(_Writer):
             t = v.name + TANGENT
             if v.kind == ELEMENTWISE:
                 lines += self._elementwise_tangent(v, tangents, taken, scalars)
+            elif not any(str(o) in tangents for o in v.expr.operand_exprs):
+                continue
             else:
-                operands = [tangents[str(o)] for o in v.expr.operand_exprs]
+                operands = [tangents.get(str(o), "None") for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
             tangents[v.name] = t
         for mask, condition in ((m, c) for c, m in self.masks.items()):
@@ -931,7 +944,7 @@ class _Planner(_Shares):
         upstream = [grad_names[v] for v in self.graph.visible] + [returned_grad(h) for h in hidden_values]
         lines = self._join_returned(lines, hidden_values, hidden_grad_lines, only_returned, grad_names, grad_shapes)
         shapes_read = set(emitter.shapes) | self._argument_shapes(lines, grad_names, grad_shapes)
-        recompute_lines = self._recompute_lines(recomputed, lines)
+        recompute_lines = self._backward_recompute_lines(recomputed, lines, saved, grad_names)
         forward = self._forward_lines(frozenset(self.graph.visible) | frozenset(hidden))
         forward += [f"{mask} = {self.print(condition)}" for condition, mask in self.masks.items()]
         jvp, jvp_returns, jvp_scalars = self._jvp(hidden)
@@ -988,7 +1001,7 @@ class _Planner(_Shares):
         jumps) gets zeros of its shape, as autograd gives, not None: None says the op does not depend on it."""
         anchor = grad_names[self.graph.visible[0]]
         for index, name in enumerate(self.graph.tensor_args):
-            if name in grad_shapes or not self.graph.program.consumers(name):
+            if name in grad_shapes or not self.graph.program.consumers(name) or name in self.graph.program.integers:
                 continue
             if self.skips_unused:
                 raise _NeedsEveryGradientError  # its zeros take their dtype and device from an output's gradient
@@ -1069,6 +1082,17 @@ class _Planner(_Shares):
                     Line(f"{g} = {total}", guard, 1),
                 ]
         return lines
+
+    def _backward_recompute_lines(self, recomputed: list[str], lines: list[Line], saved: list[str], grad_names):
+        """:meth:`_recompute_lines`, a one_hot there in a saved floating-point tensor's dtype (an unused output's
+        gradient may be None)."""
+        floats = [n for n in saved if n in self.graph.values and n not in self.graph.program.integers]
+        anchor = floats[0] if floats else grad_names[self.graph.visible[0]]
+        self.one_hot_dtype, forward_dtype = f"{anchor}.dtype", self.one_hot_dtype
+        try:
+            return self._recompute_lines(recomputed, lines)
+        finally:
+            self.one_hot_dtype = forward_dtype
 
     def _recompute_lines(self, recomputed: list[str], lines: list[Line]) -> list[Line]:
         """backward's first lines: the values it computes again, each where some gradient reads it."""
@@ -1386,8 +1410,9 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
+                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float
                 elif (
-                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT)
+                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, ONE_HOT)
                     and name not in kept
                     and name not in self.graph.hoisted
                 ):
@@ -1487,7 +1512,7 @@ class _Keeping:
             if value in self.graph.exp_of or value in self.restated or v.kind == TENSOR:
                 return False
             hoisted = value in self.graph.hoisted and value != name  # (name itself: _recomputed_for_memory)
-            cheap = v.kind in (*_COPIES, MATMUL, SOFTMAX, SCAN) and not hoisted
+            cheap = v.kind in (*_COPIES, MATMUL, SOFTMAX, SCAN, ONE_HOT) and not hoisted
             if not forced and (not cheap or value in self.graph.visible):
                 return False
             chain.add(value)
@@ -1868,6 +1893,8 @@ def _positional(call: structural.Structural) -> bool:
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
+    if isinstance(call, structural.Gather):
+        return call.dim >= 0
     if isinstance(call, (structural.Unsqueezed, structural.Flattened)):  # a squeeze too
         return call.dim >= 0 if isinstance(call, structural.Unsqueezed) else any(d >= 0 for d in call.dims)
     return isinstance(call, structural.Reshaped)  # its sizes count from the front

@@ -784,6 +784,10 @@ class _CallBuilder(_BuilderBase):
             return self._cat(node, depth)
         if name in structural.RESHAPES:
             return self._reshaping(node, depth)
+        if name == "one_hot":
+            return self._one_hot(node, depth, usage)
+        if name == "gather":
+            return self._gather(node, depth, usage)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -837,6 +841,43 @@ class _CallBuilder(_BuilderBase):
             keepdim = flag.value
         reduction = structural.REDUCTIONS[name]
         return reduction(operand, sympy.Tuple(*map(sympy.Integer, dims)), sympy.true if keepdim else sympy.false)
+
+    def _one_hot(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``one_hot(t, num_classes=C)``: t an int64 tensor argument (stage 3 checks its dtype), C a literal
+        integer, by keyword or second in order."""
+        given = list(node.args[1:2]) + [k.value for k in node.keywords if k.arg == "num_classes"]
+        unknown = [k.arg for k in node.keywords if k.arg != "num_classes"]
+        if len(node.args) not in (1, 2) or unknown or len(given) != 1:
+            raise self.fail(node, "one_hot() takes an int64 tensor and num_classes", hint=usage)
+        classes = given[0]
+        if isinstance(classes, ast.Name) and classes.id in self.symbols and self.symbols[classes.id].is_integer:
+            count = self.symbols[classes.id]  # an int scalar
+        elif isinstance(classes, ast.Constant) and type(classes.value) is int and 0 < classes.value <= 2**20:
+            count = sympy.Integer(classes.value)
+        else:
+            raise self.fail(
+                node,
+                "one_hot() takes num_classes as a literal positive integer, such as 10, or an int scalar",
+                hint=usage,
+            )
+        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        return structural.OneHot(operand, count)
+
+    def _gather(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``gather(e, dim=D, index=t)`` (or in order, as torch.gather): t an int64 tensor argument (stage 3
+        checks it), D a literal dimension."""
+        names = ["input", "dim", "index"]
+        given = dict(zip(names, node.args))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"gather() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        if len(node.args) > 3 or set(given) != set(names):
+            raise self.fail(node, "gather() takes an expression, dim and index", hint=usage)
+        operand = self._expr(self.build(given["input"], depth), given["input"])
+        index = self._expr(self.build(given["index"], depth), given["index"])
+        return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
 
     def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
         """A literal dimension: an int, or minus one."""

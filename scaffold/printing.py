@@ -55,8 +55,10 @@ from .structural import (
     SCANS,
     Concatenated,
     Flattened,
+    Gather,
     LogSoftmax,
     LogSumExp,
+    OneHot,
     Reduction,
     Reshaped,
     Scan,
@@ -767,6 +769,13 @@ class _StructuralPrinter(_PrinterBase):
     def _print_Concatenated(self, expr: Concatenated) -> str:
         function = "torch.stack" if expr.spelling == "stack" else "torch.cat"
         return f"{function}(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
+
+    def _print_Gather(self, expr: Gather) -> str:
+        return f"torch.gather({self._print(expr.args[0])}, {expr.dim}, {self._print(expr.args[1])})"
+
+    def _print_OneHot(self, expr: OneHot) -> str:
+        # int64; the float math it meets promotes it to that math's dtype
+        return f"torch.nn.functional.one_hot({self._print(expr.args[0])}, {expr.classes})"
 
 
 for _class in REDUCTIONS.values():

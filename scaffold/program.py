@@ -82,6 +82,8 @@ class Program:
     # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
     # computes them, forward does not
     backward_only: frozenset[str] = frozenset()
+    # the int64 tensor arguments (class indices): no gradient reaches them, backward returns None for them
+    integers: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
@@ -159,6 +161,8 @@ class _Lifter:
         self.scalars = {s.name for s in spec.scalars}
         # reductions' results, and the parts hoisted from formulas (see hoisted)
         self.statistics: set[str] = set()
+        # the int scalars at their defaults: the example's sizes (one_hot(t, num_classes=C))
+        self.defaults = {parsed.symbols[s.name]: sympy.Integer(s.default) for s in spec.scalars if s.type == "int"}
 
     def program(self) -> Program:
         outputs = []
@@ -183,7 +187,8 @@ class _Lifter:
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
         hoisted -= {o.value for o in outputs}
         backward_only = frozenset(v.name for v in self.values[count:])
-        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only)
+        integers = frozenset(t.name for t in self.spec.tensors if t.integer)
+        return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only, integers)
 
     def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:
         """The custom gradient ``expr`` of ``name`` over the program's values: each reduction, softmax or
@@ -309,11 +314,14 @@ class _Lifter:
         return symbol
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
+        if isinstance(formula, (structural.OneHot, structural.Gather)):
+            self.check_indices(formula, written, line)
         if isinstance(formula, Structural):
             operands = [str(o) for o in formula.operand_exprs]
             described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
             try:
-                return structural.result_shape(formula, tuple(self.shapes[o] for o in operands), described)
+                at_defaults = formula.xreplace(self.defaults)
+                return structural.result_shape(at_defaults, tuple(self.shapes[o] for o in operands), described)
             except structural.ShapeError as exc:
                 raise ExpressionError(str(exc), where=self.at(line), hint=_SHAPE_HINT[formula.kind]) from None
         shapes = {s.name: self.shapes[s.name] for s in formula.free_symbols}
@@ -326,6 +334,39 @@ class _Lifter:
                 where=self.at(line),
                 hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
             ) from None
+
+    def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
+        """one_hot's operand and gather's index are int64 tensor arguments whose domains are valid indices."""
+        one_hot = isinstance(formula, structural.OneHot)
+        operand = str(formula.args[0] if one_hot else formula.args[1])
+        if not any(t.name == operand and t.integer for t in self.spec.tensors):
+            raise ExpressionError(
+                f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
+                f"{'class indices' if one_hot else 'indices'}, and "
+                f"{structural.spelled(self.written[operand])} is not one",
+                where=self.at(line),
+                hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
+            )
+        low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
+        if one_hot:
+            count = int(formula.classes.xreplace(self.defaults))
+            if count < 1:
+                raise ExpressionError(
+                    f"{structural.spelled(written)}: num_classes is {count} (its default), not a positive integer",
+                    where=self.at(line),
+                    hint="give the int scalar a positive default",
+                )
+        else:
+            shape = self.shapes[str(formula.args[0])]
+            count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
+        if low < 0 or high >= count:
+            where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
+            raise ExpressionError(
+                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
+                f"0 to {count - 1}, which {formula.spelling} refuses",
+                where=self.at(line),
+                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
+            )
 
     def line_of(self, written: sympy.Basic) -> int:
         """The first line of the forward whose value contains ``written`` (0: a forward of one line)."""
@@ -516,6 +557,8 @@ _SHAPE_HINT = {
     structural.RESHAPE: "reshape keeps the number of elements (one size may be -1); squeeze removes a dimension "
     "of size 1",
     structural.CAT: "cat joins operands of one shape but along dim (dim counts from 0, or from -1 for the last)",
+    structural.ONE_HOT: "one_hot(t, num_classes=C) adds a last dimension of size C",
+    structural.GATHER: "gather(e, dim=D, index=t): t has e's rank, and no larger size than e away from D",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -585,6 +628,9 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
             change = _rank_change(call)
             if change is not None:
                 require(str(call.args[0]), max(rank - change, 0), exact, reason)
+        elif isinstance(call, structural.Gather):  # the index and the operand have one rank
+            for operand in call.operand_exprs:
+                require(str(operand), rank, exact, reason)
         else:
             for operand in call.operand_exprs:
                 if len(values[str(operand)].shape) == here:
@@ -595,6 +641,11 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
         if isinstance(call, structural.Reduction) and call.dims:
             reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
             require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
+        elif isinstance(call, structural.Gather):
+            for operand in call.operand_exprs:
+                require(
+                    str(operand), call.dim + 1 if call.dim >= 0 else -call.dim, False, f"gather over dim={call.dim}"
+                )
         elif isinstance(call, (structural.Softmax, structural.Scan)):
             require(
                 str(call.args[0]),

@@ -21,6 +21,7 @@ from pathlib import Path, PurePath
 import jinja2
 import sympy
 
+from . import structural
 from ._version import __version__
 from .batching import Batching, batching
 from .dataflow import ProgramPlan
@@ -662,10 +663,11 @@ def test_view(
     reference_lines = _reference_lines(code, program.parsed)
     gradients = _custom_gradients(code, program)
     if program.structured:
-        shapes = program_small_shapes(spec)
+        fixed = fixed_sizes(program, spec)
+        shapes = program_small_shapes(spec, fixed)
         # the Module's parameters have their example shapes, and the example's shapes fit them together
         module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
-        seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program))
+        seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program), fixed)
     else:
         shapes = small_shapes(spec)
         module_shapes = _module_shapes(spec, shapes)
@@ -685,7 +687,7 @@ def test_view(
         reference_lines=reference_lines,
         inputs=_input_views(spec, domains, shapes, module_shapes, seconds),
         scalars=[(s.name, s.default) for s in spec.scalars],
-        special=any(d.special for d in domains),
+        special=any(d.special for d in domains if d.name not in {t.name for t in spec.tensors if t.integer}),
         gradients=gradients,
         upstream=[g.name for g in program.parsed.grads],
         outputs=list(spec.outputs) if len(program.outputs) > 1 else [],
@@ -721,6 +723,9 @@ def _input_views(
     module_sizes = dict(spec.module_sizes)
     inputs = []
     for t, shape, module_shape, second in zip(spec.tensors, shapes, module_shapes, seconds):
+        if t.integer:
+            inputs.append(_integer_input_view(t, shape, second))
+            continue
         d = by_name[t.name]
         arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
         if typical[t.name] != 1.0:
@@ -741,6 +746,16 @@ def _input_views(
         comment = f"{t.name}: {_domain_description(d)}; {_support_description(d)}"
         inputs.append(InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH)))
     return inputs
+
+
+def _integer_input_view(t, shape: tuple[int, ...], second: tuple[int, ...]) -> InputView:
+    """An int64 tensor's ``Input(...)``: drawn as integers in its domain, both ends included."""
+    low, high = t.domain
+    arguments = [f'"{t.name}"', _shape(shape), f"low={low}", f"high={high}", 'dtype="int64"']
+    if second != shape:
+        arguments.append(f"second_shape={_shape(second)}")
+    comment = f"{t.name}: int64 class indices, drawn from {low} to {high} (declared in the spec); no gradient"
+    return InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH))
 
 
 def _test_init(spec: OpSpec, t, domain: InputDomain) -> str:
@@ -787,15 +802,19 @@ SECOND_BATCH = 2
 
 
 def second_shapes(
-    spec: OpSpec, shapes: list[tuple[int, ...]], fits: Callable[[list[tuple[int, ...]]], bool]
+    spec: OpSpec,
+    shapes: list[tuple[int, ...]],
+    fits: Callable[[list[tuple[int, ...]]], bool],
+    fixed: frozenset[int] = frozenset(),
 ) -> list[tuple[int, ...]]:
     """The tests' second shapes (``Input.second_shape``): each size above 1 of ``shapes`` one larger (equal
     sizes stay equal, so that broadcasting and a product's inner dimensions still fit), and a leading
     dimension of SECOND_BATCH more for the tensors that are not learnable and have the most dimensions of
     those, as a batch of calls has; without that dimension where ``fits`` says the op cannot take it (a
     vector that must stay one, a learnable tensor's dimensions it would no longer broadcast with). Then
-    each 0-d tensor at the shape of the others (:func:`_per_element`)."""
-    resized = [tuple(n if n == 1 else n + 1 for n in shape) for shape in shapes]
+    each 0-d tensor at the shape of the others (:func:`_per_element`). The sizes in ``fixed`` (a one_hot's
+    number of classes) stay as they are."""
+    resized = [tuple(n if n == 1 or n in fixed else n + 1 for n in shape) for shape in shapes]
     ranks = [len(shape) for t, shape in zip(spec.tensors, shapes) if not t.learnable]
     candidates = [resized]
     if ranks:
@@ -1524,12 +1543,27 @@ def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:
 PROGRAM_SIZES = (2, 3, 4, 5, 6, 7)
 
 
-def program_small_shapes(spec: OpSpec) -> list[tuple[int, ...]]:
+def fixed_sizes(program: Program, spec: OpSpec) -> frozenset[int]:
+    """The sizes the tests keep: each one_hot's number of classes, the size a gather indexes along (its
+    indices' domain fits them)."""
+    defaults = {program.parsed.symbols[s.name]: s.default for s in spec.scalars if s.type == "int"}
+    sizes = {int(v.expr.classes.xreplace(defaults)) for v in program.values if isinstance(v.expr, structural.OneHot)}
+    for v in program.values:
+        if isinstance(v.expr, structural.Gather):
+            shape = program.value(str(v.expr.args[0])).shape
+            sizes.add(shape[v.expr.dim % len(shape)])
+    return frozenset(sizes)
+
+
+def program_small_shapes(spec: OpSpec, fixed: frozenset[int] = frozenset()) -> list[tuple[int, ...]]:
     """Small shapes for a structured op's tests: each distinct example size above 1 mapped to its own
-    small size, so that equal dimensions (a product's inner ones) stay equal and different ones differ."""
-    sizes = sorted({n for t in spec.tensors for n in t.shape if n > 1})
+    small size, so that equal dimensions (a product's inner ones) stay equal and different ones differ;
+    those in ``fixed`` (a one_hot's number of classes) as they are, and the others apart from them."""
+    sizes = sorted({n for t in spec.tensors for n in t.shape if n > 1 and n not in fixed})
     small = {
         n: PROGRAM_SIZES[min(i, len(PROGRAM_SIZES) - 1)] + max(0, i - len(PROGRAM_SIZES) + 1)
         for i, n in enumerate(sizes)
     }
-    return [tuple(small.get(n, 1) for n in t.shape) for t in spec.tensors]
+    taken = iter(n for n in range(2, 64) if n not in fixed)
+    small = {n: next(taken) for n in sizes} if fixed else small
+    return [tuple(n if n in fixed else small.get(n, 1) for n in t.shape) for t in spec.tensors]

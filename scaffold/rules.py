@@ -34,6 +34,8 @@ x[a:b]     zeros of x's shape with g scattered into a:b   t[a:b]
 cat        g split: each operand's part along dim          cat of the tangents
 stack      g selected at each operand's index along dim    stack of the tangents
 reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
+one_hot    none: its operand holds int64 class indices    none (zero)
+gather     zeros scattered with g at the indices (added)  t gathered at the indices
 ========== ============================================== =================================================
 """
 
@@ -53,9 +55,11 @@ from .structural import (
     CumProd,
     CumSum,
     Flattened,
+    Gather,
     LogSoftmax,
     LogSumExp,
     MatrixProduct,
+    OneHot,
     ReduceMean,
     ReduceSum,
     Reduction,
@@ -122,6 +126,7 @@ def derive_program(program: Program, *, where: str) -> ProgramDerivation:
     )
     flat = [name for name in program.tensor_names if name not in _differentiable(program, nodes)]
     flat = [name for name in flat if name not in dict(custom) and program.consumers(name)]
+    flat = [name for name in flat if name not in program.integers]  # class indices: no gradient, no warning
     warnings = unused_scalar_warnings(program.parsed) + flat_warnings(program.parsed, flat)
     removable_tensors = tuple(name for name in program.tensor_names if name in removable)
     return ProgramDerivation(program, tuple(nodes), custom, warnings, removable_tensors)
@@ -204,8 +209,13 @@ def unsqueezed(code: str, call: Reduction) -> str:
     return code
 
 
-def forward_code(call: Structural, operands: list[str]) -> str:
-    """The torch code computing ``call`` of the values ``operands`` (names)."""
+def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
+    """The torch code computing ``call`` of the values ``operands`` (names); ``dtype``, code for the
+    floating-point dtype a one_hot takes."""
+    if isinstance(call, OneHot):
+        return f"torch.nn.functional.one_hot({operands[0]}, {call.classes}).to({dtype})"
+    if isinstance(call, Gather):
+        return f"{operands[0]}.gather({call.dim}, {operands[1]})"
     if isinstance(call, Reduction):
         return reduce_code(call, operands[0])
     if isinstance(call, Softmax):
@@ -237,7 +247,7 @@ def _reshaping_code(call: Reshaping, x: str) -> str:
 def needs_exact_gradient(call: Structural) -> bool:
     """Whether the rule needs the incoming gradient at the result's exact shape (not merely broadcasting
     to it): sums over it, or multiplies matrices with it."""
-    return isinstance(call, (MatrixProduct, Softmax, Scan, Sliced, Concatenated, Reshaping))
+    return isinstance(call, (MatrixProduct, Softmax, Scan, Sliced, Concatenated, Reshaping, Gather))
 
 
 def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
@@ -276,6 +286,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
         return f"torch.{kernel}({g}, {y}, {call.dim}, {y}.dtype)"
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, Gather):  # out of place, so differentiable again
+        return f"{g}.new_zeros({emit.shape(x)}).scatter_add({call.dim}, {emit.value(str(call.args[1]))}, {g})"
     if isinstance(call, CumSum):
         return _from_the_back(g, call.dim)
     if isinstance(call, CumProd):
@@ -376,6 +388,8 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
         return f"{y} * ({tangents[0]} - ({y} * {tangents[0]}).sum(dim={call.dim}, keepdim=True))"
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
+    if isinstance(call, Gather):
+        return f"{tangents[0]}.gather({call.dim}, {emit.value(str(call.args[1]))})"
     if isinstance(call, CumSum):
         return f"{tangents[0]}.cumsum({call.dim})"
     if isinstance(call, CumProd):
@@ -425,5 +439,7 @@ def describe(node: Value) -> str:
             Sliced: f"{x}'s gradient is g where the slice took {x}'s elements, 0 elsewhere",
             Concatenated: "each operand's gradient is its part of g along dim",
             Stacked: "each operand's gradient is g at its index along dim",
+            OneHot: f"{x} holds int64 class indices: no gradient",
+            Gather: f"{x}'s gradient is g added into zeros where {call.args[1]} points",
         }.get(type(call), f"{x}'s gradient is g reshaped back to {x}'s shape")
     return f"{y} = {spelled(call)}: {rule}"

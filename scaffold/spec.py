@@ -41,6 +41,11 @@ DEFAULT_SHAPE = (4, 5)
 DEFAULT_LEARNABLE_SHAPE = ()
 
 SCALAR_TYPES = {"float": float, "int": int, "bool": bool}
+#: The dtypes a tensor may declare: floating point (the default, whatever dtype it is called with) or
+#: int64 class indices, which take no gradient and an integer domain.
+TENSOR_DTYPES = ("float", "int64")
+#: An int64 tensor's domain where the spec gives none: class indices 0 to 3.
+DEFAULT_INTEGER_DOMAIN = (0, 3)
 
 # Names the generated module and test file use themselves; an argument of that name would shadow them.
 RESERVED_ARGUMENT_NAMES = frozenset(
@@ -208,9 +213,13 @@ class TensorArg:
     #: The size name of each entry of ``shape`` (None: a plain number), as the spec writes it; ``shape`` holds
     #: the example values ([sizes]). Empty: no names.
     size_names: tuple[str | None, ...] = ()
+    #: "float" (the default) or "int64": integer class indices, drawn in ``domain`` (inclusive), no gradient.
+    dtype: str = "float"
 
     def __post_init__(self) -> None:
         key = f"tensors.{self.name}"
+        if self.dtype != "float":
+            self._check_integer(key)
         if not self.size_names:
             object.__setattr__(self, "size_names", (None,) * len(self.shape))
         if len(self.size_names) != len(self.shape):
@@ -223,7 +232,7 @@ class TensorArg:
                 key=key + ".shape",
                 hint="use [] for a single value, [4, 5] for a 4x5 tensor",
             )
-        if self.domain is not None:
+        if self.domain is not None and self.dtype == "float":
             low, high = self.domain
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise SpecError(
@@ -249,6 +258,39 @@ class TensorArg:
                 )
             if not isinstance(self.init, str):
                 object.__setattr__(self, "init", float(self.init))
+
+    def _check_integer(self, key: str) -> None:
+        """An int64 tensor: a known dtype, an integer domain (default [0, 3]), not learnable."""
+        if self.dtype not in TENSOR_DTYPES:
+            hint = 'write dtype = "int64" for class indices, or leave dtype out for a floating-point tensor'
+            if self.dtype == "bool":
+                hint = "bool tensors are not supported yet: write a comparison (x > 0) in the forward; " + hint
+            raise SpecError(
+                f"unknown dtype {self.dtype!r} (supported: {', '.join(map(repr, TENSOR_DTYPES))})",
+                key=key + ".dtype",
+                hint=hint,
+            )
+        if self.learnable:
+            raise SpecError(
+                "an int64 tensor cannot be learnable: it has no gradient",
+                key=key + ".learnable",
+                hint="remove 'learnable = true', or drop dtype for a floating-point parameter",
+            )
+        if self.avoid is not None:
+            raise SpecError("avoid is only used for floating-point tensors", key=key + ".avoid")
+        domain = DEFAULT_INTEGER_DOMAIN if self.domain is None else self.domain
+        if not all(float(v).is_integer() for v in domain) or not domain[0] <= domain[1]:
+            raise SpecError(
+                f"an int64 tensor's domain must be two integers [low, high] with low <= high, got {list(domain)!r}",
+                key=key + ".domain",
+                hint="e.g. domain = [0, 9] for the class indices of 10 classes (both ends included)",
+            )
+        object.__setattr__(self, "domain", (int(domain[0]), int(domain[1])))
+
+    @property
+    def integer(self) -> bool:
+        """Whether the tensor holds int64 class indices (no gradient)."""
+        return self.dtype == "int64"
 
     @property
     def scheme(self) -> Init | None:
@@ -399,6 +441,12 @@ class _ArgumentChecks:
                 )
             if name in given:
                 raise SpecError(f"the gradient of {name!r} is given twice", where=key)
+            if name in {t.name for t in self.tensors if t.integer}:
+                raise SpecError(
+                    f"{name!r} is an int64 tensor: it has no gradient",
+                    where=key,
+                    hint=f"remove gradients.{name}; backward returns None for it",
+                )
             if not isinstance(text, str) or not text.strip():
                 raise SpecError(
                     "the gradient must be an expression over the forward's names and grad",
@@ -575,7 +623,12 @@ class OpSpec(_ArgumentChecks, _SizeChecks):
     def structured(self) -> bool:
         """Whether the forward uses reductions, softmax, ``@`` or transpose (:mod:`.structural`): a look at
         its words, before it is parsed."""
-        return "@" in self.forward or "[" in self.forward or bool(_STRUCTURAL_CALL.search(self.forward))
+        return (
+            "@" in self.forward
+            or "[" in self.forward
+            or bool(_STRUCTURAL_CALL.search(self.forward))
+            or any(t.integer for t in self.tensors)  # the program's planner gives them no gradient
+        )
 
     @property
     def arguments(self) -> tuple[TensorArg | ScalarArg, ...]:
@@ -734,7 +787,7 @@ _TOP_KEYS = {
     "name", "forward", "doc", "fuse", "policy", "target", "namespace", "tensors", "scalars", "gradients", "outputs",
     "sizes",
 }  # fmt: skip
-_TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init"}
+_TENSOR_KEYS = {"shape", "domain", "avoid", "learnable", "init", "dtype"}
 _SCALAR_KEYS = {"type", "default"}
 
 
@@ -788,7 +841,11 @@ def _tensor_from_table(name: str, table: Any, where: str, sizes: dict[str, int])
             raise SpecError(f"domain must be [low, high], got {list(domain)!r}", where=where + ".domain")
     avoid = table.get("avoid")
     init = table.get("init")
+    dtype = table.get("dtype", "float")
+    if not isinstance(dtype, str):
+        raise SpecError(f'dtype must be a string such as "int64", got {dtype!r}', where=where + ".dtype")
     return TensorArg(
+        dtype=dtype,
         name=name,
         shape=tuple(shape),
         domain=domain,
@@ -1123,6 +1180,8 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
             table["learnable"] = True
         if t.init is not None:
             table["init"] = t.init
+        if t.integer:
+            table["dtype"] = t.dtype
         tensors[t.name] = table
     scalars = {s.name: {"type": s.type, "default": s.default} for s in spec.scalars}
     data: dict[str, Any] = {"name": spec.name, "forward": spec.forward}

@@ -28,6 +28,8 @@ SLICE = "slice"
 CAT = "cat"
 #: reshape, unsqueeze, squeeze, flatten: the same elements in another shape
 RESHAPE = "reshape"
+ONE_HOT = "one_hot"
+GATHER = "gather"
 
 
 class Structural(sympy.Function):
@@ -307,13 +309,59 @@ class Flattened(Reshaping):
 
 
 RESHAPES: dict[str, type[Reshaping]] = {c.spelling: c for c in (Reshaped, Unsqueezed, Squeezed, Flattened)}
+
+
+class OneHot(Structural):
+    """``one_hot(t, num_classes=C)``: arguments (t, C). t holds int64 class indices in [0, C); the result is
+    float (the dtype of the op's floating-point inputs), t's shape with a last dimension C. It has no
+    gradient: its operand is an integer tensor. C is a literal, or an int scalar's symbol (a value it reads,
+    whose default is the example's)."""
+
+    kind = ONE_HOT
+    spelling = "one_hot"
+    stem = "one_hot"
+    nargs = 2
+
+    @property
+    def classes(self) -> sympy.Expr:
+        """The number of classes: an Integer, or an int scalar's symbol."""
+        return self.args[1]
+
+    def _parameters(self) -> str:
+        return f", num_classes={self.classes}"
+
+
+class Gather(Structural):
+    """``gather(e, dim=D, index=t)``, as torch.gather: arguments (e, t, D). t is an int64 tensor argument of
+    e's rank, each index in [0, e.size(D)); the result has t's shape. e's gradient scatters g back to the
+    positions read (summed where an index repeats); t has none."""
+
+    kind = GATHER
+    spelling = "gather"
+    stem = "gathered"
+    operands = 2
+    nargs = 3
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[2])
+
+    def spelled(self, printer: sympy.printing.str.StrPrinter) -> str:
+        return f"gather({printer._print(self.args[0])}, dim={self.dim}, index={printer._print(self.args[1])})"
+
+
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 SCANS: dict[str, type[Scan]] = {c.spelling: c for c in (CumSum, CumProd)}
 #: The calls of one expression along one required dim (``softmax(e, dim=-1)``, ``cumsum(e, dim=0)``).
 ALONG_ONE_DIM: dict[str, type[Softmax] | type[Scan]] = {**SOFTMAXES, **SCANS}
 #: Every spelling a forward may call, besides the elementwise functions of :mod:`.functions`.
-SPELLINGS = frozenset(REDUCTIONS) | frozenset(ALONG_ONE_DIM) | frozenset(RESHAPES) | {"transpose", "cat", "stack"}
+SPELLINGS = (
+    frozenset(REDUCTIONS)
+    | frozenset(ALONG_ONE_DIM)
+    | frozenset(RESHAPES)
+    | {"transpose", "cat", "stack", "one_hot", "gather"}
+)
 
 
 #: Every placeholder class. (sympy's printers look a Function subclass's method up by its own class name
@@ -328,6 +376,8 @@ CLASSES: tuple[type[Structural], ...] = (
     Concatenated,
     Stacked,
     *RESHAPES.values(),
+    OneHot,
+    Gather,
 )
 
 
@@ -362,6 +412,10 @@ def example(spelling: str) -> str:
             "reshape": "reshape(x, (-1, 12))",
             "flatten": "flatten(x, start_dim=-2, end_dim=-1)",
         }.get(spelling, f"{spelling}(x, -1)")
+    if spelling == "gather":
+        return "gather(x, dim=-1, index=t), t an int64 tensor of x's rank"
+    if spelling == "one_hot":
+        return "one_hot(t, num_classes=10), t an int64 tensor"
     return "transpose(x, -1, -2)"
 
 
@@ -391,6 +445,10 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
     if isinstance(call, (Softmax, Scan)):
         normalized_dim(call.dim, len(shapes[0]), what[0])
         return shapes[0]
+    if isinstance(call, OneHot):
+        return (*shapes[0], int(call.classes))  # (the caller puts an int scalar's default in)
+    if isinstance(call, Gather):
+        return gather_shape(call, *shapes, *what)
     if isinstance(call, Transposed):
         (shape,) = shapes
         d0, d1 = (normalized_dim(d, len(shape), what[0]) for d in call.dims)
@@ -471,6 +529,20 @@ def cat_shape(call: Concatenated, shapes: tuple[tuple[int, ...], ...], what: tup
         if shape[:d] + shape[d + 1 :] != shapes[0][:d] + shapes[0][d + 1 :]:
             raise ShapeError(f"cat along dim={call.dim}: {what[0]} and {described} differ in another dimension")
     return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1 :])
+
+
+def gather_shape(call: Gather, shape: tuple[int, ...], index: tuple[int, ...], what: str, index_what: str):
+    """torch.gather's result shape: the index's, which has the operand's rank and, away from dim, no larger
+    sizes."""
+    dim = normalized_dim(call.dim, len(shape), what)
+    if len(index) != len(shape):
+        raise ShapeError(f"gather of {what} by {index_what}: the index must have as many dimensions as the operand")
+    if any(m > n for d, (m, n) in enumerate(zip(index, shape)) if d != dim):
+        raise ShapeError(
+            f"gather of {what} by {index_what}: the index is larger than the operand in a dimension other "
+            f"than dim={call.dim}"
+        )
+    return index
 
 
 def reduced_dims(call: Reduction, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -105,6 +105,11 @@ class Input:
     is 0/0). A ``learnable`` input is a parameter of the Module, of shape ``module_shape``; the others have
     that shape in the Module's test. ``second_shape`` is another shape the op must take (a leading batch
     dimension more and other sizes, where its math allows), for :meth:`OpTests.check_second_shape`.
+
+    An input of ``dtype`` "int64" holds class indices from ``low`` to ``high`` (both included). The checks
+    carry it as a floating-point tensor of integer values, like every other input (cast, moved, batched
+    alike), and the op, its Function, its Module and the reference receive it as int64 (:func:`_indices`):
+    it is never perturbed, and its gradient is zero (None from the op's backward).
     """
 
     name: str
@@ -122,6 +127,19 @@ class Input:
     size_names: tuple[str | None, ...] = ()
     #: A learnable input's init scheme (None: not learnable).
     init: Init | None = None
+    #: "float", or "int64" for class indices.
+    dtype: str = "float"
+
+    def __post_init__(self) -> None:
+        if self.integer:  # its ordinary value the middle class, its extremes every class
+            object.__setattr__(self, "typical", float((int(self.low) + int(self.high)) // 2))
+            object.__setattr__(
+                self, "extremes", self.extremes or tuple(map(float, range(int(self.low), int(self.high) + 1)))
+            )
+
+    @property
+    def integer(self) -> bool:
+        return self.dtype == "int64"
 
 
 class _Calls:
@@ -301,7 +319,8 @@ class _Inputs:
             outs = self._outputs(self.reference(*probe, *self._scalars))
             weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
             upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
-            if all(bool((g != 0).any()) for g in _reference_grads(outs, probe, upstream)):
+            grads = _reference_grads(outs, probe, upstream)
+            if all(bool((g != 0).any()) for i, g in zip(self.inputs, grads) if not i.integer):
                 chosen = inputs
                 break
         return [x.detach().to(dtype).requires_grad_(requires_grad) for x in chosen]
@@ -339,6 +358,10 @@ class _Inputs:
         generator = torch.Generator().manual_seed(seed)
         tensors = []
         for shape, i in zip(shapes, self.inputs):
+            if i.integer:  # every class, whatever the scale
+                x = torch.randint(int(i.low), int(i.high) + 1, shape, generator=generator).to(torch.float64)
+                tensors.append(x.to(device))
+                continue
             center = min(max(i.typical, i.low), i.high)
             low, high = center - (center - i.low) * scale, center + (i.high - center) * scale
             x = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
@@ -395,7 +418,10 @@ class _ReferenceChecks:
         shapes torch.compile and export see), its autograd registration, and AOTAutograd with dynamic
         shapes agree with the real kernel. It does not check the math: the other checks do."""
         assert self.custom_op is not None, "not a custom op: remove this test"
-        torch.library.opcheck(self.custom_op, (*self.make_inputs(device), *self._scalars))
+        inputs = self.make_inputs(device)
+        # the custom op itself, not its wrapper for the checks (__post_init__): its int64 inputs as int64
+        inputs = [x.detach().round().long() if i.integer else x for i, x in zip(self.inputs, inputs)]
+        torch.library.opcheck(getattr(self.custom_op, "__wrapped__", self.custom_op), (*inputs, *self._scalars))
 
     @_quietly
     def check_gradcheck(self, device: str) -> None:
@@ -505,6 +531,8 @@ class _ReferenceChecks:
         """With one input requiring grad at a time, backward returns one value per forward argument, a
         gradient of the right shape for that input and None for every other."""
         for index in range(len(self.inputs)):
+            if self.inputs[index].integer:  # the Function takes it as int64, which cannot require grad
+                continue
             inputs = self.make_inputs(device, requires_grad=False)
             inputs[index].requires_grad_(True)
             outs = _as_tuple(self.function.apply(*inputs, *self._scalars))  # with any hidden outputs
@@ -1202,6 +1230,52 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
     #: (gradgradcheck takes them as they are, not one broadcast shape), and its values mix across a row
     #: (extreme inputs and special points fill whole tensors, not a column per input).
     elementwise: bool = True
+
+    def __post_init__(self) -> None:
+        positions = tuple(k for k, i in enumerate(self.inputs) if i.integer)
+        if not positions:
+            return
+        # the Function as the checks call it, un-anchored: its own backward is what they check
+        function = type(
+            self.function.__name__, (), {"apply": staticmethod(_indices(self.function.apply, positions, False))}
+        )
+        object.__setattr__(self, "function", function)
+        for name in ("op", "reference", "custom_op"):
+            call = getattr(self, name)
+            if call is not None:
+                object.__setattr__(self, name, _indices(call, positions))
+        module = self.module
+        # the Module's forward takes the inputs that are not its parameters
+        taken = tuple(k for k, i in enumerate(i for i in self.inputs if not i.learnable) if i.integer)
+
+        def made(*args, **kwargs):
+            instance = module(*args, **kwargs)
+            instance.forward = _indices(instance.forward, taken)
+            return instance
+
+        object.__setattr__(self, "module", made)
+
+
+def _indices(call: Callable[..., object], positions: tuple[int, ...], anchored: bool = True) -> Callable[..., object]:
+    """``call`` taking the arguments at ``positions`` (int64 inputs, carried by the checks as floats of integer
+    value) as int64. ``anchored``: each floating-point output also depends, with derivative zero, on each
+    such float that requires grad, so that autograd gives it a zero gradient as it gives every input."""
+
+    @functools.wraps(call)
+    def wrapped(*args, **kwargs):
+        args, anchors = list(args), []
+        for k in positions:
+            if k < len(args) and isinstance(args[k], torch.Tensor) and args[k].is_floating_point():
+                anchors += [args[k]] if args[k].requires_grad and anchored else []
+                args[k] = args[k].detach().round().long()
+        result = call(*args, **kwargs)
+        if not anchors:
+            return result
+        zero = sum(a.sum() for a in anchors) * 0
+        outs = [o + zero.to(o.dtype) if o.is_floating_point() else o for o in _as_tuple(result)]
+        return tuple(outs) if isinstance(result, (tuple, list)) else outs[0]
+
+    return wrapped
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ CASES = [
     ),
     pytest.param(
         ["op", "--forward", "gamma(x)", "--tensor", "x"],
-        "scaffold: error: command-line flags: forward: unknown function 'gamma'\n  hint: did you mean 'lgamma'? supported: Abs, abs, acos, acosh, amax, amin, asin, asinh, atan, atan2, atanh, cat, cbrt, ceil, clamp, cos, cosh, cot, csc, cumprod, cumsum, digamma, elu, erf, erfc, erfcx, erfinv, exp, exp2, expit, expm1, flatten, floor, gelu, gelu_tanh, hardsigmoid, hardswish, hardtanh, Heaviside, hypot, leaky_relu, lgamma, ln, log, log10, log1p, log2, log_ndtr, log_softmax, logaddexp, loggamma, logit, logsigmoid, logsumexp, Max, max, mean, Min, min, mish, ndtr, Piecewise, polygamma, Rational, relu, reshape, round, sec, sigmoid, sign, silu, sin, sinh, softmax, softplus, sqrt, squeeze, stack, sum, tan, tanh, transpose, trunc, unsqueeze, where, xlog1py, xlogy\n",
+        "scaffold: error: command-line flags: forward: unknown function 'gamma'\n  hint: did you mean 'lgamma'? supported: Abs, abs, acos, acosh, amax, amin, asin, asinh, atan, atan2, atanh, cat, cbrt, ceil, clamp, cos, cosh, cot, csc, cumprod, cumsum, digamma, elu, erf, erfc, erfcx, erfinv, exp, exp2, expit, expm1, flatten, floor, gather, gelu, gelu_tanh, hardsigmoid, hardswish, hardtanh, Heaviside, hypot, leaky_relu, lgamma, ln, log, log10, log1p, log2, log_ndtr, log_softmax, logaddexp, loggamma, logit, logsigmoid, logsumexp, Max, max, mean, Min, min, mish, ndtr, one_hot, Piecewise, polygamma, Rational, relu, reshape, round, sec, sigmoid, sign, silu, sin, sinh, softmax, softplus, sqrt, squeeze, stack, sum, tan, tanh, transpose, trunc, unsqueeze, where, xlog1py, xlogy\n",
         id="unknown function",
     ),
     pytest.param(
@@ -725,3 +725,56 @@ def test_a_runtime_that_differs_is_refused_with_its_own_message(tmp_path, monkey
         "that folder with this scaffold, or choose another --output-dir\n"
     )
     assert sorted(tmp_path.iterdir()) == before and captured.out == ""
+
+
+# --- int64 tensors (class indices) -------------------------------------------------------------------
+INDICES = 'name = "op"\nforward = "sum(x*one_hot(t, num_classes=5), dim=-1)"\n[tensors.x]\n[tensors.t]\nshape = [4]\n'
+INDEX_CASES = [
+    (
+        'dtype = "int32"',
+        "scaffold: error: op.toml: tensors.t.dtype: unknown dtype 'int32' (supported: 'float', 'int64')\n  hint: write "
+        'dtype = "int64" for class indices, or leave dtype out for a floating-point tensor\n',
+    ),
+    (
+        'dtype = "bool"',
+        "scaffold: error: op.toml: tensors.t.dtype: unknown dtype 'bool' (supported: 'float', 'int64')\n  hint: bool "
+        'tensors are not supported yet: write a comparison (x > 0) in the forward; write dtype = "int64" for class '
+        "indices, or leave dtype out for a floating-point tensor\n",
+    ),
+    ("dtype = 64", 'scaffold: error: op.toml: tensors.t.dtype: dtype must be a string such as "int64", got 64\n'),
+    (
+        'dtype = "int64"\ndomain = [0, 2.5]',
+        "scaffold: error: op.toml: tensors.t.domain: an int64 tensor's domain must be two integers [low, high] with "
+        "low <= high, got [0.0, 2.5]\n  hint: e.g. domain = [0, 9] for the class indices of 10 classes (both ends "
+        "included)\n",
+    ),
+    (
+        'dtype = "int64"\nlearnable = true',
+        "scaffold: error: op.toml: tensors.t.learnable: an int64 tensor cannot be learnable: it has no gradient\n  "
+        "hint: remove 'learnable = true', or drop dtype for a floating-point parameter\n",
+    ),
+    (
+        'dtype = "int64"\navoid = [1.0]',
+        "scaffold: error: op.toml: tensors.t.avoid: avoid is only used for floating-point tensors\n",
+    ),
+    (
+        'dtype = "int64"\n[gradients]\nt = "grad"',
+        "scaffold: error: op.toml: gradients.t: 't' is an int64 tensor: it has no gradient\n  hint: remove "
+        "gradients.t; backward returns None for it\n",
+    ),
+    (
+        'dtype = "int64"\ndomain = [0, 9]',
+        "scaffold: error: op.toml: forward: one_hot(t, num_classes=5): the domain of t, [0, 9], has indices outside 0 "
+        "to 4, which one_hot refuses\n  hint: declare domain = [0, 4] for t, or raise num_classes\n",
+    ),
+]
+
+
+@pytest.mark.parametrize(("table", "message"), INDEX_CASES)
+def test_bad_int64_tensors_are_refused_cleanly(table, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "op.toml").write_text(INDICES + table + "\n")
+    assert main(["new", "op", "--spec", "op.toml", "-o", "out"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message
+    assert not (tmp_path / "out").exists()
