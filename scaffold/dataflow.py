@@ -890,7 +890,86 @@ class _Shares(_Skipping):
             self.maybe_none.discard(target)
 
 
-class _Planner(_Shares):
+class _CustomBackward(_Shares):
+    """The custom gradients' part of backward: each ``[gradients]`` formula over the values backward has and
+    the upstream gradients it reads (:class:`_Planner` lays out the rest)."""
+
+    def _custom_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
+        """Each custom gradient as the spec gives it, over the values backward has and the upstream
+        gradients; summed to its tensor's shape at call time, as a derived gradient is."""
+        upstream, shapes, sources, aligned = self._custom_upstream(grad_names)
+        for name, expr in self.graph.custom.items():
+            where = self.where.replace(": forward", f": gradients.{name}")
+            expr = expr.xreplace(upstream)
+            self.emitter.request_symbols(expr)
+            read = sorted(
+                s.name for s in expr.free_symbols if s.name in self.graph.values and self.graph.is_tensor(s.name)
+            )
+            computed = [r for r in read if r not in self.graph.tensor_args]
+            self.custom_reads |= {
+                r
+                for r in computed
+                if self.graph.depends[r] != self.graph.upstream[r] or r in self.graph.program.backward_only
+            }
+            grads = [s.name for s in expr.free_symbols if s.name in shapes]
+            named = {r: self.graph.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
+            have = self.graph.custom_shape(name, named, where)
+            for grad in grads:
+                if len(shapes[grad]) < len(have) and not self.graph.trailing_aligned(aligned[grad]):
+                    raise ExpressionError(
+                        f"grad (shape {list(shapes[grad])}) has fewer dimensions than the gradient of {name!r} "
+                        f"(shape {list(have)}), and broadcasting aligns its last dimensions with dimensions the "
+                        "forward reduced away",
+                        where=where,
+                        hint="make the reduction the forward's last step, or keep its dimensions with keepdim=True",
+                    )
+            index = frozenset({self.graph.tensor_args.index(name)})
+            code = self.print(expr, extra=set(shapes))
+            want = self.graph.shape(name)
+            if not read and not grads:  # a number: a tensor of it, of the tensor's shape
+                self.emitter.shapes.add(name)
+                anchor = grad_names[self.graph.visible[0]]
+                code = f"{anchor}.new_zeros({name}_shape)" if expr == 0 else f"{anchor}.new_full({name}_shape, {code})"
+                have = want
+            calls = frozenset().union(*(self.graph.sources[r] for r in read), *(sources[g] for g in grads))
+            if have == want and any(len(self.graph.shape(a)) >= len(want) for a in calls - self.graph.sources[name]):
+                # the example's shapes agree, the shapes at call time need not: another argument's leading
+                # dimensions
+                self.emitter.shapes.add(name)
+                code = f"{_atom(code)}.sum_to_size({name}_shape)"
+            if name in dict(self.graph.derivation.custom):
+                comment = f"{name}'s gradient is the custom one the spec gives, not the derived one"
+            else:
+                comment = f"only a custom gradient reads {name}: the forward is flat in it"
+            lines.append(Line(f"# {comment}", index))
+            lines.append(Line(f"{grad_names[name]} = {code}", index))
+            grad_shapes[name] = have
+
+    def _custom_upstream(self, grad_names) -> tuple[dict, dict, dict, dict]:
+        """Each upstream gradient of a custom gradient (ParsedExpression.grads) as backward has it: an
+        output's gradient, with the dimensions a reduction without keepdim removed put back as size 1 where
+        the output is that reduction (so that ``grad * posterior`` spreads it over them, as the reduction's
+        derivative does); with its example shape, the arguments whose leading dimensions it has and the
+        value whose dimensions it has (the reduction's operand where it is spread)."""
+        upstream, shapes, sources, aligned = {}, {}, {}, {}
+        for symbol, output in zip(self.graph.program.parsed.grads, self.graph.visible):
+            code, call, shape = (
+                grad_names[output],
+                spread_reduction(self.graph.program, output),
+                self.graph.shape(output),
+            )
+            aligned[code] = output
+            if call is not None:
+                operand = self.graph.shape(str(call.args[0]))
+                dims = reduced_dims(call, operand)
+                code, shape = unsqueezed(code, call), tuple(1 if d in dims else n for d, n in enumerate(operand))
+                aligned[code] = str(call.args[0])
+            upstream[symbol] = sympy.Symbol(code, real=True)
+            shapes[code], sources[code] = shape, self.graph.sources[output]
+        return upstream, shapes, sources, aligned
+
+
+class _Planner(_CustomBackward):
     """Walks a structured program's nodes backward, writing each rule's code (stage 5c), and lays out
     forward, backward and jvp; :class:`_Keeping` decides from what backward reads what forward keeps."""
 
@@ -1189,80 +1268,6 @@ class _Planner(_Shares):
             outer = self.print(outer, extra=tensors, finite=finite)
             self._contribute(lines, read, code, have, grad_names, grad_shapes, outer=outer, node=node.name)
 
-    def _custom_backward(self, lines: list[Line], grad_names, grad_shapes) -> None:
-        """Each custom gradient as the spec gives it, over the values backward has and the upstream
-        gradients; summed to its tensor's shape at call time, as a derived gradient is."""
-        upstream, shapes, sources, aligned = self._custom_upstream(grad_names)
-        for name, expr in self.graph.custom.items():
-            where = self.where.replace(": forward", f": gradients.{name}")
-            expr = expr.xreplace(upstream)
-            self.emitter.request_symbols(expr)
-            read = sorted(
-                s.name for s in expr.free_symbols if s.name in self.graph.values and self.graph.is_tensor(s.name)
-            )
-            computed = [r for r in read if r not in self.graph.tensor_args]
-            self.custom_reads |= {
-                r
-                for r in computed
-                if self.graph.depends[r] != self.graph.upstream[r] or r in self.graph.program.backward_only
-            }
-            grads = [s.name for s in expr.free_symbols if s.name in shapes]
-            named = {r: self.graph.shape(r) for r in read} | {str(_grad_of(g, upstream)): shapes[g] for g in grads}
-            have = self.graph.custom_shape(name, named, where)
-            for grad in grads:
-                if len(shapes[grad]) < len(have) and not self.graph.trailing_aligned(aligned[grad]):
-                    raise ExpressionError(
-                        f"grad (shape {list(shapes[grad])}) has fewer dimensions than the gradient of {name!r} "
-                        f"(shape {list(have)}), and broadcasting aligns its last dimensions with dimensions the "
-                        "forward reduced away",
-                        where=where,
-                        hint="make the reduction the forward's last step, or keep its dimensions with keepdim=True",
-                    )
-            index = frozenset({self.graph.tensor_args.index(name)})
-            code = self.print(expr, extra=set(shapes))
-            want = self.graph.shape(name)
-            if not read and not grads:  # a number: a tensor of it, of the tensor's shape
-                self.emitter.shapes.add(name)
-                anchor = grad_names[self.graph.visible[0]]
-                code = f"{anchor}.new_zeros({name}_shape)" if expr == 0 else f"{anchor}.new_full({name}_shape, {code})"
-                have = want
-            calls = frozenset().union(*(self.graph.sources[r] for r in read), *(sources[g] for g in grads))
-            if have == want and any(len(self.graph.shape(a)) >= len(want) for a in calls - self.graph.sources[name]):
-                # the example's shapes agree, the shapes at call time need not: another argument's leading
-                # dimensions
-                self.emitter.shapes.add(name)
-                code = f"{_atom(code)}.sum_to_size({name}_shape)"
-            if name in dict(self.graph.derivation.custom):
-                comment = f"{name}'s gradient is the custom one the spec gives, not the derived one"
-            else:
-                comment = f"only a custom gradient reads {name}: the forward is flat in it"
-            lines.append(Line(f"# {comment}", index))
-            lines.append(Line(f"{grad_names[name]} = {code}", index))
-            grad_shapes[name] = have
-
-    def _custom_upstream(self, grad_names) -> tuple[dict, dict, dict, dict]:
-        """Each upstream gradient of a custom gradient (ParsedExpression.grads) as backward has it: an
-        output's gradient, with the dimensions a reduction without keepdim removed put back as size 1 where
-        the output is that reduction (so that ``grad * posterior`` spreads it over them, as the reduction's
-        derivative does); with its example shape, the arguments whose leading dimensions it has and the
-        value whose dimensions it has (the reduction's operand where it is spread)."""
-        upstream, shapes, sources, aligned = {}, {}, {}, {}
-        for symbol, output in zip(self.graph.program.parsed.grads, self.graph.visible):
-            code, call, shape = (
-                grad_names[output],
-                spread_reduction(self.graph.program, output),
-                self.graph.shape(output),
-            )
-            aligned[code] = output
-            if call is not None:
-                operand = self.graph.shape(str(call.args[0]))
-                dims = reduced_dims(call, operand)
-                code, shape = unsqueezed(code, call), tuple(1 if d in dims else n for d, n in enumerate(operand))
-                aligned[code] = str(call.args[0])
-            upstream[symbol] = sympy.Symbol(code, real=True)
-            shapes[code], sources[code] = shape, self.graph.sources[output]
-        return upstream, shapes, sources, aligned
-
     def _temporaries(
         self, steps: tuple[Step, ...], reduced: dict[str, sympy.Expr], g: str, lines: list[Line]
     ) -> tuple[set[str], set[str]]:
@@ -1451,7 +1456,7 @@ class _Keeping:
         for condition, mask in self.masks.items():
             saved.append(mask)
             notes.append(f"{mask}: a bool mask, one byte an element, instead of {_mask_instead(self.graph, condition)}")
-        return saved, self._in_order(recomputed), hidden, notes
+        return saved, _in_order(self.graph, recomputed), hidden, notes
 
     def _recomputed_for_memory(self, wanted: set[str], recomputed: set[str]) -> None:
         """Each product or softmax backward reads (not an output) is recomputed in backward under the policy
@@ -1520,25 +1525,6 @@ class _Keeping:
 
         return chain if reach(name) else None
 
-    def _in_order(self, recomputed: set[str]) -> list[str]:
-        """The recomputed values, each after those its recomputation reads (a softmax recomputed as
-        exp(log_probs) after log_probs, which may come later in forward)."""
-
-        def reads(name: str) -> list[str]:
-            return [self.graph.exp_of[name]] if name in self.graph.exp_of else list(self.graph.values[name].reads)
-
-        ordered: list[str] = []
-
-        def visit(name: str) -> None:
-            if name in recomputed and name not in ordered:
-                for read in reads(name):
-                    visit(read)
-                ordered.append(name)
-
-        for v in self.graph.program.values:
-            visit(v.name)
-        return ordered
-
     def _restatable(self, v: Value) -> bool:
         """Whether fused backward recomputes the softmax (or log_softmax) ``v`` from two statistics per row
         instead of keeping it: its operand is an input or elementwise math of inputs (recomputed in backward's
@@ -1557,6 +1543,26 @@ class _Keeping:
             return value.kind in (TENSOR, SCALAR) or (value.kind == ELEMENTWISE and all(map(from_inputs, value.reads)))
 
         return from_inputs(str(v.expr.args[0]))
+
+
+def _in_order(graph: _Graph, recomputed: set[str]) -> list[str]:
+    """The recomputed values, each after those its recomputation reads (a softmax recomputed as
+    exp(log_probs) after log_probs, which may come later in forward)."""
+
+    def reads(name: str) -> list[str]:
+        return [graph.exp_of[name]] if name in graph.exp_of else list(graph.values[name].reads)
+
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in recomputed and name not in ordered:
+            for read in reads(name):
+                visit(read)
+            ordered.append(name)
+
+    for v in graph.program.values:
+        visit(v.name)
+    return ordered
 
 
 class _Requests(Emitter):

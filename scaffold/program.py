@@ -143,7 +143,72 @@ def build_program(parsed: ParsedExpression, spec: OpSpec) -> Program:
     return _Lifter(parsed, spec, values).program()
 
 
-class _Lifter:
+class _Shapes:
+    """The lifter's shape rules: each node's shape from its operands', and the index checks of one_hot and
+    gather (their int64 operand's domain must hold valid indices)."""
+
+    spec: OpSpec
+    shapes: dict[str, tuple[int, ...]]
+    written: dict[str, sympy.Basic]
+    defaults: dict
+
+    def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
+        if isinstance(formula, (structural.OneHot, structural.Gather)):
+            self.check_indices(formula, written, line)
+        if isinstance(formula, Structural):
+            operands = [str(o) for o in formula.operand_exprs]
+            described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
+            try:
+                at_defaults = formula.xreplace(self.defaults)
+                return structural.result_shape(at_defaults, tuple(self.shapes[o] for o in operands), described)
+            except structural.ShapeError as exc:
+                raise ExpressionError(str(exc), where=self.at(line), hint=_SHAPE_HINT[formula.kind]) from None
+        shapes = {s.name: self.shapes[s.name] for s in formula.free_symbols}
+        try:
+            return _broadcast_checked(list(shapes.values()))
+        except ValueError:
+            listed = ", ".join(f"{structural.spelled(self.written[n])} {list(s)}" for n, s in sorted(shapes.items()))
+            raise ExpressionError(
+                f"the shapes of {structural.spelled(written)} do not broadcast together: {listed}",
+                where=self.at(line),
+                hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
+            ) from None
+
+    def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
+        """one_hot's operand and gather's index are int64 tensor arguments whose domains are valid indices."""
+        one_hot = isinstance(formula, structural.OneHot)
+        operand = str(formula.args[0] if one_hot else formula.args[1])
+        if not any(t.name == operand and t.integer for t in self.spec.tensors):
+            raise ExpressionError(
+                f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
+                f"{'class indices' if one_hot else 'indices'}, and "
+                f"{structural.spelled(self.written[operand])} is not one",
+                where=self.at(line),
+                hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
+            )
+        low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
+        if one_hot:
+            count = int(formula.classes.xreplace(self.defaults))
+            if count < 1:
+                raise ExpressionError(
+                    f"{structural.spelled(written)}: num_classes is {count} (its default), not a positive integer",
+                    where=self.at(line),
+                    hint="give the int scalar a positive default",
+                )
+        else:
+            shape = self.shapes[str(formula.args[0])]
+            count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
+        if low < 0 or high >= count:
+            where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
+            raise ExpressionError(
+                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
+                f"0 to {count - 1}, which {formula.spelling} refuses",
+                where=self.at(line),
+                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
+            )
+
+
+class _Lifter(_Shapes):
     """Builds a structured program: each structural call of the outputs' formulas becomes a node (one per
     distinct call), its operands elementwise nodes where they are not values already, and each output an
     elementwise node where it is not one of those."""
@@ -312,61 +377,6 @@ class _Lifter:
         symbol = self.node(formula, None, written, _stem(formula))
         self.statistics.add(symbol.name)
         return symbol
-
-    def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
-        if isinstance(formula, (structural.OneHot, structural.Gather)):
-            self.check_indices(formula, written, line)
-        if isinstance(formula, Structural):
-            operands = [str(o) for o in formula.operand_exprs]
-            described = tuple(f"{structural.spelled(self.written[o])} (shape {list(self.shapes[o])})" for o in operands)
-            try:
-                at_defaults = formula.xreplace(self.defaults)
-                return structural.result_shape(at_defaults, tuple(self.shapes[o] for o in operands), described)
-            except structural.ShapeError as exc:
-                raise ExpressionError(str(exc), where=self.at(line), hint=_SHAPE_HINT[formula.kind]) from None
-        shapes = {s.name: self.shapes[s.name] for s in formula.free_symbols}
-        try:
-            return _broadcast_checked(list(shapes.values()))
-        except ValueError:
-            listed = ", ".join(f"{structural.spelled(self.written[n])} {list(s)}" for n, s in sorted(shapes.items()))
-            raise ExpressionError(
-                f"the shapes of {structural.spelled(written)} do not broadcast together: {listed}",
-                where=self.at(line),
-                hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
-            ) from None
-
-    def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
-        """one_hot's operand and gather's index are int64 tensor arguments whose domains are valid indices."""
-        one_hot = isinstance(formula, structural.OneHot)
-        operand = str(formula.args[0] if one_hot else formula.args[1])
-        if not any(t.name == operand and t.integer for t in self.spec.tensors):
-            raise ExpressionError(
-                f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
-                f"{'class indices' if one_hot else 'indices'}, and "
-                f"{structural.spelled(self.written[operand])} is not one",
-                where=self.at(line),
-                hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
-            )
-        low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
-        if one_hot:
-            count = int(formula.classes.xreplace(self.defaults))
-            if count < 1:
-                raise ExpressionError(
-                    f"{structural.spelled(written)}: num_classes is {count} (its default), not a positive integer",
-                    where=self.at(line),
-                    hint="give the int scalar a positive default",
-                )
-        else:
-            shape = self.shapes[str(formula.args[0])]
-            count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
-        if low < 0 or high >= count:
-            where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
-            raise ExpressionError(
-                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
-                f"0 to {count - 1}, which {formula.spelling} refuses",
-                where=self.at(line),
-                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
-            )
 
     def line_of(self, written: sympy.Basic) -> int:
         """The first line of the forward whose value contains ``written`` (0: a forward of one line)."""
@@ -637,45 +647,41 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
                     require(str(operand), rank, exact, reason)
 
     for value in program.values:
-        call = value.expr
-        if isinstance(call, structural.Reduction) and call.dims:
-            reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
-            require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
-        elif isinstance(call, structural.Gather):
-            for operand in call.operand_exprs:
-                require(
-                    str(operand), call.dim + 1 if call.dim >= 0 else -call.dim, False, f"gather over dim={call.dim}"
-                )
-        elif isinstance(call, (structural.Softmax, structural.Scan)):
-            require(
-                str(call.args[0]),
-                call.dim + 1 if call.dim >= 0 else -call.dim,
-                False,
-                f"{call.spelling} over dim={call.dim}",
-            )
-        elif isinstance(call, structural.Transposed):
-            reason = structural.spelled(_written(program, call))
-            require(str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason)
-        elif isinstance(call, (structural.Sliced, structural.Concatenated)):
-            reason = structural.spelled(_written(program, call))
-            rank = call.dim + 1 if call.dim >= 0 else -call.dim
-            if isinstance(call, structural.Stacked):  # the dim is the result's, which has one more
-                rank -= 1
-            for operand in call.operand_exprs:
-                if rank:
-                    require(str(operand), rank, False, reason)
-        elif isinstance(call, structural.Reshaping) and not isinstance(call, structural.Reshaped):
-            reason = structural.spelled(_written(program, call))
-            if _rank_needed(call):
-                require(str(call.args[0]), _rank_needed(call), False, reason)
-        elif isinstance(call, structural.MatrixProduct):
-            product = structural.spelled(_written(program, call)).removeprefix("(").removesuffix(")")
-            for operand in call.operand_exprs:
-                if len(values[str(operand)].shape) == 1:
-                    require(str(operand), 1, True, f"a vector in {product}")
-                else:
-                    require(str(operand), 2, False, f"a matrix in {product}")
+        for name, rank, exact, reason in _named_requirements(program, value.expr, values):
+            require(name, rank, exact, reason)
     return tuple(found[t] for t in program.tensor_names if t in found)
+
+
+def _named_requirements(program: Program, call: sympy.Basic, values: dict) -> list[tuple[str, int, bool, str]]:
+    """What a structural ``call`` requires of its operands' ranks itself, as (name, rank, exact, why): the dims
+    it names must exist; a matrix product's operands stay matrices or vectors."""
+    needs: list[tuple[str, int, bool, str]] = []
+    if isinstance(call, structural.Reduction) and call.dims:
+        reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
+        needs.append((str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason))
+    elif isinstance(call, (structural.Gather, structural.Softmax, structural.Scan)):
+        rank, reason = call.dim + 1 if call.dim >= 0 else -call.dim, f"{call.spelling} over dim={call.dim}"
+        needs += [(str(operand), rank, False, reason) for operand in call.operand_exprs]
+    elif isinstance(call, structural.Transposed):
+        reason = structural.spelled(_written(program, call))
+        needs.append((str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason))
+    elif isinstance(call, (structural.Sliced, structural.Concatenated)):
+        reason = structural.spelled(_written(program, call))
+        rank = call.dim + 1 if call.dim >= 0 else -call.dim
+        if isinstance(call, structural.Stacked):  # the dim is the result's, which has one more
+            rank -= 1
+        needs += [(str(operand), rank, False, reason) for operand in call.operand_exprs if rank]
+    elif isinstance(call, structural.Reshaping) and not isinstance(call, structural.Reshaped):
+        if _rank_needed(call):
+            needs.append((str(call.args[0]), _rank_needed(call), False, structural.spelled(_written(program, call))))
+    elif isinstance(call, structural.MatrixProduct):
+        product = structural.spelled(_written(program, call)).removeprefix("(").removesuffix(")")
+        for operand in call.operand_exprs:
+            if len(values[str(operand)].shape) == 1:
+                needs.append((str(operand), 1, True, f"a vector in {product}"))
+            else:
+                needs.append((str(operand), 2, False, f"a matrix in {product}"))
+    return needs
 
 
 def _rank_change(call: structural.Reshaping) -> int | None:

@@ -15,7 +15,7 @@ MAX_CLASS_LINES = 200
 #: Classes still over the limit, each with the size it may not grow beyond until it is split (issue 33
 #: item 4): the structured planner's backward walk.
 OVER_THE_LIMIT = {
-    ("dataflow.py", "_Planner"): 386,
+    ("dataflow.py", "_Planner"): 333,
 }
 
 
