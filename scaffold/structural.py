@@ -113,12 +113,10 @@ class AMin(Reduction):
     spelling = "amin"
 
 
-class Softmax(Structural):
-    """``softmax(e, dim=D)``: arguments (e, D)."""
+class AlongOneDim(Structural):
+    """A call of one expression along the one dimension its ``dim=`` keyword names (softmax, a scan):
+    arguments (e, D)."""
 
-    kind = SOFTMAX
-    spelling = "softmax"
-    stem = "probs"
     nargs = 2
 
     @property
@@ -127,6 +125,14 @@ class Softmax(Structural):
 
     def _parameters(self) -> str:
         return f", dim={self.dim}"
+
+
+class Softmax(AlongOneDim):
+    """``softmax(e, dim=D)``: arguments (e, D)."""
+
+    kind = SOFTMAX
+    spelling = "softmax"
+    stem = "probs"
 
 
 class LogSoftmax(Softmax):
@@ -163,18 +169,10 @@ class Transposed(Structural):
         return f", {self.dims[0]}, {self.dims[1]}"
 
 
-class Scan(Structural):
+class Scan(AlongOneDim):
     """``cumsum(e, dim=D)`` and ``cumprod(e, dim=D)``: arguments (e, D); the result has e's shape."""
 
     kind = SCAN
-    nargs = 2
-
-    @property
-    def dim(self) -> int:
-        return int(self.args[1])
-
-    def _parameters(self) -> str:
-        return f", dim={self.dim}"
 
 
 class CumSum(Scan):
