@@ -179,12 +179,16 @@ class _Shapes:
         one_hot = isinstance(formula, structural.OneHot)
         operand = str(formula.args[0] if one_hot else formula.args[1])
         if not any(t.name == operand and t.integer for t in self.spec.tensors):
+            computed = any(t.integer for t in self.spec.tensors) and operand not in {t.name for t in self.spec.tensors}
             raise ExpressionError(
                 f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
                 f"{'class indices' if one_hot else 'indices'}, and "
                 f"{structural.spelled(self.written[operand])} is not one",
                 where=self.at(line),
-                hint='declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
+                hint="pass the indices as an int64 tensor argument of the shape they need (not an expression of one),"
+                " e.g. [tensors.t] shape = [4, 1]"
+                if computed
+                else 'declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
             )
         low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
         if one_hot:
