@@ -82,7 +82,7 @@ def test_a_gradient_that_is_zero_everywhere_is_a_warning_not_an_error(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("scaffold: warning:") == 1, err
     assert "gradient with respect to 'x' is zero everywhere: it enters only through sign(x)" in err
-    assert "hint: for a gradient through a step use a smooth surrogate" in err
+    assert 'hint: give it a straight-through gradient, [gradients] x = "grad" (--gradient x=grad)' in err
     assert (tmp_path / "step_mix.py").is_file()
 
 
