@@ -86,7 +86,7 @@ def test_the_activations_summed_in_one_op_pass_their_generated_tests(background_
     [
         ("sigmod(x)", "unknown function 'sigmod'\n  hint: did you mean 'sigmoid'? supported: Abs, abs, acos"),
         ("sofmax(x, dim=-1)", "unknown function 'sofmax'\n  hint: did you mean 'softmax'? supported:"),
-        ("cumsum(x, dim=-1)", "unknown function 'cumsum'\n  hint: supported: Abs"),
+        ("cummax(x, dim=-1)", "unknown function 'cummax'\n  hint: supported: Abs"),
         ("clamp(x)", "clamp() takes 2 or 3 argument(s), got 1\n  hint: write clamp(x, min=0, max=1)"),
         ("elu(x, beta=1)", "elu() got 'beta', an unknown keyword\n  hint: write elu(x, alpha=1.0)"),
         ("elu(x, 1, alpha=2)", "elu() got 'alpha', twice"),
