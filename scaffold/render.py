@@ -665,6 +665,8 @@ def test_view(
     if program.structured:
         fixed = fixed_sizes(program, spec)
         shapes = program_small_shapes(spec, fixed)
+        if not _program_fits(spec, program, shapes):  # the sizes are tied (a reshape's elements): the example's
+            shapes = [tuple(t.shape) for t in spec.tensors]
         # the Module's parameters have their example shapes, and the example's shapes fit them together
         module_shapes = [tuple(t.shape) for t in spec.tensors] if any(t.learnable for t in spec.tensors) else shapes
         seconds = second_shapes(spec, shapes, functools.partial(_program_fits, spec, program), fixed)

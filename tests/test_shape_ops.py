@@ -12,7 +12,7 @@ from scaffold.batching import batching
 from scaffold.errors import ScaffoldError
 from scaffold.write import write_files
 
-from .conftest import GeneratedRun, background_run, import_generated, make_spec
+from .conftest import GeneratedRun, background_run, import_generated, make_spec, run_pytest
 
 
 def _rotate_half(x):
@@ -199,3 +199,12 @@ def test_what_cannot_be_right_is_refused(forward, tensors, message):
     with pytest.raises(ScaffoldError) as caught:
         compile_op(spec)
     assert message in str(caught.value)
+
+
+def test_sizes_a_reshape_ties_keep_the_example_shapes_in_the_generated_tests(tmp_path):
+    """x (4, 6) reshaped to rows of 12: the tests' small sizes (2, 3) hold 6 elements, no multiple of 12, so
+    the generated tests keep the example's shape, where the op is defined (they raised in the reference)."""
+    spec = make_spec("rows_2d", "sum(reshape(x, (-1, 12))**2, dim=-1)", {"x": {"shape": [4, 6]}})
+    write_files(generate_op(spec), tmp_path)
+    result = run_pytest(tmp_path, "-k", "cpu and (matches_reference or gradcheck or second_shape)")
+    assert result.returncode == 0, result.stdout[-3000:]
