@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,8 @@ class _Lane:
         self._done: dict[str, threading.Event] = {}
         self._current: BackgroundPytest | None = None
         self._closed = False
+        self._key = ""
+        self.seconds: dict[str, float] = {}  # each run's wall time, by test and name (pytest --durations)
         threading.Thread(target=self._work, daemon=True).start()
 
     def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | BaseException) -> None:
@@ -149,6 +152,7 @@ class _Lane:
     def _work(self) -> None:
         while True:
             key, runs = self._queue.get()
+            self._key = key
             try:
                 self._results[key] = runs if isinstance(runs, BaseException) else self._run(runs)
             except Exception as exc:  # a run that timed out: the test fails with it
@@ -162,8 +166,10 @@ class _Lane:
         for name, run in runs.items():
             if self._closed:
                 raise RuntimeError("the session ended before this run")
+            began = time.perf_counter()
             self._current = BackgroundPytest(run.directory, *run.args, compile_backend=run.compile_backend)
             results[name] = self._current.wait()
+            self.seconds[f"{self._key} {name}".rstrip()] = time.perf_counter() - began
         return results
 
     def close(self) -> None:
@@ -187,6 +193,21 @@ def _background_lane(request, tmp_path_factory):
             lane.submit(item.nodeid, runs)
     yield lane
     lane.close()
+    _LANES.append(lane)
+
+
+_LANES: list[_Lane] = []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """With --durations, the background lane's slowest runs too (their tests wait on them, not run them)."""
+    count = config.getoption("durations", None)
+    seconds = {k: v for lane in _LANES for k, v in lane.seconds.items()}
+    if count is None or not seconds:
+        return
+    terminalreporter.section(f"slowest background runs of generated tests ({sum(seconds.values()):.0f} s in all)")
+    for key, value in sorted(seconds.items(), key=lambda kv: -kv[1])[: count or None]:
+        terminalreporter.write_line(f"{value:8.2f}s {key}")
 
 
 @pytest.fixture
