@@ -1182,10 +1182,9 @@ class _Planner(_CustomBackward):
                     self.emitter.scalars.add(s.name)
         lines = []
         again = [v for v in recomputed if v in self.for_memory]
-        if again:
-            where = [guards[v] for v in again]
-            guard = frozenset().union(*where) if all(where) else frozenset()
-            lines.append(Line(f'# policy "memory": {", ".join(again)} computed again, not kept from forward', guard))
+        if again:  # under the guard of the line after it, so that it never stands alone in an if-block
+            comment = f'# policy "memory": {", ".join(again)} computed again, not kept from forward'
+            lines.append(Line(comment, guards[recomputed[0]]))
         for v in recomputed:
             if v in self.graph.exp_of:
                 lines.append(Line(f"{v} = torch.exp({self.graph.exp_of[v]})", guards[v]))
@@ -1289,15 +1288,15 @@ class _Planner(_CustomBackward):
         return tensors, finite
 
     def _recompute_guards(self, recomputed: list[str], lines: list[Line]) -> dict[str, frozenset[int]]:
-        """Where each recomputed product or softmax is needed: the tensors whose gradients read it (an
-        empty guard, always, where some line that reads it runs always)."""
+        """Where each recomputed value is needed: the tensors whose gradients read it (an empty guard,
+        always, where some line that reads it runs always)."""
         guards: dict[str, frozenset[int]] = {}
         for name in reversed(recomputed):
             readers = [line.guard for line in lines if re.search(rf"\b{name}\b", line.text.split("#")[0])]
             # and the recomputed values computed from it: what it reads, or a softmax as exp of its log_softmax
             made = [r for r in guards if name in self.graph.values[r].reads or self.graph.exp_of.get(r) == name]
             readers += [guards[r] for r in made]
-            if self.graph.values[name].kind in (MATMUL, SOFTMAX, SCAN) and readers and all(readers):
+            if readers and all(readers):
                 guards[name] = frozenset().union(*readers)
             else:
                 guards[name] = frozenset()

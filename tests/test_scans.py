@@ -154,8 +154,43 @@ def test_the_custom_ops_vmap_rule_is_one_call_over_a_dim_from_the_end(tmp_path, 
     torch.testing.assert_close(op(x[0]), torch.cumprod(torch.exp(x[0]), dim=dim))
 
 
+#: Causal linear attention (Katharopoulos et al.): the running sums of k v^T and of k, read by each query.
+LINEAR_ATTENTION = (
+    "kv = cumsum(unsqueeze(k, -1)*unsqueeze(v, -2), dim=-3); num = sum(unsqueeze(q, -1)*kv, dim=-2);"
+    " den = sum(q*cumsum(k, dim=-2), dim=-1); num/unsqueeze(den, -1)"
+)
+POSITIVE = {"shape": [2, 6, 4], "domain": [0.1, 1.0]}
+ATTENTION_TENSORS = {"q": POSITIVE, "k": POSITIVE, "v": {"shape": [2, 6, 3]}}
+
+
+def _linear_attention(q, k, v):
+    kv = torch.cumsum(k.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)
+    return (q.unsqueeze(-1) * kv).sum(-2) / (q * torch.cumsum(k, dim=-2)).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_causal_linear_attention_matches_torch(tmp_path, batch):
+    op = import_generated(tmp_path, make_spec("linear_attention", LINEAR_ATTENTION, ATTENTION_TENSORS)).linear_attention
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.rand((*batch, 2, 6, 4), generator=generator, dtype=torch.float64) + 0.1 for _ in "qk")
+    v = torch.randn((*batch, 2, 6, 3), generator=generator, dtype=torch.float64)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    out, expected = op(*inputs), _linear_attention(*inputs)
+    torch.testing.assert_close(out, expected)
+    upstream = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    for got, want in zip(torch.autograd.grad(out, inputs, upstream), torch.autograd.grad(expected, inputs, upstream)):
+        torch.testing.assert_close(got, want)
+
+
 def _generated(folder):
-    runs = {}
+    # linear attention: backward recomputes kv only for q's gradient (an if-block that once held only a
+    # comment), and at its first position q's gradient is 0 exactly, which float32 rounds to noise as plain
+    # autograd does (the extreme-input check allows that noise)
+    runs = {"linear_attention": GeneratedRun(folder / "linear_attention")}
+    write_files(
+        generate_op(make_spec("linear_attention", LINEAR_ATTENTION, ATTENTION_TENSORS)),
+        runs["linear_attention"].directory,
+    )
     for name, (forward, tensors, _) in OPS.items():
         write_files(generate_op(make_spec(name, forward, tensors)), folder / name)
         runs[name] = GeneratedRun(folder / name)
