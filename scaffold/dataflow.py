@@ -133,6 +133,8 @@ class ProgramPlan:
     # an unused output's gradient stays None and what it would pass on is skipped (several outputs); False:
     # backward fills it with zeros (a custom gradient, or a tensor the forward is flat in, reads every one)
     skips_unused: bool = False
+    # the returned values that are int64 indices (an argmax's): marked non-differentiable, their gradient unread
+    integers: tuple[str, ...] = ()
 
 
 def plan_program(
@@ -241,6 +243,8 @@ class _Graph:
                 none = v.name in custom or v.name in self.program.integers
                 upstream[v.name] = frozenset() if none else frozenset({self.tensor_args.index(v.name)})
             elif v.kind == SCALAR:
+                upstream[v.name] = frozenset()
+            elif v.name in self.program.integers:  # int64 indices (an argmax's): no gradient passes through
                 upstream[v.name] = frozenset()
             else:
                 upstream[v.name] = frozenset().union(*(upstream[r] for r in v.reads))
@@ -654,15 +658,15 @@ class _ForwardWriter(_Writer):
             t = v.name + TANGENT
             if v.kind == ELEMENTWISE:
                 lines += self._elementwise_tangent(v, tangents, taken, scalars)
-            elif not any(str(o) in tangents for o in v.expr.operand_exprs):
-                continue
+            elif v.name in self.graph.program.integers or not any(str(o) in tangents for o in v.expr.operand_exprs):
+                continue  # (an argmax: int64 indices, no tangent)
             else:
                 operands = [tangents.get(str(o), "None") for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
             tangents[v.name] = t
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
+        returns = [tangents.get(v, "None") for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
         lines = _live(lines, returns)
         read = {name for line in lines for name in re.findall(r"\b\w+\b", line)}
         return lines, returns, sorted(scalars & read)
@@ -1056,6 +1060,7 @@ class _Planner(_CustomBackward):
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
             skips_unused=self.skips_unused,
+            integers=tuple(n for n in (*self.graph.visible, *hidden) if n in self.graph.program.integers),
         )
 
     def _pass_on(self, node, targets, grad_names, grad_shapes, lines, docs, may_skip: bool) -> None:
@@ -1415,9 +1420,11 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float
+                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float;
+                # so are indices reshaped (unsqueeze(t, -1)): a view of what is kept
                 elif (
-                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, ONE_HOT)
+                    (v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, ONE_HOT) or name in self.graph.program.integers)
+                    and v.kind != structural.ARG_INDEX
                     and name not in kept
                     and name not in self.graph.hoisted
                 ):
@@ -1899,7 +1906,7 @@ def _positional(call: structural.Structural) -> bool:
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, structural.Gather):
+    if isinstance(call, (structural.Gather, structural.ArgIndex)):
         return call.dim >= 0
     if isinstance(call, (structural.Unsqueezed, structural.Flattened)):  # a squeeze too
         return call.dim >= 0 if isinstance(call, structural.Unsqueezed) else any(d >= 0 for d in call.dims)
@@ -1962,9 +1969,13 @@ def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
-    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product", SCAN: "a scan"}.get(
-        v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
-    )
+    what = {
+        REDUCE: "a reduction's result",
+        SOFTMAX: "a softmax",
+        MATMUL: "a matrix product",
+        SCAN: "a scan",
+        structural.ARG_INDEX: "int64 indices (no gradient)",
+    }.get(v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines")
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
 
 

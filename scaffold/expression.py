@@ -788,6 +788,8 @@ class _CallBuilder(_BuilderBase):
             return self._one_hot(node, depth, usage)
         if name == "gather":
             return self._gather(node, depth, usage)
+        if name in structural.ARG_INDICES:
+            return self._arg_index(node, depth, usage)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -878,6 +880,28 @@ class _CallBuilder(_BuilderBase):
         operand = self._expr(self.build(given["input"], depth), given["input"])
         index = self._expr(self.build(given["index"], depth), given["index"])
         return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
+
+    def _arg_index(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``argmax(e, dim=D)`` or ``argmin(e, dim=D, keepdim=K)`` (or in order, as torch's): D a literal
+        dimension (required: torch's argmax without one flattens), K a literal bool."""
+        name = node.func.id
+        names = ["input", "dim", "keepdim"]
+        given = dict(zip(names, node.args))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        if len(node.args) > 3 or "input" not in given:
+            raise self.fail(node, f"{name}() takes an expression, dim and keepdim", hint=usage)
+        if "dim" not in given:
+            raise self.fail(node, f"{name}() needs the dimension it searches along", hint=usage)
+        flag = given.get("keepdim", ast.Constant(False))
+        if not (isinstance(flag, ast.Constant) and isinstance(flag.value, bool)):
+            raise self.fail(node, f"{name}() takes keepdim=True or keepdim=False", hint=usage)
+        operand = self._expr(self.build(given["input"], depth), given["input"])
+        dim = self._integer(given["dim"], name, usage)
+        return structural.ARG_INDICES[name](operand, dim, sympy.true if flag.value else sympy.false)
 
     def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
         """A literal dimension: an int, or minus one."""
