@@ -291,6 +291,13 @@ class _Lifter(_Shapes):
                 where=f"{self.spec.source}: outputs",
                 hint="return each value once; the caller can use it twice",
             )
+        if all(o.value in self.index_domains for o in outputs):
+            raise ExpressionError(
+                "every output is int64 indices, which have no gradient: there is nothing for a Function to "
+                "differentiate",
+                where=f"{self.spec.source}: outputs",
+                hint='return a floating-point value too (outputs = ["y", "idx"]), or call torch.argmax directly',
+            )
         hoisted = frozenset(self.statistics) - {v.name for v in self.values if v.kind != ELEMENTWISE}
         count = len(self.values)
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
