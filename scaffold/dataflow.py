@@ -133,8 +133,6 @@ class ProgramPlan:
     # an unused output's gradient stays None and what it would pass on is skipped (several outputs); False:
     # backward fills it with zeros (a custom gradient, or a tensor the forward is flat in, reads every one)
     skips_unused: bool = False
-    # the returned values that are int64 indices (an argmax's): marked non-differentiable, their gradient unread
-    integers: tuple[str, ...] = ()
 
 
 def plan_program(
@@ -1060,7 +1058,6 @@ class _Planner(_CustomBackward):
             recomputed=tuple(recomputed),
             double_backward=_SecondOrder(self).derive(saved, upstream, hidden_values),
             skips_unused=self.skips_unused,
-            integers=tuple(n for n in (*self.graph.visible, *hidden) if n in self.graph.program.integers),
         )
 
     def _pass_on(self, node, targets, grad_names, grad_shapes, lines, docs, may_skip: bool) -> None:
