@@ -232,7 +232,9 @@ class _Shapes:
         else:
             shape = self.shapes[str(formula.args[0])]
             count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
-        if (low < 0 or high >= count) and operand not in {t.name for t in self.spec.tensors}:
+        index = self.written[operand]  # t, unsqueeze(t, -1), argmax(z, dim=-1): its domain is declared, or not
+        declared = set() if index.has(structural.ArgIndex) else {s.name for s in index.free_symbols}
+        if (low < 0 or high >= count) and not declared:
             raise ExpressionError(
                 f"{structural.spelled(written)}: {structural.spelled(self.written[operand])} holds indices up to "
                 f"{high} (in the example), outside 0 to {count - 1}, which {formula.spelling} refuses",
@@ -243,10 +245,10 @@ class _Shapes:
         if low < 0 or high >= count:
             where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
             raise ExpressionError(
-                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
-                f"0 to {count - 1}, which {formula.spelling} refuses",
+                f"{structural.spelled(written)}: the domain of {structural.spelled(index)}, [{low}, {high}], has "
+                f"indices outside 0 to {count - 1}, which {formula.spelling} refuses",
                 where=self.at(line),
-                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
+                hint=f"declare domain = [0, {count - 1}] for {', '.join(sorted(declared))}, or raise {where}",
             )
 
 

@@ -204,6 +204,13 @@ def test_indices_used_otherwise_are_refused_saying_what_is_allowed(forward, expe
         assert "int64 indices are an int64 tensor argument, argmax(e, dim=D) or argmin(e, dim=D)" in message
 
 
+def test_an_unsqueezed_index_keeps_its_arguments_domain():
+    tensors = {"z": {"shape": [4, 5]}, "t": {"shape": [4], "dtype": "int64", "domain": [0, 5]}}
+    message = _refused(NLL, tensors)
+    assert "the domain of unsqueeze(t, -1), [0, 5], has indices outside 0 to 4, which gather refuses" in message
+    assert "hint: declare domain = [0, 4] for t, or raise the size of dim=-1" in message
+
+
 def test_an_op_returning_only_indices_is_refused():
     message = _refused("argmax(z, dim=-1)")
     assert "every output is int64 indices, which have no gradient" in message
