@@ -283,6 +283,8 @@ class _Graph:
         if v.kind == REDUCE and not v.expr.keepdim and v.expr.dims:
             if sorted(v.expr.dims) != list(range(len(v.expr.dims))):
                 return False
+        if v.kind == structural.ARG_INDEX and not v.expr.keepdim and v.expr.dim != 0:
+            return False
         if v.kind == MATMUL and len(v.shape) < max(len(self.shape(str(o))) for o in v.expr.operand_exprs):
             return False
         return all(self.trailing_aligned(r) for r in v.reads)
