@@ -159,6 +159,32 @@ def test_argmax_is_printed_as_written_and_as_torch(tmp_path):
     assert print_torch(call, {"x"}, where="test").text == "x.argmin(dim=-1, keepdim=True)"
 
 
+def test_argmax_asks_for_the_dimension_it_searches_at_every_rank():
+    from scaffold.program import rank_requirements
+
+    tensors = {"w": {"shape": [4, 2, 3]}, "z": {"shape": [2, 3, 4]}}
+    program = compile_op(make_spec("ranks", "one_hot(argmax(w, dim=-3), num_classes=4) * z", tensors)).program
+    [needed] = rank_requirements(program)
+    assert (needed.tensor, needed.rank, needed.exact, needed.reason) == ("w", 3, False, "argmax over dim=-3")
+
+
+@pytest.mark.parametrize(("dim", "one_call"), [(-1, ((True,),)), (0, None)])
+def test_the_custom_ops_vmap_rule_is_one_call_for_an_argmax_along_a_dim_from_the_end(tmp_path, dim, one_call):
+    from scaffold.batching import batching
+
+    name = f"argmax_vmap{-dim}"
+    forward = f"sum(z*one_hot(argmax(z, dim={dim}), num_classes=4), dim={dim})"
+    spec = make_spec(name, forward, {"z": {"shape": [4, 4]}}, target="custom_op", namespace=f"t_argmax{-dim}")
+    compiled = compile_op(spec)
+    found = batching(compiled.program, compiled.plan.visible, frozenset())
+    assert (found and found.one_call) == one_call
+    op = getattr(import_generated(tmp_path, spec), name)
+    z = torch.randn(3, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(op)(z), torch.stack([op(item) for item in z]))
+    expected = (z[0] * functional.one_hot(z[0].argmax(dim), 4)).sum(dim)
+    torch.testing.assert_close(op(z[0]), expected)
+
+
 def _refused(forward: str, tensors=None, **extra) -> str:
     with pytest.raises(ScaffoldError) as caught:
         compile_op(make_spec("bad", forward, tensors or {"z": {"shape": [4, 5]}}, **extra))
