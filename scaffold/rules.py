@@ -36,7 +36,7 @@ stack      g selected at each operand's index along dim    stack of the tangents
 reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
 one_hot    none: its operand holds int64 class indices    none (zero)
 gather     zeros scattered with g at the indices (added)  t gathered at the indices
-argmax     none: int64 indices (zero for e)               none (zero)
+argmax     none: int64 indices (zero for x)               none (zero)
 ========== ============================================== =================================================
 """
 
@@ -53,8 +53,6 @@ from .structural import (
     AMax,
     AMin,
     ArgIndex,
-    ArgMax,
-    ArgMin,
     Concatenated,
     CumProd,
     CumSum,
@@ -449,7 +447,5 @@ def describe(node: Value) -> str:
             Stacked: "each operand's gradient is g at its index along dim",
             OneHot: f"{x} holds int64 class indices: no gradient",
             Gather: f"{x}'s gradient is g added into zeros where {call.args[1]} points",
-            ArgMax: f"{y} holds int64 indices: no gradient reaches {x}",
-            ArgMin: f"{y} holds int64 indices: no gradient reaches {x}",
         }.get(type(call), f"{x}'s gradient is g reshaped back to {x}'s shape")
     return f"{y} = {spelled(call)}: {rule}"
