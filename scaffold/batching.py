@@ -135,13 +135,13 @@ def _step(program: Program, v: Value, dims: dict[str, int | None]) -> int | None
         return batched.pop() + (1 if isinstance(call, structural.Stacked) else 0)
     if isinstance(call, structural.Reshaping):
         return _reshaped(call, dims[operands[0]])
-    # a softmax or a slice names one dim
+    # a softmax, a slice or an argmax names one dim
     named = call.dims if isinstance(call, (structural.Reduction, structural.Transposed)) else (call.dim,)
     if not named or any(d >= 0 for d in named):  # over every dimension, or counted from the front
         if dims[operands[0]] is not None:
             raise _ApartError
         return None
-    removed = len(named) if isinstance(call, structural.Reduction) and not call.keepdim else 0
+    removed = len(named) if isinstance(call, (structural.Reduction, structural.ArgIndex)) and not call.keepdim else 0
     return None if dims[operands[0]] is None else dims[operands[0]] - removed
 
 

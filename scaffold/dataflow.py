@@ -242,6 +242,8 @@ class _Graph:
                 upstream[v.name] = frozenset() if none else frozenset({self.tensor_args.index(v.name)})
             elif v.kind == SCALAR:
                 upstream[v.name] = frozenset()
+            elif v.name in self.program.integers:  # int64 indices (an argmax's): no gradient passes through
+                upstream[v.name] = frozenset()
             else:
                 upstream[v.name] = frozenset().union(*(upstream[r] for r in v.reads))
         return upstream
@@ -281,6 +283,8 @@ class _Graph:
         if v.kind == REDUCE and not v.expr.keepdim and v.expr.dims:
             if sorted(v.expr.dims) != list(range(len(v.expr.dims))):
                 return False
+        if v.kind == structural.ARG_INDEX and not v.expr.keepdim and v.expr.dim != 0:
+            return False
         if v.kind == MATMUL and len(v.shape) < max(len(self.shape(str(o))) for o in v.expr.operand_exprs):
             return False
         return all(self.trailing_aligned(r) for r in v.reads)
@@ -654,15 +658,15 @@ class _ForwardWriter(_Writer):
             t = v.name + TANGENT
             if v.kind == ELEMENTWISE:
                 lines += self._elementwise_tangent(v, tangents, taken, scalars)
-            elif not any(str(o) in tangents for o in v.expr.operand_exprs):
-                continue
+            elif v.name in self.graph.program.integers or not any(str(o) in tangents for o in v.expr.operand_exprs):
+                continue  # (an argmax: int64 indices, no tangent)
             else:
                 operands = [tangents.get(str(o), "None") for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")
             tangents[v.name] = t
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents[v] for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
+        returns = [tangents.get(v, "None") for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
         lines = _live(lines, returns)
         read = {name for line in lines for name in re.findall(r"\b\w+\b", line)}
         return lines, returns, sorted(scalars & read)
@@ -1414,9 +1418,11 @@ class _Keeping:
                     self.restated[name] = (self.temporary(), self.temporary())
                     changed |= str(v.expr.args[0]) not in wanted
                     wanted.add(str(v.expr.args[0]))
-                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float
+                # a one_hot is recomputed from its int64 indices, never kept: C times their elements, in float;
+                # so are indices reshaped (unsqueeze(t, -1)): a view of what is kept
                 elif (
-                    v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, ONE_HOT)
+                    (v.kind in (ELEMENTWISE, TRANSPOSE, SLICE, CAT, ONE_HOT) or name in self.graph.program.integers)
+                    and v.kind != structural.ARG_INDEX
                     and name not in kept
                     and name not in self.graph.hoisted
                 ):
@@ -1898,7 +1904,7 @@ def _positional(call: structural.Structural) -> bool:
         return call.dim >= 0
     if isinstance(call, structural.Transposed):
         return any(d >= 0 for d in call.dims)
-    if isinstance(call, structural.Gather):
+    if isinstance(call, (structural.Gather, structural.ArgIndex)):
         return call.dim >= 0
     if isinstance(call, (structural.Unsqueezed, structural.Flattened)):  # a squeeze too
         return call.dim >= 0 if isinstance(call, structural.Unsqueezed) else any(d >= 0 for d in call.dims)
@@ -1961,9 +1967,13 @@ def _note(v: Value, visible: list[str], hoisted: frozenset[str]) -> str:
         return f"{v.name}: an input"
     if v.name in visible:
         return f"{v.name}: an output"
-    what = {REDUCE: "a reduction's result", SOFTMAX: "a softmax", MATMUL: "a matrix product", SCAN: "a scan"}.get(
-        v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines"
-    )
+    what = {
+        REDUCE: "a reduction's result",
+        SOFTMAX: "a softmax",
+        MATMUL: "a matrix product",
+        SCAN: "a scan",
+        structural.ARG_INDEX: "int64 indices (no gradient)",
+    }.get(v.kind, "a part hoisted out of a formula" if v.name in hoisted else "read instead of the inputs it combines")
     return f"{v.name}: {what}, {_size(v.shape)}, returned by forward as a hidden output"
 
 

@@ -788,6 +788,8 @@ class _CallBuilder(_BuilderBase):
             return self._one_hot(node, depth, usage)
         if name == "gather":
             return self._gather(node, depth, usage)
+        if name in structural.ARG_INDICES:
+            return self._arg_index(node, depth, usage)
         if name == "transpose":
             if len(node.args) != 3 or node.keywords:
                 raise self.fail(node, "transpose() takes an expression and two dimensions", hint=usage)
@@ -842,6 +844,22 @@ class _CallBuilder(_BuilderBase):
         reduction = structural.REDUCTIONS[name]
         return reduction(operand, sympy.Tuple(*map(sympy.Integer, dims)), sympy.true if keepdim else sympy.false)
 
+    def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
+        """A literal dimension: an int, or minus one."""
+        sign = 1
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            sign, node = -1, node.operand
+        if not (isinstance(node, ast.Constant) and type(node.value) is int):
+            raise self.fail(node, f"{name}() takes dimensions as literal integers, such as -1", hint=usage)
+        if abs(node.value) > 64:
+            raise self.fail(node, f"the dimension {sign * node.value} is out of range")
+        return sympy.Integer(sign * node.value)
+
+
+class _IndexBuilder(_BuilderBase):
+    """The calls of int64 indices: ``one_hot(t, num_classes=C)``, ``gather(e, dim=D, index=t)`` and
+    ``argmax``/``argmin(e, dim=D)`` (stage 3 checks what an index is, :mod:`.program`)."""
+
     def _one_hot(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
         """``one_hot(t, num_classes=C)``: t an int64 tensor argument (stage 3 checks its dtype), C a literal
         integer, by keyword or second in order."""
@@ -879,16 +897,27 @@ class _CallBuilder(_BuilderBase):
         index = self._expr(self.build(given["index"], depth), given["index"])
         return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
 
-    def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
-        """A literal dimension: an int, or minus one."""
-        sign = 1
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            sign, node = -1, node.operand
-        if not (isinstance(node, ast.Constant) and type(node.value) is int):
-            raise self.fail(node, f"{name}() takes dimensions as literal integers, such as -1", hint=usage)
-        if abs(node.value) > 64:
-            raise self.fail(node, f"the dimension {sign * node.value} is out of range")
-        return sympy.Integer(sign * node.value)
+    def _arg_index(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
+        """``argmax(e, dim=D)`` or ``argmin(e, dim=D, keepdim=K)`` (or in order, as torch's): D a literal
+        dimension (required: torch's argmax without one flattens), K a literal bool."""
+        name = node.func.id
+        names = ["input", "dim", "keepdim"]
+        given = dict(zip(names, node.args))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        if len(node.args) > 3 or "input" not in given:
+            raise self.fail(node, f"{name}() takes an expression, dim and keepdim", hint=usage)
+        if "dim" not in given:
+            raise self.fail(node, f"{name}() needs the dimension it searches along", hint=usage)
+        flag = given.get("keepdim", ast.Constant(False))
+        if not (isinstance(flag, ast.Constant) and isinstance(flag.value, bool)):
+            raise self.fail(node, f"{name}() takes keepdim=True or keepdim=False", hint=usage)
+        operand = self._expr(self.build(given["input"], depth), given["input"])
+        dim = self._integer(given["dim"], name, usage)
+        return structural.ARG_INDICES[name](operand, dim, sympy.true if flag.value else sympy.false)
 
 
 _SLICE_USAGE = "slice with integer bounds and step 1, e.g. x[..., :4], x[..., 4:] or x[1:-1]"
@@ -980,7 +1009,7 @@ def _is_ellipsis(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value is Ellipsis
 
 
-class _Builder(_ShapeBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
+class _Builder(_ShapeBuilder, _IndexBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
     """Builds the sympy expression a Python expression's syntax tree spells, refusing anything else."""
 
 

@@ -50,9 +50,11 @@ from . import functions, stable
 from .errors import DerivationError, error_context
 from .lowering import guard_value, is_indicator, step_relational, within
 from .structural import (
+    ARG_INDICES,
     REDUCTIONS,
     RESHAPES,
     SCANS,
+    ArgIndex,
     Concatenated,
     Flattened,
     Gather,
@@ -750,6 +752,11 @@ class _StructuralPrinter(_PrinterBase):
 
     def _print_MatrixProduct(self, expr: Structural) -> str:
         a, b = (self._operand(e, POWER) for e in expr.args)
+        # a one_hot is int64, which matmul does not promote: it takes the other operand's dtype
+        if isinstance(expr.args[0], OneHot):
+            a = f"{a}.to({self._operand(expr.args[1], ATOM)}.dtype)"
+        if isinstance(expr.args[1], OneHot):
+            b = f"{b}.to({self._operand(expr.args[0], ATOM)}.dtype)"
         return f"({a} @ {b})"
 
     def _print_Transposed(self, expr: Transposed) -> str:
@@ -777,6 +784,10 @@ class _StructuralPrinter(_PrinterBase):
         # int64; the float math it meets promotes it to that math's dtype
         return f"torch.nn.functional.one_hot({self._print(expr.args[0])}, {expr.classes})"
 
+    def _print_ArgIndex(self, expr: ArgIndex) -> str:
+        keep = ", keepdim=True" if expr.keepdim else ""
+        return f"{self._operand(expr.args[0], ATOM)}.{expr.spelling}(dim={expr.dim}{keep})"
+
 
 for _class in REDUCTIONS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reduction)
@@ -784,6 +795,8 @@ _StructuralPrinter._print_LogSoftmax = _StructuralPrinter._print_Softmax
 for _class in SCANS.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Scan)
 _StructuralPrinter._print_Stacked = _StructuralPrinter._print_Concatenated
+for _class in ARG_INDICES.values():
+    setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_ArgIndex)
 for _class in RESHAPES.values():
     setattr(_StructuralPrinter, f"_print_{_class.__name__}", _StructuralPrinter._print_Reshaping)
 

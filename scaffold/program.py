@@ -82,7 +82,8 @@ class Program:
     # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
     # computes them, forward does not
     backward_only: frozenset[str] = frozenset()
-    # the int64 tensor arguments (class indices): no gradient reaches them, backward returns None for them
+    # the int64 values: tensor arguments (class indices), which backward returns None for, and the indices the
+    # forward computes (an argmax, an unsqueeze of one); no gradient reaches them or passes through them
     integers: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
@@ -153,6 +154,7 @@ class _Shapes:
     defaults: dict
 
     def shape(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> tuple[int, ...]:
+        self.check_integer_reads(formula, written, line)
         if isinstance(formula, (structural.OneHot, structural.Gather)):
             self.check_indices(formula, written, line)
         if isinstance(formula, Structural):
@@ -174,23 +176,51 @@ class _Shapes:
                 hint="each dimension must have the same size or 1; keepdim=True keeps a reduced dimension as 1",
             ) from None
 
+    def index_domain(self, formula: sympy.Basic) -> tuple[int, int] | None:
+        """The indices an int64 node may hold (None: a floating-point node): an argmax or argmin over a
+        dimension of size n (the example's) [0, n - 1]; a reshape, unsqueeze, squeeze or slice of int64
+        indices theirs."""
+        if isinstance(formula, structural.ArgIndex):
+            shape = self.shapes[str(formula.args[0])]
+            return 0, shape[formula.dim % len(shape)] - 1
+        if isinstance(formula, (structural.Reshaping, structural.Sliced)):
+            return self.index_domains.get(str(formula.args[0]))
+        return None
+
+    def check_integer_reads(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> None:
+        """Computed int64 indices (an argmax's) are read only as indices: by one_hot, as gather's index, by
+        a reshape, unsqueeze, squeeze or slice (or returned as they are)."""
+        if isinstance(formula, (structural.OneHot, structural.Reshaping, structural.Sliced)):
+            return
+        reads = formula.operand_exprs[:1] if isinstance(formula, structural.Gather) else formula.free_symbols
+        if isinstance(formula, structural.ArgIndex):
+            reads = formula.operand_exprs
+        computed = self.index_domains.keys() - {t.name for t in self.spec.tensors}
+        for read in sorted(str(r) for r in reads if str(r) in computed):
+            raise ExpressionError(
+                f"{structural.spelled(written)} reads {structural.spelled(self.written[read])}, int64 indices, as a "
+                "number",
+                where=self.at(line),
+                hint=_INDEX_USES,
+            )
+
     def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
-        """one_hot's operand and gather's index are int64 tensor arguments whose domains are valid indices."""
+        """one_hot's operand and gather's index are int64 indices (:data:`_INDEX_USES`) whose domains are valid
+        indices."""
         one_hot = isinstance(formula, structural.OneHot)
         operand = str(formula.args[0] if one_hot else formula.args[1])
-        if not any(t.name == operand and t.integer for t in self.spec.tensors):
-            computed = any(t.integer for t in self.spec.tensors) and operand not in {t.name for t in self.spec.tensors}
+        if operand not in self.index_domains:
+            declared = any(t.integer for t in self.spec.tensors)
             raise ExpressionError(
                 f"{structural.spelled(written)}: {formula.spelling} takes an int64 tensor argument of "
-                f"{'class indices' if one_hot else 'indices'}, and "
-                f"{structural.spelled(self.written[operand])} is not one",
+                f"{'class indices' if one_hot else 'indices'}, an argmax or argmin, or a reshape or slice of those, "
+                f"and {structural.spelled(self.written[operand])} is not one",
                 where=self.at(line),
-                hint="pass the indices as an int64 tensor argument of the shape they need (not an expression of one),"
-                " e.g. [tensors.t] shape = [4, 1]"
-                if computed
+                hint=_INDEX_USES
+                if declared
                 else 'declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
             )
-        low, high = next(t.domain for t in self.spec.tensors if t.name == operand)
+        low, high = self.index_domains[operand]
         if one_hot:
             count = int(formula.classes.xreplace(self.defaults))
             if count < 1:
@@ -202,13 +232,23 @@ class _Shapes:
         else:
             shape = self.shapes[str(formula.args[0])]
             count = shape[structural.normalized_dim(formula.dim, len(shape), "the operand")] if shape else 1
+        index = self.written[operand]  # t, unsqueeze(t, -1), argmax(z, dim=-1): its domain is declared, or not
+        declared = set() if index.has(structural.ArgIndex) else {s.name for s in index.free_symbols}
+        if (low < 0 or high >= count) and not declared:
+            raise ExpressionError(
+                f"{structural.spelled(written)}: {structural.spelled(self.written[operand])} holds indices up to "
+                f"{high} (in the example), outside 0 to {count - 1}, which {formula.spelling} refuses",
+                where=self.at(line),
+                hint=f"an argmax or argmin over a dimension of size n gives indices 0 to n - 1: "
+                f"{'num_classes' if one_hot else f'the size of dim={formula.dim}'} must be at least n",
+            )
         if low < 0 or high >= count:
             where = "num_classes" if one_hot else f"the size of dim={formula.dim}"
             raise ExpressionError(
-                f"{structural.spelled(written)}: the domain of {operand}, [{low}, {high}], has indices outside "
-                f"0 to {count - 1}, which {formula.spelling} refuses",
+                f"{structural.spelled(written)}: the domain of {structural.spelled(index)}, [{low}, {high}], has "
+                f"indices outside 0 to {count - 1}, which {formula.spelling} refuses",
                 where=self.at(line),
-                hint=f"declare domain = [0, {count - 1}] for {operand}, or raise {where}",
+                hint=f"declare domain = [0, {count - 1}] for {', '.join(sorted(declared))}, or raise {where}",
             )
 
 
@@ -232,6 +272,8 @@ class _Lifter(_Shapes):
         self.statistics: set[str] = set()
         # the int scalars at their defaults: the example's sizes (one_hot(t, num_classes=C))
         self.defaults = {parsed.symbols[s.name]: sympy.Integer(s.default) for s in spec.scalars if s.type == "int"}
+        # each int64 value (see _Shapes.index_domain) -> the indices it may hold, both ends included
+        self.index_domains: dict[str, tuple[int, int]] = {t.name: t.domain for t in spec.tensors if t.integer}
 
     def program(self) -> Program:
         outputs = []
@@ -251,12 +293,19 @@ class _Lifter(_Shapes):
                 where=f"{self.spec.source}: outputs",
                 hint="return each value once; the caller can use it twice",
             )
+        if all(o.value in self.index_domains for o in outputs):
+            raise ExpressionError(
+                "every output is int64 indices, which have no gradient: there is nothing for a Function to "
+                "differentiate",
+                where=f"{self.spec.source}: outputs",
+                hint='return a floating-point value too (outputs = ["y", "idx"]), or call torch.argmax directly',
+            )
         hoisted = frozenset(self.statistics) - {v.name for v in self.values if v.kind != ELEMENTWISE}
         count = len(self.values)
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
         hoisted -= {o.value for o in outputs}
         backward_only = frozenset(v.name for v in self.values[count:])
-        integers = frozenset(t.name for t in self.spec.tensors if t.integer)
+        integers = frozenset(self.index_domains)
         return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only, integers)
 
     def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:
@@ -327,6 +376,9 @@ class _Lifter(_Shapes):
         symbol = sympy.Symbol(name, real=True)
         self.values.append(Value(name, kind, shape, formula, line))
         self.shapes[name] = shape
+        domain = self.index_domain(formula)
+        if domain is not None:
+            self.index_domains[name] = domain
         self.by_expr[formula] = symbol
         self.written[name] = written
         if kind == structural.REDUCE:
@@ -562,6 +614,12 @@ def _elements(shape: tuple[int, ...]) -> int:
     return n
 
 
+_INDEX_USES = (
+    "int64 indices are an int64 tensor argument, argmax(e, dim=D) or argmin(e, dim=D), or a reshape, unsqueeze, "
+    "squeeze or slice of those; one_hot and gather's index take them, and an output may return them (no "
+    "arithmetic on them)"
+)
+
 _SHAPE_HINT = {
     structural.REDUCE: "dim counts from 0, or from -1 for the last dimension",
     structural.SOFTMAX: "dim counts from 0, or from -1 for the last dimension",
@@ -573,6 +631,7 @@ _SHAPE_HINT = {
     structural.CAT: "cat joins operands of one shape but along dim (dim counts from 0, or from -1 for the last)",
     structural.ONE_HOT: "one_hot(t, num_classes=C) adds a last dimension of size C",
     structural.GATHER: "gather(e, dim=D, index=t): t has e's rank, and no larger size than e away from D",
+    structural.ARG_INDEX: "dim counts from 0, or from -1 for the last dimension",
     structural.MATMUL: "a @ b needs a's last dimension to equal b's second-to-last (b's only one for a vector); "
     "transpose(b, -1, -2) swaps b's last two",
 }
@@ -635,6 +694,8 @@ def rank_requirements(program: Program) -> tuple[RankRequirement, ...]:
                 require(str(call.args[0]), rank + removed, exact, reason)
         elif isinstance(call, (structural.Softmax, structural.Scan, structural.Transposed, structural.Sliced)):
             require(str(call.args[0]), rank, exact, reason)
+        elif isinstance(call, structural.ArgIndex):
+            require(str(call.args[0]), rank + (0 if call.keepdim else 1), exact, reason)
         elif isinstance(call, structural.Stacked):
             for operand in call.operand_exprs:
                 require(str(operand), max(rank - 1, 0), exact, reason)
@@ -663,7 +724,7 @@ def _named_requirements(program: Program, call: sympy.Basic, values: dict) -> li
     if isinstance(call, structural.Reduction) and call.dims:
         reason = f"{call.spelling} over dim={call.dims[0] if len(call.dims) == 1 else call.dims}"
         needs.append((str(call.args[0]), max(d + 1 if d >= 0 else -d for d in call.dims), False, reason))
-    elif isinstance(call, (structural.Gather, structural.Softmax, structural.Scan)):
+    elif isinstance(call, (structural.Gather, structural.Softmax, structural.Scan, structural.ArgIndex)):
         rank, reason = call.dim + 1 if call.dim >= 0 else -call.dim, f"{call.spelling} over dim={call.dim}"
         needs += [(str(operand), rank, False, reason) for operand in call.operand_exprs]
     elif isinstance(call, structural.Transposed):

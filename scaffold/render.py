@@ -1295,19 +1295,18 @@ def program_module_view(
         forward_lines=_returning(list(plan.forward), list(plan.returns)),
         returns=list(plan.returns),
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
-        output_unpack=[
-            n if n in plan.masks or n in plan.saved or (zero_fills and n in plan.visible) else "_" for n in plan.returns
-        ],
+        output_unpack=[_unpacked(n, plan, program, zero_fills) for n in plan.returns],
         optional_grads=optional,
         unmaterialized_tangents=tensor_names if optional else [],
-        masks=[*plan.constants, *plan.masks],  # marked non-differentiable
+        # marked non-differentiable: int64 indices returned (an argmax's), a restated softmax's statistics, masks
+        masks=[*(n for n in plan.returns if n in program.integers), *plan.constants, *plan.masks],
         saved=list(plan.saved),
         saved_comment=_program_saved_comment(plan),
         ctx_scalars=ctx_scalars,
         shapes=[n for n in plan.shapes if n not in plan.saved],  # kept on ctx: backward has the saved ones
-        zero_outputs=list(plan.visible) if zero_fills else [],
+        zero_outputs=[v for v in plan.visible if v not in program.integers] if zero_fills else [],
         upstream=list(plan.upstream) + (["*_"] if plan.masks or plan.constants else []),
-        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible)] if zero_fills else [],
+        zero_fills=[(g, v) for g, v in zip(plan.upstream, plan.visible) if zero_fills and v not in program.integers],
         unused_outputs=list(plan.upstream) if plan.skips_unused else [],
         backward_scalars=list(plan.backward_scalars),
         grads=[f"grad_{n}" for n in tensor_names],
@@ -1518,6 +1517,13 @@ def _program_forward_kinds(spec: OpSpec) -> dict[str, Kind]:
         dims = {f"dim{d - len(shape)}" for d, n in enumerate(shape) if n > 1} | {f"from:{t.name}"}
         kinds[t.name] = Kind(TENSOR, frozenset(dims | {f"rank{k}" for k in range(1, len(shape) + 1)}))
     return kinds
+
+
+def _unpacked(name: str, plan: ProgramPlan, program: Program, zero_fills: bool) -> str:
+    """How setup_context unpacks the returned value ``name``: by name where it marks, saves or measures it
+    (int64 indices are marked non-differentiable, and take no zeros for a gradient)."""
+    marked = name in plan.masks or name in program.integers or name in plan.saved
+    return name if marked or (zero_fills and name in plan.visible) else "_"
 
 
 def _program_blocks(plan: ProgramPlan, tensor_names: list[str]) -> list[Block]:

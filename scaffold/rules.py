@@ -36,6 +36,7 @@ stack      g selected at each operand's index along dim    stack of the tangents
 reshape    g reshaped back to x's shape                   t reshaped (unsqueeze, squeeze, flatten alike)
 one_hot    none: its operand holds int64 class indices    none (zero)
 gather     zeros scattered with g at the indices (added)  t gathered at the indices
+argmax     none: int64 indices (zero for x)               none (zero)
 ========== ============================================== =================================================
 """
 
@@ -51,6 +52,7 @@ from .stable import remove_singularities, stabilize
 from .structural import (
     AMax,
     AMin,
+    ArgIndex,
     Concatenated,
     CumProd,
     CumSum,
@@ -138,8 +140,8 @@ def _differentiable(program: Program, nodes: list[ElementwiseNode]) -> set[str]:
     partials = {n.name: dict(n.partials) for n in nodes}
     reached = {o.value for o in program.outputs}
     for value in reversed(program.values):
-        if value.name not in reached or value.expr is None:
-            continue
+        if value.name not in reached or value.expr is None or value.name in program.integers:
+            continue  # (int64 indices, an argmax's: no gradient passes through them)
         for read in value.reads:
             if value.kind != ELEMENTWISE or partials[value.name].get(read, 0) != 0:
                 reached.add(read)
@@ -216,6 +218,8 @@ def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
         return f"torch.nn.functional.one_hot({operands[0]}, {call.classes}).to({dtype})"
     if isinstance(call, Gather):
         return f"{operands[0]}.gather({call.dim}, {operands[1]})"
+    if isinstance(call, ArgIndex):
+        return f"{operands[0]}.{call.spelling}(dim={call.dim}{', keepdim=True' if call.keepdim else ''})"
     if isinstance(call, Reduction):
         return reduce_code(call, operands[0])
     if isinstance(call, Softmax):
@@ -397,7 +401,9 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
     if isinstance(call, (Sliced, Concatenated, Reshaping)):
         return forward_code(call, tangents)
     a, b = (str(o) for o in call.operand_exprs)
-    return f"{tangents[0]} @ {emit.value(b)} + {emit.value(a)} @ {tangents[1]}"
+    # an operand without a tangent (a one_hot of int64 indices) adds no term
+    terms = [f"{tangents[0]} @ {emit.value(b)}", f"{emit.value(a)} @ {tangents[1]}"]
+    return " + ".join(term for term, t in zip(terms, tangents) if t != "None")
 
 
 def _cumprod_tangent(call: CumProd, t: str, x: str, y: str) -> str:

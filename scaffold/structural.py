@@ -30,6 +30,8 @@ CAT = "cat"
 RESHAPE = "reshape"
 ONE_HOT = "one_hot"
 GATHER = "gather"
+#: argmax/argmin along one dimension: int64 indices, no gradient
+ARG_INDEX = "arg_index"
 
 
 class Structural(sympy.Function):
@@ -348,6 +350,37 @@ class Gather(Structural):
         return f"gather({printer._print(self.args[0])}, dim={self.dim}, index={printer._print(self.args[1])})"
 
 
+class ArgIndex(Structural):
+    """``argmax(e, dim=D, keepdim=K)`` and ``argmin``, as torch's: arguments (e, D, K). The result is int64,
+    the position of the first largest (smallest) element along D, e's shape without D (1 there where
+    keepdim): indices in [0, e.size(D)), usable by one_hot and gather. It has no gradient (zero for e)."""
+
+    kind = ARG_INDEX
+    nargs = 3
+
+    @property
+    def dim(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def keepdim(self) -> bool:
+        return bool(self.args[2])
+
+    def _parameters(self) -> str:
+        return f", dim={self.dim}" + (", keepdim=True" if self.keepdim else "")
+
+
+class ArgMax(ArgIndex):
+    spelling = "argmax"
+    stem = "index"
+
+
+class ArgMin(ArgIndex):
+    spelling = "argmin"
+    stem = "index"
+
+
+ARG_INDICES: dict[str, type[ArgIndex]] = {c.spelling: c for c in (ArgMax, ArgMin)}
 REDUCTIONS: dict[str, type[Reduction]] = {c.spelling: c for c in (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)}
 SOFTMAXES: dict[str, type[Softmax]] = {c.spelling: c for c in (Softmax, LogSoftmax)}
 SCANS: dict[str, type[Scan]] = {c.spelling: c for c in (CumSum, CumProd)}
@@ -358,6 +391,7 @@ SPELLINGS = (
     frozenset(REDUCTIONS)
     | frozenset(ALONG_ONE_DIM)
     | frozenset(RESHAPES)
+    | frozenset(ARG_INDICES)
     | {"transpose", "cat", "stack", "one_hot", "gather"}
 )
 
@@ -376,6 +410,7 @@ CLASSES: tuple[type[Structural], ...] = (
     *RESHAPES.values(),
     OneHot,
     Gather,
+    *ARG_INDICES.values(),
 )
 
 
@@ -410,6 +445,8 @@ def example(spelling: str) -> str:
             "reshape": "reshape(x, (-1, 12))",
             "flatten": "flatten(x, start_dim=-2, end_dim=-1)",
         }.get(spelling, f"{spelling}(x, -1)")
+    if spelling in ARG_INDICES:
+        return f"{spelling}(x, dim=-1)"
     if spelling == "gather":
         return "gather(x, dim=-1, index=t), t an int64 tensor of x's rank"
     if spelling == "one_hot":
@@ -443,6 +480,10 @@ def result_shape(call: Structural, shapes: tuple[tuple[int, ...], ...], what: tu
     if isinstance(call, (Softmax, Scan)):
         normalized_dim(call.dim, len(shapes[0]), what[0])
         return shapes[0]
+    if isinstance(call, ArgIndex):
+        (shape,) = shapes
+        d = normalized_dim(call.dim, len(shape), what[0])
+        return tuple(1 if i == d else n for i, n in enumerate(shape) if i != d or call.keepdim)
     if isinstance(call, OneHot):
         return (*shapes[0], int(call.classes))  # (the caller puts an int scalar's default in)
     if isinstance(call, Gather):

@@ -232,7 +232,7 @@ class _Calls:
         """What each input's gradient should be for the reference's outputs ``outs`` (not summed) and their
         ``upstream`` gradients (default: ones): autograd's, or the custom gradient's formula."""
         outs = self._outputs(outs)
-        upstream = [torch.ones_like(o) for o in outs] if upstream is None else list(upstream)
+        upstream = [_upstream(torch.ones_like, o) for o in outs] if upstream is None else list(upstream)
         grads = _reference_grads(outs, inputs, upstream)
         for index, i in enumerate(self.inputs):
             if i.name in self.gradients:
@@ -267,10 +267,9 @@ class _Calls:
             xs = [x.detach().requires_grad_() for x in inputs]
             outs = self._returned(self.function.apply(*xs, *self._scalars))
             generator = torch.Generator().manual_seed(3)
-            upstream = [
-                torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device).requires_grad_() for o in outs
-            ]
-            (grad,) = torch.autograd.grad(outs, xs[index], upstream, create_graph=True)
+            upstream = [_random_like(o, generator).requires_grad_(o.is_floating_point()) for o in outs]
+            floating, weights = zip(*((o, u) for o, u in zip(outs, upstream) if o.is_floating_point()))
+            (grad,) = torch.autograd.grad(floating, xs[index], weights, create_graph=True)
             formula = self._custom_gradient(index, upstream, xs)
             torch.testing.assert_close(grad, formula, **CLOSE, msg=lambda m, n=i.name: f"custom gradient of {n}: {m}")
             weights = torch.randn(grad.shape, generator=generator, dtype=grad.dtype).to(grad.device)
@@ -318,7 +317,7 @@ class _Inputs:
             probe = [x.detach().requires_grad_() for x in inputs]
             outs = self._outputs(self.reference(*probe, *self._scalars))
             weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
-            upstream = [torch.randn(o.shape, generator=weights, dtype=o.dtype).to(o.device) for o in outs]
+            upstream = [_random_like(o, weights) for o in outs]
             grads = _reference_grads(outs, probe, upstream)
             if all(bool((g != 0).any()) for i, g in zip(self.inputs, grads) if not i.integer):
                 chosen = inputs
@@ -476,8 +475,10 @@ class _ReferenceChecks:
         expected = self._outputs(self.reference(*inputs, *self._scalars))
         self._assert_values_close(outs, expected, **close)
         generator = torch.Generator().manual_seed(1)
-        upstream = [torch.randn(o.shape, generator=generator, dtype=torch.float64).to(device) for o in outs]
-        grads = torch.autograd.grad(outs, inputs, upstream)
+        upstream = [_random_like(o, generator, torch.float64) for o in outs]
+        # (int64 outputs, indices, have no gradient)
+        floating, weights = zip(*((o, u) for o, u in zip(outs, upstream) if o.is_floating_point()))
+        grads = torch.autograd.grad(floating, inputs, weights)
         expected_grads = self._expected_grads(expected, inputs, upstream)
         for name, tensor, grad, expected_grad in zip(self._names, inputs, grads, expected_grads):
             assert grad.shape == tensor.shape, f"gradient of {name} has shape {grad.shape}, input {tensor.shape}"
@@ -492,10 +493,12 @@ class _ReferenceChecks:
         generator = torch.Generator().manual_seed(4)
         for k, name in enumerate(self.outputs):
             out = self._outputs(self.op(*inputs, *self._scalars))[k]
+            if not out.is_floating_point():  # int64 indices: no gradient
+                continue
             expected_outs = self._outputs(self.reference(*inputs, *self._scalars))
             upstream = torch.randn(out.shape, generator=generator, dtype=out.dtype).to(device)
             grads = torch.autograd.grad(out, inputs, upstream, allow_unused=True)
-            zeros = [torch.zeros_like(o) for o in expected_outs]
+            zeros = [_upstream(torch.zeros_like, o) for o in expected_outs]
             expected = self._expected_grads(expected_outs, inputs, [*zeros[:k], upstream, *zeros[k + 1 :]])
             for arg, x, grad, expected_grad in zip(self._names, inputs, grads, expected):
                 grad = torch.zeros_like(x) if grad is None else grad
@@ -514,6 +517,8 @@ class _ReferenceChecks:
             name = self.outputs[k]
             inputs = [x.clone().requires_grad_() for x in columns]
             out = self._outputs(self.op(*inputs, *self._scalars))[k]
+            if not out.is_floating_point():  # int64 indices: no gradient
+                continue
             grads = torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
             plain = [x.clone().requires_grad_() for x in columns]
             reference = self._outputs(self.reference(*plain, *self._scalars))[k]
@@ -559,9 +564,9 @@ class _ReferenceChecks:
         inputs = self.make_inputs(device)
         inputs32 = [x.detach().float().requires_grad_() for x in inputs]
         outs32 = self._outputs(self.op(*inputs32, *self._scalars))
-        assert all(o.dtype == torch.float32 for o in outs32)
+        assert all(o.dtype == torch.float32 for o in outs32 if o.dtype != torch.int64)  # (int64 indices stay so)
         expected = self._outputs(self.reference(*inputs, *self._scalars))
-        self._assert_values_close([o.double() for o in outs32], expected, rtol=1e-4, atol=1e-5)
+        self._assert_values_close([_double(o) for o in outs32], expected, rtol=1e-4, atol=1e-5)
         grads32 = torch.autograd.grad(_total(outs32), inputs32)
         for name, grad, expected_grad in zip(self._names, grads32, self._expected_grads(expected, inputs)):
             assert grad.dtype == torch.float32, name
@@ -634,6 +639,8 @@ class _Comparisons:
         outs = self._outputs(self.op(*inputs, *self._scalars))
         # each output on its own: a sum of outputs can be smooth where each has a kink (Max(x, y) + Min(x, y))
         for k, (value_name, out) in enumerate(zip(self._value_names, outs)):
+            if not out.is_floating_point():  # int64 indices: no gradient
+                continue
             # an output that does not depend on an input gives it no gradient (None), as plain autograd does
             grads = torch.autograd.grad(out.sum(), inputs, retain_graph=True, allow_unused=True)
             grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
@@ -954,9 +961,14 @@ class _TransformChecks:
         self._skip_under_torch_func("jacrev")
         inputs = tuple(self.make_inputs(device, requires_grad=False))
         argnums = tuple(range(len(inputs)))
-        jacobian = torch.func.jacrev(lambda *xs: self._outputs(self._op_of_tensors(*xs)), argnums)(*inputs)
-        expected = torch.func.jacrev(lambda *xs: self._outputs(self._reference_of_tensors(*xs)), argnums)(*inputs)
-        outputs = self.outputs or ["out"]
+        # the floating-point outputs: int64 indices have no Jacobian
+        floating = [k for k, o in enumerate(self._outputs(self._op_of_tensors(*inputs))) if o.is_floating_point()]
+
+        def jacobian_of(f: Callable[..., object]) -> tuple:
+            return torch.func.jacrev(lambda *xs: tuple(self._outputs(f(*xs))[k] for k in floating), argnums)(*inputs)
+
+        jacobian, expected = jacobian_of(self._op_of_tensors), jacobian_of(self._reference_of_tensors)
+        outputs = [(self.outputs or ["out"])[k] for k in floating]
         for output, row, expected_row in zip(outputs, jacobian, expected, strict=True):
             for name, block, expected_block in zip(self._names, row, expected_row):
                 what = f"d {output} / d {name}"
@@ -1021,9 +1033,10 @@ class _TransformChecks:
             with torch.autocast(device, dtype=low):
                 outs = self._outputs(self.op(*xs, *self._scalars))
             for what, out in zip(self._value_names, outs):
-                assert out.dtype == torch.float32, f"{what} is {out.dtype} under autocast from {dtype} inputs"
+                if out.dtype != torch.int64:  # (int64 indices stay so)
+                    assert out.dtype == torch.float32, f"{what} is {out.dtype} under autocast from {dtype} inputs"
             expected = self._outputs(self.reference(*(x.detach().double() for x in xs), *self._scalars))
-            self._assert_values_close([o.double() for o in outs], expected, rtol=1e-4, atol=1e-5)
+            self._assert_values_close([_double(o) for o in outs], expected, rtol=1e-4, atol=1e-5)
             grads = torch.autograd.grad(_total(outs), xs)
             for name, grad, finite in zip(self._names, grads, self._finite_in(dtype, grads, xs)):
                 assert grad.dtype == dtype, f"gradient of {name} is {grad.dtype}, its input {dtype}"
@@ -1380,16 +1393,38 @@ def _as_tuple(value: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tenso
 
 
 def _total(outs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The sum of every element of every output: what the checks that need one number differentiate."""
-    return sum(o.sum() for o in outs)
+    """The sum of every element of every floating-point output (not int64 indices, which have no gradient):
+    what the checks that need one number differentiate."""
+    return sum(o.sum() for o in outs if o.is_floating_point())
+
+
+def _double(out: torch.Tensor) -> torch.Tensor:
+    """A floating-point output in float64, to compare with the reference's; int64 indices as they are."""
+    return out.double() if out.is_floating_point() else out
+
+
+def _upstream(like: Callable[..., torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """``like(out)`` (ones_like, zeros_like) as an upstream gradient of ``out``: zeros in the default
+    floating-point dtype for int64 indices, which have no gradient."""
+    return like(out) if out.is_floating_point() else torch.zeros(out.shape, device=out.device)
+
+
+def _random_like(out: torch.Tensor, generator: torch.Generator, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A random upstream gradient of ``out`` (in ``dtype``, default its own); zeros for int64 indices."""
+    if not out.is_floating_point():
+        return _upstream(torch.zeros_like, out)
+    return torch.randn(out.shape, generator=generator, dtype=dtype or out.dtype).to(out.device)
 
 
 def _grads_or_zeros(out: torch.Tensor, inputs: Sequence[torch.Tensor], weights: torch.Tensor) -> list[torch.Tensor]:
-    """The gradients of ``(out * weights).sum()``, zeros where ``out`` does not depend on an input."""
-    if not out.requires_grad:
+    """The gradients of ``(out * weights).sum()``, zeros where ``out`` does not depend on an input (or the
+    input requires none: an int64 output's upstream gradient)."""
+    differentiated = [x for x in inputs if x.requires_grad]
+    if not out.requires_grad or not differentiated:
         return [torch.zeros_like(x) for x in inputs]
-    grads = torch.autograd.grad(out, inputs, weights, allow_unused=True, retain_graph=True)
-    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)]
+    grads = iter(torch.autograd.grad(out, differentiated, weights, allow_unused=True, retain_graph=True))
+    found = [next(grads) if x.requires_grad else None for x in inputs]
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs)]
 
 
 def _nearest(values: Sequence[float], target: float) -> float:

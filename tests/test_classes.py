@@ -309,13 +309,16 @@ def test_an_int64_tensor_survives_the_spec_round_trip():
     assert make_spec("d", CE, {"z": {}, "t": {"shape": [4], "dtype": "int64"}}).tensors[1].domain == (0, 3)
 
 
-def test_an_index_computed_from_an_int64_tensor_is_refused_saying_what_to_pass(tmp_path):
+def test_an_index_computed_by_arithmetic_on_an_int64_tensor_is_refused_saying_what_is_allowed(tmp_path):
+    """(unsqueeze(t, -1) itself is an index: tests/test_argindex.py.)"""
     from scaffold.api import compile_op
 
     spec = make_spec(
         "nll",
-        "-gather(log_softmax(z, dim=-1), dim=-1, index=unsqueeze(t, -1))",
-        {"z": {"shape": [4, 5]}, "t": {"shape": [4], "dtype": "int64", "domain": [0, 4]}},
+        "-gather(log_softmax(z, dim=-1), dim=-1, index=unsqueeze(t + 1, -1))",
+        {"z": {"shape": [4, 5]}, "t": {"shape": [4], "dtype": "int64", "domain": [0, 3]}},
     )
-    with pytest.raises(ScaffoldError, match=r"unsqueeze\(t, -1\) is not one\n  hint: pass the indices as an int64"):
+    with pytest.raises(
+        ScaffoldError, match=r"unsqueeze\(t \+ 1, -1\) is not one\n  hint: int64 indices are an int64 tensor argument"
+    ):
         compile_op(spec)

@@ -72,7 +72,7 @@ CASES = [
     ),
     pytest.param(
         ["op", "--forward", "gamma(x)", "--tensor", "x"],
-        "scaffold: error: command-line flags: forward: unknown function 'gamma'\n  hint: did you mean 'lgamma'? supported: Abs, abs, acos, acosh, amax, amin, asin, asinh, atan, atan2, atanh, cat, cbrt, ceil, clamp, cos, cosh, cot, csc, cumprod, cumsum, digamma, elu, erf, erfc, erfcx, erfinv, exp, exp2, expit, expm1, flatten, floor, gather, gelu, gelu_tanh, hardsigmoid, hardswish, hardtanh, Heaviside, hypot, leaky_relu, lgamma, ln, log, log10, log1p, log2, log_ndtr, log_softmax, logaddexp, loggamma, logit, logsigmoid, logsumexp, Max, max, mean, Min, min, mish, ndtr, one_hot, Piecewise, polygamma, Rational, relu, reshape, round, sec, sigmoid, sign, silu, sin, sinh, softmax, softplus, sqrt, squeeze, stack, sum, tan, tanh, transpose, trunc, unsqueeze, where, xlog1py, xlogy\n",
+        "scaffold: error: command-line flags: forward: unknown function 'gamma'\n  hint: did you mean 'lgamma'? supported: Abs, abs, acos, acosh, amax, amin, argmax, argmin, asin, asinh, atan, atan2, atanh, cat, cbrt, ceil, clamp, cos, cosh, cot, csc, cumprod, cumsum, digamma, elu, erf, erfc, erfcx, erfinv, exp, exp2, expit, expm1, flatten, floor, gather, gelu, gelu_tanh, hardsigmoid, hardswish, hardtanh, Heaviside, hypot, leaky_relu, lgamma, ln, log, log10, log1p, log2, log_ndtr, log_softmax, logaddexp, loggamma, logit, logsigmoid, logsumexp, Max, max, mean, Min, min, mish, ndtr, one_hot, Piecewise, polygamma, Rational, relu, reshape, round, sec, sigmoid, sign, silu, sin, sinh, softmax, softplus, sqrt, squeeze, stack, sum, tan, tanh, transpose, trunc, unsqueeze, where, xlog1py, xlogy\n",
         id="unknown function",
     ),
     pytest.param(
