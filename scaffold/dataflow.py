@@ -445,8 +445,11 @@ class _Writer:
         """``expr`` as torch code; ``extra``: tensors besides the program's values (gradients, temporaries),
         ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite)."""
         tensors = {n for n in self.graph.values if self.graph.is_tensor(n)} | set(extra) | set(self.masks.values())
-        bools = set(bools) | set(self.masks.values())
+        # the int64 and bool arguments are no float tensor a case distinction may take its dtype from
+        bools = set(bools) | set(self.masks.values()) | self.graph.program.integers
         anchor = min(set(extra) - bools, default=GRAD_OUTPUT)  # a float tensor: new_tensor takes its dtype
+        if anchor not in tensors:  # the forward (no upstream gradient): its first float argument
+            anchor = next((n for n in self.graph.tensor_args if n not in bools), anchor)
         finite = set(finite) | set(self.graph.tensor_args) | bools
         # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
         expr = expr.replace(

@@ -118,6 +118,12 @@ def make_symbols(spec: OpSpec) -> dict[str, sympy.Symbol]:
     return symbols
 
 
+def masked(spec: OpSpec, symbols: dict[str, sympy.Basic]) -> dict[str, sympy.Basic]:
+    """``symbols`` with each bool tensor's name standing for the condition ``Ne(m, 0)`` (its symbol is
+    real, as every tensor's): a condition in ``where``, ``&``, ``~``, 0/1 where a number is needed."""
+    return {**symbols, **{t.name: sympy.Ne(symbols[t.name], 0) for t in spec.tensors if t.boolean}}
+
+
 def parse_forward(spec: OpSpec) -> ParsedExpression:
     """Parse ``spec.forward`` into a sympy expression over the spec's arguments."""
     where = f"{spec.source}: forward"
@@ -129,7 +135,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 where=where,
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
-    exprs, steps, output_text = parse_steps(spec.forward, symbols, where=where, outputs=spec.outputs)
+    exprs, steps, output_text = parse_steps(spec.forward, masked(spec, symbols), where=where, outputs=spec.outputs)
     sizes = dict(spec.sizes)
     for step in steps:
         if step.name in sizes:
@@ -191,7 +197,7 @@ def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str,
     (``grad``, or ``grad_<output>`` for each of several outputs)."""
     if not spec.gradients:
         return ()
-    names: dict[str, sympy.Basic] = {**parsed.symbols, **{s.name: s.value for s in parsed.steps}}
+    names: dict[str, sympy.Basic] = {**masked(spec, parsed.symbols), **{s.name: s.value for s in parsed.steps}}
     for grad in parsed.grads:
         if grad.name in names:
             raise ExpressionError(
@@ -505,12 +511,10 @@ class _BuilderBase:
             ) from None
 
     def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
+        """``value`` as a number: a condition (a comparison, a bool tensor) is 1 where it holds, else 0, in
+        the math's dtype, as a Piecewise (derivative 0 across its step, printed as torch.where)."""
         if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
-            raise self.fail(
-                node,
-                "a condition is used as a number",
-                hint="use conditions only inside Piecewise((value, condition), ...)",
-            )
+            return sympy.Piecewise((1, value), (0, True))
         return value
 
     def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:

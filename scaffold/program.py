@@ -82,7 +82,8 @@ class Program:
     # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
     # computes them, forward does not
     backward_only: frozenset[str] = frozenset()
-    # the int64 tensor arguments (class indices): no gradient reaches them, backward returns None for them
+    # the int64 and bool tensor arguments (class indices, masks): no gradient reaches them, backward returns
+    # None for them
     integers: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
@@ -256,7 +257,7 @@ class _Lifter(_Shapes):
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
         hoisted -= {o.value for o in outputs}
         backward_only = frozenset(v.name for v in self.values[count:])
-        integers = frozenset(t.name for t in self.spec.tensors if t.integer)
+        integers = frozenset(t.name for t in self.spec.tensors if t.discrete)
         return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only, integers)
 
     def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:
