@@ -151,9 +151,11 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
     for what, expr in named:
         if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
             raise ExpressionError(
-                f"{what} is a condition, not a number",
+                f"{what} is a condition (a comparison or a bool tensor), not a number: an op returns "
+                "floating-point values",
                 where=where,
-                hint="use Piecewise((value, condition), (other, True)) for an op defined by cases",
+                hint="return it as 0/1 numbers, e.g. where(x > 0, 1.0, 0.0) or 1*(x > 0), and compare with 0.5 "
+                "outside; or use Piecewise((value, condition), (other, True)) for an op defined by cases",
             )
         if not any(symbols[n] in expr.free_symbols for n in tensor_names):
             raise ExpressionError(
@@ -864,7 +866,7 @@ class _CallBuilder(_BuilderBase):
                 "one_hot() takes num_classes as a literal positive integer, such as 10, or an int scalar",
                 hint=usage,
             )
-        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        operand = self._index(node.args[0], depth, "one_hot", usage)
         return structural.OneHot(operand, count)
 
     def _gather(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
@@ -880,8 +882,19 @@ class _CallBuilder(_BuilderBase):
         if len(node.args) > 3 or set(given) != set(names):
             raise self.fail(node, "gather() takes an expression, dim and index", hint=usage)
         operand = self._expr(self.build(given["input"], depth), given["input"])
-        index = self._expr(self.build(given["index"], depth), given["index"])
+        index = self._index(given["index"], depth, "gather", usage)
         return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
+
+    def _index(self, node: ast.AST, depth: int, name: str, usage: str) -> sympy.Expr:
+        """one_hot's or gather's indices: not a condition (a comparison, a bool tensor), whose 0/1 would index."""
+        value = self.build(node, depth)
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            raise self.fail(
+                node,
+                f"{name}() takes int64 indices, and this is a condition (a comparison or a bool tensor)",
+                hint=f'declare the indices as an int64 tensor: [tensors.t] dtype = "int64"; {usage}',
+            )
+        return self._expr(value, node)
 
     def _integer(self, node: ast.AST, name: str, usage: str) -> sympy.Integer:
         """A literal dimension: an int, or minus one."""

@@ -726,7 +726,7 @@ def _input_views(
     inputs = []
     for t, shape, module_shape, second in zip(spec.tensors, shapes, module_shapes, seconds):
         if t.discrete:
-            inputs.append(_discrete_input_view(t, shape, second))
+            inputs.append(_discrete_input_view(t, shape, module_shape, second))
             continue
         d = by_name[t.name]
         arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
@@ -750,7 +750,9 @@ def _input_views(
     return inputs
 
 
-def _discrete_input_view(t, shape: tuple[int, ...], second: tuple[int, ...]) -> InputView:
+def _discrete_input_view(
+    t, shape: tuple[int, ...], module_shape: tuple[int, ...], second: tuple[int, ...]
+) -> InputView:
     """An int64 tensor's ``Input(...)``: drawn as integers in its domain, both ends included; a bool
     tensor's: drawn True and False, with a True in each line (testing._one_true_per_line)."""
     if t.boolean:
@@ -763,6 +765,8 @@ def _discrete_input_view(t, shape: tuple[int, ...], second: tuple[int, ...]) -> 
         low, high = t.domain
         arguments = [f'"{t.name}"', _shape(shape), f"low={low}", f"high={high}", 'dtype="int64"']
         comment = f"{t.name}: int64 class indices, drawn from {low} to {high} (declared in the spec); no gradient"
+    if module_shape != shape:
+        arguments.append(f"module_shape={_shape(module_shape)}")
     if second != shape:
         arguments.append(f"second_shape={_shape(second)}")
     return InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH))

@@ -273,7 +273,7 @@ class TensorArg:
             )
         if self.learnable:
             raise SpecError(
-                f"an {self.dtype} tensor cannot be learnable: it has no gradient",
+                f"{'a bool' if self.boolean else 'an int64'} tensor cannot be learnable: it has no gradient",
                 key=key + ".learnable",
                 hint="remove 'learnable = true', or drop dtype for a floating-point parameter",
             )
@@ -463,7 +463,7 @@ class _ArgumentChecks:
             if name in {t.name for t in self.tensors if t.discrete}:
                 dtype = next(t.dtype for t in self.tensors if t.name == name)
                 raise SpecError(
-                    f"{name!r} is an {dtype} tensor: it has no gradient",
+                    f"{name!r} is {'a bool' if dtype == 'bool' else 'an int64'} tensor: it has no gradient",
                     where=key,
                     hint=f"remove gradients.{name}; backward returns None for it",
                 )
@@ -612,6 +612,13 @@ class OpSpec(_ArgumentChecks, _SizeChecks):
             )
         _check_length(self.forward, "the forward", f"{where}: forward")
         arguments = self._check_arguments(where)
+        if self.tensors and all(t.discrete for t in self.tensors):
+            raise SpecError(
+                "every tensor argument is int64 or bool: the op needs a floating-point tensor, whose dtype its "
+                "values and gradients take",
+                where=f"{where}: tensors",
+                hint="declare the values the op computes on as a tensor without dtype (floating point)",
+            )
         if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
             _check_broadcasting(self.tensors, where)
         self._check_gradients(where)
