@@ -292,3 +292,17 @@ def _generated(folder):
 def test_masked_ops_pass_their_generated_tests(background_results):
     for name, result in background_results.items():
         assert result.returncode == 0, (name, result.stdout[-3000:])
+
+
+def test_a_division_by_a_mask_is_refused():
+    with pytest.raises(ScaffoldError, match="simplifies to something infinite, undefined or complex"):
+        generate_op(_masked("bad", "x/m"))
+
+
+def test_messages_spell_a_mask_used_as_a_number_as_the_language_writes_it():
+    with pytest.raises(ScaffoldError) as error:  # a sum over the rows beside x of the rows' shape
+        generate_op(_masked("bad", "x + sum(m, dim=-1)"))
+    assert "sum(where(m != 0, 1, 0), dim=-1)" in str(error.value)
+    with pytest.raises(ScaffoldError) as error:
+        generate_op(_masked("bad", "where(m & (x > 0), x, 0) + sum(x*m, dim=-1)"))
+    assert "(x > 0) & (m != 0)" in str(error.value) and "Ne(" not in str(error.value)
