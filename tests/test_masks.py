@@ -108,6 +108,9 @@ AS_NUMBERS = [
     ("x*exp(m)", lambda x, m: x * m.double().exp()),
     ("x + sum(m, dim=-1, keepdim=True)", lambda x, m: x + m.double().sum(-1, keepdim=True)),
     ("x*(x > 0)*(1 - m) + 0.5*m", lambda x, m: torch.relu(x) * (~m) + 0.5 * m.double()),
+    ("where(m == 0, x, 0)", lambda x, m: torch.where(~m, x, 0.0)),
+    ("where(m | (x < -1), 0, x)", lambda x, m: torch.where(m | (x < -1), 0.0, x)),
+    ("where(m, x, 0) + where(x > 0, m, 0)", lambda x, m: torch.where(m, x, 0.0) + (m & (x > 0)).double()),
 ]
 
 
