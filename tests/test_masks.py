@@ -309,3 +309,19 @@ def test_messages_spell_a_mask_used_as_a_number_as_the_language_writes_it():
     with pytest.raises(ScaffoldError) as error:
         generate_op(_masked("bad", "where(m & (x > 0), x, 0) + sum(x*m, dim=-1)"))
     assert "(x > 0) & (m != 0)" in str(error.value) and "Ne(" not in str(error.value)
+
+
+def test_bench_draws_masks_and_indices_that_take_no_gradient():
+    from scaffold.bench import make_inputs
+    from scaffold.domain import InputDomain
+
+    spec = make_spec(
+        "bench_mask",
+        f"sum(x*m, dim=-1)/sum(m, dim=-1) + {CE}",
+        {"x": {"shape": [4, 5]}, "m": {"shape": [4, 5], "dtype": "bool"}, "z": {"shape": [4, 5]}, "t": TARGETS},
+    )
+    domains = [InputDomain(n, -3.0, 3.0, (), "") for n in ("x", "z")]  # bench reads only the floats'
+    x, m, z, t = make_inputs(spec, domains, numel=4096, device=torch.device("cpu"), dtype=torch.float32)
+    assert x.requires_grad and z.requires_grad and x.dtype == torch.float32
+    assert m.dtype == torch.bool and not m.requires_grad and m.any(-1).all() and not m.all()
+    assert t.dtype == torch.int64 and not t.requires_grad and 0 <= t.min() and t.max() <= 4
