@@ -52,6 +52,7 @@ from .program import build_program
 from .project import find_project
 from .render import reference_module, render_runtime
 from .spec import RUNTIME_MODULE, OpSpec, check_identifier
+from .testing import _one_true_per_line
 
 #: Elements of the largest input by default: 4 Mi float32 values are 16 MiB, beyond most CPU caches.
 DEFAULT_NUMEL = 4 * 1024 * 1024
@@ -282,15 +283,24 @@ def make_inputs(
     dtype: torch.dtype,
     seed: int = SEED,
 ) -> list[torch.Tensor]:
-    """Seeded inputs, uniform in their domains and away from the points to avoid; all require grad."""
+    """Seeded inputs, uniform in their domains and away from the points to avoid, requiring grad; an int64
+    tensor's integers in its domain and a bool tensor's True and False (a True in each line, as the
+    generated tests draw it), which take no gradient."""
     by_name = {d.name: d for d in domains}
     if spec.structured:
         shapes = scaled_program_shapes(spec, numel)
     else:
         shapes = scaled_shapes([t.shape for t in spec.tensors], numel, [t.learnable for t in spec.tensors])
     generator = torch.Generator().manual_seed(seed)
-    tensors = [_uniform(shape, by_name[t.name], generator) for t, shape in zip(spec.tensors, shapes)]
-    return [x.to(device=device, dtype=dtype).requires_grad_(True) for x in tensors]
+    tensors = []
+    for t, shape in zip(spec.tensors, shapes):
+        if t.integer:
+            tensors.append(torch.randint(t.domain[0], t.domain[1] + 1, shape, generator=generator).to(device))
+        elif t.boolean:
+            tensors.append(_one_true_per_line(torch.rand(shape, generator=generator) < 0.5).to(device))
+        else:
+            tensors.append(_uniform(shape, by_name[t.name], generator).to(device=device, dtype=dtype).requires_grad_())
+    return tensors
 
 
 # --- the candidates ----------------------------------------------------------------------------------
@@ -542,7 +552,8 @@ def bench_op(
     with _torch_threads(threads), _modules() as load:
         reference = load(sources.reference, f"{spec.name}_reference").reference
         candidates = _candidates(load, spec, sources, reference, compile, native_candidate)
-        rows = _run(candidates, reference, args, tuple(inputs), min_time=min_time, rounds=rounds, say=say)
+        floats = tuple(x for x in inputs if x.requires_grad)  # the int64 and bool tensors take no gradient
+        rows = _run(candidates, reference, args, floats, min_time=min_time, rounds=rounds, say=say)
         machine = machine_description(torch_device)
     return BenchReport(
         op=spec.name,

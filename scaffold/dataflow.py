@@ -444,13 +444,23 @@ class _Writer:
     # -- printing ----------------------------------------------------------------------------------------
 
     def print(
-        self, expr: sympy.Basic, extra: set[str] = frozenset(), bools: set[str] = frozenset(), finite: set[str] = ()
+        self,
+        expr: sympy.Basic,
+        extra: set[str] = frozenset(),
+        bools: set[str] = frozenset(),
+        finite: set[str] = (),
+        forward: bool = False,
     ) -> str:
         """``expr`` as torch code; ``extra``: tensors besides the program's values (gradients, temporaries),
-        ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite)."""
+        ``finite``: those of them known to be finite (a step multiplies them as a mask, printing.is_finite);
+        ``forward``: forward's code, where a case distinction between numbers takes its dtype from the first
+        float argument (a temporary may hold a count of int64 or a condition)."""
         tensors = {n for n in self.graph.values if self.graph.is_tensor(n)} | set(extra) | set(self.masks.values())
-        bools = set(bools) | set(self.masks.values())
+        # the int64 and bool arguments are no float tensor a case distinction may take its dtype from
+        bools = set(bools) | set(self.masks.values()) | self.graph.program.integers
         anchor = min(set(extra) - bools, default=GRAD_OUTPUT)  # a float tensor: new_tensor takes its dtype
+        if forward or anchor not in tensors:  # no upstream gradient: the first float argument
+            anchor = next((n for n in self.graph.tensor_args if n not in bools), anchor)
         finite = set(finite) | set(self.graph.tensor_args) | bools
         # x * exp(y) that is 0 where x is, not 0 * inf = nan (the form the elementwise plan lowers it to)
         expr = expr.replace(
@@ -542,17 +552,17 @@ class _ForwardWriter(_Writer):
         compute again; ``copy``: a tensor of its own where it may be another value or a view of one (a custom
         op's output)."""
         if v.kind == ELEMENTWISE:
-            return self._unaliased(self.print(self.graph.derivation.node(v.name).forward), copy)
+            return self._unaliased(self.print(self.graph.derivation.node(v.name).forward, forward=True), copy)
         operands = [str(o) for o in v.expr.operand_exprs]
         code = forward_code(v.expr, operands, self.one_hot_dtype)
         return f"{code}.clone()" if copy and v.kind in _VIEWS else code
 
-    def forward_statements(self, v: Value, taken: set[str], copy: bool = False) -> list[str]:
+    def forward_statements(self, v: Value, taken: set[str], copy: bool = False, forward: bool = True) -> list[str]:
         """``v = ...`` and, for an elementwise node, the steps it shares first: its formula lowered to the
         forms the elementwise plan computes (mish from one sigmoid, a guarded branch; in fused code a sigmoid
         pair from one exponential, softplus from an exp and a log) and its repeated subexpressions computed
         once (:func:`.plan.straight_line`), in temporaries not in ``taken`` (which gains them); ``copy`` as
-        :meth:`forward_expr`'s."""
+        :meth:`forward_expr`'s; ``forward``: False in backward (:meth:`print`'s)."""
         if v.kind != ELEMENTWISE:
             return [f"{v.name} = {self.forward_expr(v, copy)}"]
         formula = self.graph.derivation.node(v.name).forward
@@ -560,10 +570,11 @@ class _ForwardWriter(_Writer):
         taken |= {step.name for step in steps}
         temporaries, lines = set(), []  # the tensors among them: one over scalars alone is a Python number
         for step in steps:
+            lines.append(f"{step.name} = {self.print(step.expr, extra=temporaries, forward=forward)}")
             if any(s.name in temporaries or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
                 temporaries.add(step.name)
-            lines.append(f"{step.name} = {self.print(step.expr, extra=temporaries)}")
-        return lines + [f"{v.name} = {self._unaliased(self.print(reduced, extra=temporaries), copy)}"]
+        code = self.print(reduced, extra=temporaries, forward=forward)
+        return lines + [f"{v.name} = {self._unaliased(code, copy)}"]
 
     @staticmethod
     def _unaliased(code: str, copy: bool = False) -> str:
@@ -684,9 +695,9 @@ class _ForwardWriter(_Writer):
         extra, lines = set(tangents.values()), []  # not its own tangent: printing may anchor a tensor on it
         bools = {step.name for step in steps if isinstance(step.expr, sympy.logic.boolalg.Boolean)}
         for step in steps:  # the tensors among them: one over scalars alone is a Python number
+            lines.append(f"{step.name} = {self.print(step.expr, extra=extra, bools=bools)}")
             if any(s.name in extra or self.graph.is_tensor(s.name) for s in step.expr.free_symbols):
                 extra.add(step.name)
-            lines.append(f"{step.name} = {self.print(step.expr, extra=extra, bools=bools)}")
         total = sympy.Add(*[sympy.Symbol(tangents[r], real=True) * p for r, p in zip(reads, reduced)])
         scalars |= {s.name for e in (total, *(step.expr for step in steps)) for s in e.free_symbols} & set(
             self.graph.scalars
@@ -1195,7 +1206,8 @@ class _Planner(_CustomBackward):
             elif v in self.restated:
                 lines.append(Line(f"{v} = {self._restated(v)}", guards[v]))
             else:
-                lines += [Line(line, guards[v]) for line in self.forward_statements(self.graph.values[v], self.taken)]
+                statements = self.forward_statements(self.graph.values[v], self.taken, forward=False)
+                lines += [Line(line, guards[v]) for line in statements]
         return lines
 
     def _elementwise_backward(self, node, targets, g, grad_names, grad_shapes, lines, emitter, docs) -> None:

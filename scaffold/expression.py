@@ -118,6 +118,12 @@ def make_symbols(spec: OpSpec) -> dict[str, sympy.Symbol]:
     return symbols
 
 
+def masked(spec: OpSpec, symbols: dict[str, sympy.Basic]) -> dict[str, sympy.Basic]:
+    """``symbols`` with each bool tensor's name standing for the condition ``Ne(m, 0)`` (its symbol is
+    real, as every tensor's): a condition in ``where``, ``&``, ``~``, 0/1 where a number is needed."""
+    return {**symbols, **{t.name: sympy.Ne(symbols[t.name], 0) for t in spec.tensors if t.boolean}}
+
+
 def parse_forward(spec: OpSpec) -> ParsedExpression:
     """Parse ``spec.forward`` into a sympy expression over the spec's arguments."""
     where = f"{spec.source}: forward"
@@ -129,7 +135,7 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
                 where=where,
                 hint=f"rename the argument, e.g. to {name + '_'!r}",
             )
-    exprs, steps, output_text = parse_steps(spec.forward, symbols, where=where, outputs=spec.outputs)
+    exprs, steps, output_text = parse_steps(spec.forward, masked(spec, symbols), where=where, outputs=spec.outputs)
     sizes = dict(spec.sizes)
     for step in steps:
         if step.name in sizes:
@@ -145,9 +151,11 @@ def parse_forward(spec: OpSpec) -> ParsedExpression:
     for what, expr in named:
         if not isinstance(expr, sympy.Expr) or (isinstance(expr, sympy.logic.boolalg.Boolean) and not expr.is_Symbol):
             raise ExpressionError(
-                f"{what} is a condition, not a number",
+                f"{what} is a condition (a comparison or a bool tensor), not a number: an op returns "
+                "floating-point values",
                 where=where,
-                hint="use Piecewise((value, condition), (other, True)) for an op defined by cases",
+                hint="return it as 0/1 numbers, e.g. where(x > 0, 1.0, 0.0) or 1*(x > 0), and compare with 0.5 "
+                "outside; or use Piecewise((value, condition), (other, True)) for an op defined by cases",
             )
         if not any(symbols[n] in expr.free_symbols for n in tensor_names):
             raise ExpressionError(
@@ -191,7 +199,7 @@ def _parse_gradients(spec: OpSpec, parsed: ParsedExpression) -> tuple[tuple[str,
     (``grad``, or ``grad_<output>`` for each of several outputs)."""
     if not spec.gradients:
         return ()
-    names: dict[str, sympy.Basic] = {**parsed.symbols, **{s.name: s.value for s in parsed.steps}}
+    names: dict[str, sympy.Basic] = {**masked(spec, parsed.symbols), **{s.name: s.value for s in parsed.steps}}
     for grad in parsed.grads:
         if grad.name in names:
             raise ExpressionError(
@@ -505,12 +513,10 @@ class _BuilderBase:
             ) from None
 
     def _expr(self, value: sympy.Basic, node: ast.AST) -> sympy.Expr:
+        """``value`` as a number: a condition (a comparison, a bool tensor) is 1 where it holds, else 0, in
+        the math's dtype, as a Piecewise (derivative 0 across its step, printed as torch.where)."""
         if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
-            raise self.fail(
-                node,
-                "a condition is used as a number",
-                hint="use conditions only inside Piecewise((value, condition), ...)",
-            )
+            return sympy.Piecewise((1, value), (0, True))
         return value
 
     def _condition(self, value: sympy.Basic, node: ast.AST) -> sympy.Basic:
@@ -878,7 +884,7 @@ class _IndexBuilder(_BuilderBase):
                 "one_hot() takes num_classes as a literal positive integer, such as 10, or an int scalar",
                 hint=usage,
             )
-        operand = self._expr(self.build(node.args[0], depth), node.args[0])
+        operand = self._index(node.args[0], depth, "one_hot", usage)
         return structural.OneHot(operand, count)
 
     def _gather(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
@@ -894,7 +900,7 @@ class _IndexBuilder(_BuilderBase):
         if len(node.args) > 3 or set(given) != set(names):
             raise self.fail(node, "gather() takes an expression, dim and index", hint=usage)
         operand = self._expr(self.build(given["input"], depth), given["input"])
-        index = self._expr(self.build(given["index"], depth), given["index"])
+        index = self._index(given["index"], depth, "gather", usage)
         return structural.Gather(operand, index, self._integer(given["dim"], "gather", usage))
 
     def _arg_index(self, node: ast.Call, depth: int, usage: str) -> sympy.Basic:
@@ -918,6 +924,17 @@ class _IndexBuilder(_BuilderBase):
         operand = self._expr(self.build(given["input"], depth), given["input"])
         dim = self._integer(given["dim"], name, usage)
         return structural.ARG_INDICES[name](operand, dim, sympy.true if flag.value else sympy.false)
+
+    def _index(self, node: ast.AST, depth: int, name: str, usage: str) -> sympy.Expr:
+        """one_hot's or gather's indices: not a condition (a comparison, a bool tensor), whose 0/1 would index."""
+        value = self.build(node, depth)
+        if isinstance(value, sympy.logic.boolalg.Boolean) and not isinstance(value, sympy.Symbol):
+            raise self.fail(
+                node,
+                f"{name}() takes int64 indices, and this is a condition (a comparison or a bool tensor)",
+                hint=f'declare the indices as an int64 tensor: [tensors.t] dtype = "int64"; {usage}',
+            )
+        return self._expr(value, node)
 
 
 _SLICE_USAGE = "slice with integer bounds and step 1, e.g. x[..., :4], x[..., 4:] or x[1:-1]"

@@ -82,8 +82,9 @@ class Program:
     # the nodes only custom gradients read (``softmax(x, dim=-1)`` in a straight-through amax's): backward
     # computes them, forward does not
     backward_only: frozenset[str] = frozenset()
-    # the int64 values: tensor arguments (class indices), which backward returns None for, and the indices the
-    # forward computes (an argmax, an unsqueeze of one); no gradient reaches them or passes through them
+    # the discrete values: int64 and bool tensor arguments (class indices, masks), which backward returns None
+    # for, and the int64 indices the forward computes (an argmax, an unsqueeze of one); no gradient reaches them
+    # or passes through them
     integers: frozenset[str] = frozenset()
 
     def value(self, name: str) -> Value:
@@ -305,7 +306,7 @@ class _Lifter(_Shapes):
         gradients = tuple((name, self.gradient(name, expr)) for name, expr in self.parsed.gradients)
         hoisted -= {o.value for o in outputs}
         backward_only = frozenset(v.name for v in self.values[count:])
-        integers = frozenset(self.index_domains)
+        integers = frozenset(self.index_domains) | {t.name for t in self.spec.tensors if t.discrete}
         return Program(self.parsed, tuple(self.values), tuple(outputs), hoisted, gradients, backward_only, integers)
 
     def gradient(self, name: str, expr: sympy.Expr) -> sympy.Expr:

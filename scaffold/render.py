@@ -140,6 +140,8 @@ class _CodePrinter:
         self.base_finite = frozenset(names | {n + TANGENT_SUFFIX for n in names} | {GRAD_OUTPUT} | upstream)
         self.finite = set(self.base_finite)
         self.bools: set[str] = set()  # the tensors that are bool masks
+        # the int64 and bool arguments: no case distinction takes its dtype from them
+        self.discrete = frozenset(t.name for t in spec.tensors if t.discrete)
         self.where = f"{spec.source}: forward"
         self.imports: set[str] = set()
         self.helpers: set[str] = set()
@@ -154,7 +156,7 @@ class _CodePrinter:
             expr,
             self.tensors,
             where=self.where,
-            bools=self.bools,
+            bools=self.bools | self.discrete,
             anchor=self.anchor,
             anchor_text=self.anchor_text,
             finite=finite,
@@ -689,7 +691,7 @@ def test_view(
         reference_lines=reference_lines,
         inputs=_input_views(spec, domains, shapes, module_shapes, seconds),
         scalars=[(s.name, s.default) for s in spec.scalars],
-        special=any(d.special for d in domains if d.name not in {t.name for t in spec.tensors if t.integer}),
+        special=any(d.special for d in domains if d.name not in {t.name for t in spec.tensors if t.discrete}),
         gradients=gradients,
         upstream=[g.name for g in program.parsed.grads],
         outputs=list(spec.outputs) if len(program.outputs) > 1 else [],
@@ -725,8 +727,8 @@ def _input_views(
     module_sizes = dict(spec.module_sizes)
     inputs = []
     for t, shape, module_shape, second in zip(spec.tensors, shapes, module_shapes, seconds):
-        if t.integer:
-            inputs.append(_integer_input_view(t, shape, second))
+        if t.discrete:
+            inputs.append(_discrete_input_view(t, shape, module_shape, second))
             continue
         d = by_name[t.name]
         arguments = [f'"{t.name}"', _shape(shape), f"low={d.low!r}", f"high={d.high!r}"]
@@ -750,13 +752,25 @@ def _input_views(
     return inputs
 
 
-def _integer_input_view(t, shape: tuple[int, ...], second: tuple[int, ...]) -> InputView:
-    """An int64 tensor's ``Input(...)``: drawn as integers in its domain, both ends included."""
-    low, high = t.domain
-    arguments = [f'"{t.name}"', _shape(shape), f"low={low}", f"high={high}", 'dtype="int64"']
+def _discrete_input_view(
+    t, shape: tuple[int, ...], module_shape: tuple[int, ...], second: tuple[int, ...]
+) -> InputView:
+    """An int64 tensor's ``Input(...)``: drawn as integers in its domain, both ends included; a bool
+    tensor's: drawn True and False, with a True in each line (testing._one_true_per_line)."""
+    if t.boolean:
+        arguments = [f'"{t.name}"', _shape(shape), 'dtype="bool"']
+        comment = (
+            f"{t.name}: a bool mask, drawn True and False at random, with at least one True along each "
+            "dimension (no empty row to divide by); no gradient"
+        )
+    else:
+        low, high = t.domain
+        arguments = [f'"{t.name}"', _shape(shape), f"low={low}", f"high={high}", 'dtype="int64"']
+        comment = f"{t.name}: int64 class indices, drawn from {low} to {high} (declared in the spec); no gradient"
+    if module_shape != shape:
+        arguments.append(f"module_shape={_shape(module_shape)}")
     if second != shape:
         arguments.append(f"second_shape={_shape(second)}")
-    comment = f"{t.name}: int64 class indices, drawn from {low} to {high} (declared in the spec); no gradient"
     return InputView(arguments, textwrap.wrap(comment, COMMENT_WIDTH))
 
 
@@ -900,7 +914,15 @@ def _reference_lines(code: _CodePrinter, parsed: ParsedExpression) -> list[str]:
     names = {*parsed.symbols, *(s.name for s in parsed.steps), *(g.name for g in parsed.grads), OUTPUT, GRAD_OUTPUT}
     names |= {n + TANGENT_SUFFIX for n in parsed.tensor_names}
     steps, exprs = straight_line(list(parsed.exprs), names)
-    return code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
+    # no upstream gradient here: a case distinction between numbers takes its dtype from a float argument
+    anchor = code.anchor, code.anchor_text
+    floats = [n for n in parsed.tensor_names if n not in code.discrete]
+    if floats:
+        code.anchor = code.anchor_text = floats[0]
+    try:
+        return code.steps(steps) + [f"return {', '.join(code(e) for e in exprs)}"]
+    finally:
+        code.anchor, code.anchor_text = anchor
 
 
 def reference_module(spec: OpSpec, parsed: ParsedExpression) -> str:

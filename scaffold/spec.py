@@ -41,9 +41,10 @@ DEFAULT_SHAPE = (4, 5)
 DEFAULT_LEARNABLE_SHAPE = ()
 
 SCALAR_TYPES = {"float": float, "int": int, "bool": bool}
-#: The dtypes a tensor may declare: floating point (the default, whatever dtype it is called with) or
-#: int64 class indices, which take no gradient and an integer domain.
-TENSOR_DTYPES = ("float", "int64")
+#: The dtypes a tensor may declare: floating point (the default, whatever dtype it is called with),
+#: int64 class indices, which take no gradient and an integer domain, or bool masks, which take no gradient
+#: and no domain (a condition, and 0/1 where it is used as a number).
+TENSOR_DTYPES = ("float", "int64", "bool")
 #: An int64 tensor's domain where the spec gives none: class indices 0 to 3.
 DEFAULT_INTEGER_DOMAIN = (0, 3)
 
@@ -213,13 +214,14 @@ class TensorArg:
     #: The size name of each entry of ``shape`` (None: a plain number), as the spec writes it; ``shape`` holds
     #: the example values ([sizes]). Empty: no names.
     size_names: tuple[str | None, ...] = ()
-    #: "float" (the default) or "int64": integer class indices, drawn in ``domain`` (inclusive), no gradient.
+    #: "float" (the default), "int64": integer class indices, drawn in ``domain`` (inclusive), no gradient,
+    #: or "bool": a mask, drawn True and False, no gradient.
     dtype: str = "float"
 
     def __post_init__(self) -> None:
         key = f"tensors.{self.name}"
         if self.dtype != "float":
-            self._check_integer(key)
+            self._check_discrete(key)
         if not self.size_names:
             object.__setattr__(self, "size_names", (None,) * len(self.shape))
         if len(self.size_names) != len(self.shape):
@@ -259,25 +261,32 @@ class TensorArg:
             if not isinstance(self.init, str):
                 object.__setattr__(self, "init", float(self.init))
 
-    def _check_integer(self, key: str) -> None:
-        """An int64 tensor: a known dtype, an integer domain (default [0, 3]), not learnable."""
+    def _check_discrete(self, key: str) -> None:
+        """An int64 or bool tensor: a known dtype, not learnable, no avoid; an int64 one an integer domain
+        (default [0, 3]), a bool one none."""
         if self.dtype not in TENSOR_DTYPES:
-            hint = 'write dtype = "int64" for class indices, or leave dtype out for a floating-point tensor'
-            if self.dtype == "bool":
-                hint = "bool tensors are not supported yet: write a comparison (x > 0) in the forward; " + hint
             raise SpecError(
                 f"unknown dtype {self.dtype!r} (supported: {', '.join(map(repr, TENSOR_DTYPES))})",
                 key=key + ".dtype",
-                hint=hint,
+                hint='write dtype = "int64" for class indices, dtype = "bool" for a mask, '
+                "or leave dtype out for a floating-point tensor",
             )
         if self.learnable:
             raise SpecError(
-                "an int64 tensor cannot be learnable: it has no gradient",
+                f"{'a bool' if self.boolean else 'an int64'} tensor cannot be learnable: it has no gradient",
                 key=key + ".learnable",
                 hint="remove 'learnable = true', or drop dtype for a floating-point parameter",
             )
         if self.avoid is not None:
             raise SpecError("avoid is only used for floating-point tensors", key=key + ".avoid")
+        if self.boolean:
+            if self.domain is not None:
+                raise SpecError(
+                    "a bool tensor takes no domain: the generated tests draw it True and False",
+                    key=key + ".domain",
+                    hint="remove 'domain': a bool mask holds True and False (an int64 tensor takes domain = [0, 1])",
+                )
+            return
         domain = DEFAULT_INTEGER_DOMAIN if self.domain is None else self.domain
         if not all(float(v).is_integer() for v in domain) or not domain[0] <= domain[1]:
             raise SpecError(
@@ -291,6 +300,16 @@ class TensorArg:
     def integer(self) -> bool:
         """Whether the tensor holds int64 class indices (no gradient)."""
         return self.dtype == "int64"
+
+    @property
+    def boolean(self) -> bool:
+        """Whether the tensor is a bool mask (no gradient)."""
+        return self.dtype == "bool"
+
+    @property
+    def discrete(self) -> bool:
+        """Whether the tensor is int64 or bool: it takes no gradient and is passed through unchanged."""
+        return self.dtype != "float"
 
     @property
     def scheme(self) -> Init | None:
@@ -441,9 +460,10 @@ class _ArgumentChecks:
                 )
             if name in given:
                 raise SpecError(f"the gradient of {name!r} is given twice", where=key)
-            if name in {t.name for t in self.tensors if t.integer}:
+            if name in {t.name for t in self.tensors if t.discrete}:
+                dtype = next(t.dtype for t in self.tensors if t.name == name)
                 raise SpecError(
-                    f"{name!r} is an int64 tensor: it has no gradient",
+                    f"{name!r} is {'a bool' if dtype == 'bool' else 'an int64'} tensor: it has no gradient",
                     where=key,
                     hint=f"remove gradients.{name}; backward returns None for it",
                 )
@@ -592,6 +612,13 @@ class OpSpec(_ArgumentChecks, _SizeChecks):
             )
         _check_length(self.forward, "the forward", f"{where}: forward")
         arguments = self._check_arguments(where)
+        if self.tensors and all(t.discrete for t in self.tensors):
+            raise SpecError(
+                "every tensor argument is int64 or bool: the op needs a floating-point tensor, whose dtype its "
+                "values and gradients take",
+                where=f"{where}: tensors",
+                hint="declare the values the op computes on as a tensor without dtype (floating point)",
+            )
         if not self.structured:  # stage 3 checks the shapes of reductions and products node by node
             _check_broadcasting(self.tensors, where)
         self._check_gradients(where)
@@ -627,7 +654,7 @@ class OpSpec(_ArgumentChecks, _SizeChecks):
             "@" in self.forward
             or "[" in self.forward
             or bool(_STRUCTURAL_CALL.search(self.forward))
-            or any(t.integer for t in self.tensors)  # the program's planner gives them no gradient
+            or any(t.discrete for t in self.tensors)  # the program's planner gives them no gradient
         )
 
     @property
@@ -1180,7 +1207,7 @@ def spec_to_mapping(spec: OpSpec) -> dict[str, Any]:
             table["learnable"] = True
         if t.init is not None:
             table["init"] = t.init
-        if t.integer:
+        if t.discrete:
             table["dtype"] = t.dtype
         tensors[t.name] = table
     scalars = {s.name: {"type": s.type, "default": s.default} for s in spec.scalars}

@@ -418,6 +418,21 @@ class _LanguagePrinter(sympy.printing.str.StrPrinter):
     def _print_Structural(self, expr: Structural) -> str:
         return expr.spelled(self)
 
+    def _print_Piecewise(self, expr: sympy.Piecewise) -> str:
+        """A condition used as a number (``m``, ``x > 0`` times something) as ``where(c, 1, 0)``."""
+        if len(expr.args) == 2 and (expr.args[0].expr, expr.args[1]) == (1, (0, sympy.true)):
+            condition = expr.args[0].cond
+            text = self._print(condition)
+            return f"where({text[1:-1] if isinstance(condition, (sympy.Eq, sympy.Ne)) else text}, 1, 0)"
+        return self._print_Basic(expr)
+
+    def _print_Relational(self, expr: sympy.core.relational.Relational) -> str:
+        """Comparisons as Python writes them: ``(m != 0)`` (a bool tensor's condition), ``(t == 0)``, in
+        parentheses, which ``&`` and ``|`` need."""
+        if expr.rel_op not in ("==", "!="):
+            return super()._print_Relational(expr)
+        return f"({self._print(expr.lhs)} {expr.rel_op} {self._print(expr.rhs)})"
+
 
 for _class in CLASSES:
     setattr(_LanguagePrinter, f"_print_{_class.__name__}", _LanguagePrinter._print_Structural)

@@ -109,7 +109,10 @@ class Input:
     An input of ``dtype`` "int64" holds class indices from ``low`` to ``high`` (both included). The checks
     carry it as a floating-point tensor of integer values, like every other input (cast, moved, batched
     alike), and the op, its Function, its Module and the reference receive it as int64 (:func:`_indices`):
-    it is never perturbed, and its gradient is zero (None from the op's backward).
+    it is never perturbed, and its gradient is zero (None from the op's backward). An input of ``dtype``
+    "bool" is a mask, carried alike as floats 0 and 1 and received as bool: drawn True or False at random,
+    with at least one True in each line along each dimension of size above 1 (:func:`_one_true_per_line`),
+    so that a count of a reduced row is never 0 and a masked mean never 0/0.
     """
 
     name: str
@@ -127,10 +130,15 @@ class Input:
     size_names: tuple[str | None, ...] = ()
     #: A learnable input's init scheme (None: not learnable).
     init: Init | None = None
-    #: "float", or "int64" for class indices.
+    #: "float", "int64" for class indices, or "bool" for a mask.
     dtype: str = "float"
 
     def __post_init__(self) -> None:
+        if self.boolean:  # True ordinarily, and at its extremes both values (one True in each line kept)
+            object.__setattr__(self, "low", 0.0)
+            object.__setattr__(self, "high", 1.0)
+            object.__setattr__(self, "typical", 1.0)
+            object.__setattr__(self, "extremes", (0.0, 1.0))
         if self.integer:  # its ordinary value the middle class, its extremes every class
             object.__setattr__(self, "typical", float((int(self.low) + int(self.high)) // 2))
             object.__setattr__(
@@ -140,6 +148,15 @@ class Input:
     @property
     def integer(self) -> bool:
         return self.dtype == "int64"
+
+    @property
+    def boolean(self) -> bool:
+        return self.dtype == "bool"
+
+    @property
+    def discrete(self) -> bool:
+        """Whether the op takes it as int64 or bool: carried as floats, never perturbed, no gradient."""
+        return self.dtype != "float"
 
 
 class _Calls:
@@ -319,7 +336,7 @@ class _Inputs:
             weights = torch.Generator().manual_seed(5)  # the gradient of sum(softmax(x)) is 0: weigh the outputs
             upstream = [_random_like(o, weights) for o in outs]
             grads = _reference_grads(outs, probe, upstream)
-            if all(bool((g != 0).any()) for i, g in zip(self.inputs, grads) if not i.integer):
+            if all(bool((g != 0).any()) for i, g in zip(self.inputs, grads) if not i.discrete):
                 chosen = inputs
                 break
         return [x.detach().to(dtype).requires_grad_(requires_grad) for x in chosen]
@@ -361,6 +378,10 @@ class _Inputs:
                 x = torch.randint(int(i.low), int(i.high) + 1, shape, generator=generator).to(torch.float64)
                 tensors.append(x.to(device))
                 continue
+            if i.boolean:  # True and False, whatever the scale
+                x = _one_true_per_line(torch.rand(shape, generator=generator, dtype=torch.float64) < 0.5)
+                tensors.append(x.to(torch.float64).to(device))
+                continue
             center = min(max(i.typical, i.low), i.high)
             low, high = center - (center - i.low) * scale, center + (i.high - center) * scale
             x = torch.rand(shape, generator=generator, dtype=torch.float64) * (high - low) + low
@@ -380,7 +401,8 @@ class _Inputs:
         inputs = []
         for i in self.inputs:
             values = torch.tensor(i.extremes or (i.typical,), dtype=torch.float64)
-            inputs.append(values[torch.randint(len(values), i.shape, generator=generator)])
+            x = values[torch.randint(len(values), i.shape, generator=generator)]
+            inputs.append(_one_true_per_line(x != 0).to(torch.float64) if i.boolean else x)
         return inputs
 
     def extreme_columns(self) -> list[torch.Tensor]:
@@ -419,7 +441,7 @@ class _ReferenceChecks:
         assert self.custom_op is not None, "not a custom op: remove this test"
         inputs = self.make_inputs(device)
         # the custom op itself, not its wrapper for the checks (__post_init__): its int64 inputs as int64
-        inputs = [x.detach().round().long() if i.integer else x for i, x in zip(self.inputs, inputs)]
+        inputs = [_received(x, i.dtype) if i.discrete else x for i, x in zip(self.inputs, inputs)]
         torch.library.opcheck(getattr(self.custom_op, "__wrapped__", self.custom_op), (*inputs, *self._scalars))
 
     @_quietly
@@ -536,7 +558,7 @@ class _ReferenceChecks:
         """With one input requiring grad at a time, backward returns one value per forward argument, a
         gradient of the right shape for that input and None for every other."""
         for index in range(len(self.inputs)):
-            if self.inputs[index].integer:  # the Function takes it as int64, which cannot require grad
+            if self.inputs[index].discrete:  # the Function takes it as int64 or bool, which cannot require grad
                 continue
             inputs = self.make_inputs(device, requires_grad=False)
             inputs[index].requires_grad_(True)
@@ -1248,7 +1270,7 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
     elementwise: bool = True
 
     def __post_init__(self) -> None:
-        positions = tuple(k for k, i in enumerate(self.inputs) if i.integer)
+        positions = {k: i.dtype for k, i in enumerate(self.inputs) if i.discrete}
         if not positions:
             return
         # the Function as the checks call it, un-anchored: its own backward is what they check
@@ -1262,7 +1284,7 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
                 object.__setattr__(self, name, _indices(call, positions))
         module = self.module
         # the Module's forward takes the inputs that are not its parameters
-        taken = tuple(k for k, i in enumerate(i for i in self.inputs if not i.learnable) if i.integer)
+        taken = {k: i.dtype for k, i in enumerate(i for i in self.inputs if not i.learnable) if i.discrete}
 
         def made(*args, **kwargs):
             instance = module(*args, **kwargs)
@@ -1272,10 +1294,11 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
         object.__setattr__(self, "module", made)
 
 
-def _indices(call: Callable[..., object], positions: tuple[int, ...], anchored: bool = True) -> Callable[..., object]:
-    """``call`` taking the arguments at ``positions`` (int64 inputs, carried by the checks as floats of integer
-    value) as int64. ``anchored``: each floating-point output also depends, with derivative zero, on each
-    such float that requires grad, so that autograd gives it a zero gradient as it gives every input."""
+def _indices(call: Callable[..., object], positions: Mapping[int, str], anchored: bool = True) -> Callable[..., object]:
+    """``call`` taking the arguments at ``positions`` (int64 and bool inputs, carried by the checks as floats
+    of integer value) as their dtype there (:func:`_received`). ``anchored``: each floating-point output also
+    depends, with derivative zero, on each such float that requires grad, so that autograd gives it a zero
+    gradient as it gives every input."""
 
     @functools.wraps(call)
     def wrapped(*args, **kwargs):
@@ -1283,7 +1306,7 @@ def _indices(call: Callable[..., object], positions: tuple[int, ...], anchored: 
         for k in positions:
             if k < len(args) and isinstance(args[k], torch.Tensor) and args[k].is_floating_point():
                 anchors += [args[k]] if args[k].requires_grad and anchored else []
-                args[k] = args[k].detach().round().long()
+                args[k] = _received(args[k], positions[k])
         result = call(*args, **kwargs)
         if not anchors:
             return result
@@ -1292,6 +1315,26 @@ def _indices(call: Callable[..., object], positions: tuple[int, ...], anchored: 
         return tuple(outs) if isinstance(result, (tuple, list)) else outs[0]
 
     return wrapped
+
+
+def _received(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """An int64 or bool input, carried by the checks as floats of integer value, as the op receives it."""
+    return x.detach().round().long() if dtype == "int64" else x.detach().round() != 0
+
+
+def _one_true_per_line(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with True set where the sum of the indices is a multiple of the least size above 1 (a line along
+    a dimension of size n >= that size meets such a place): each such line holds a True, so that no reduced
+    row (a masked mean's count) is empty. A line along a dimension of size 1 is one element,
+    drawn as it is."""
+    sizes = [n for n in mask.shape if n > 1]
+    if not sizes:
+        return mask
+    total = sum(
+        torch.arange(n, device=mask.device).reshape([n if k == d else 1 for k in range(mask.dim())])
+        for d, n in enumerate(mask.shape)
+    )
+    return mask | (total % min(sizes) == 0)
 
 
 @dataclass(frozen=True)

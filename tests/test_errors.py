@@ -147,7 +147,10 @@ CASES = [
     ),
     pytest.param(
         ["op", "--forward", "x > 0", "--tensor", "x"],
-        "scaffold: error: command-line flags: forward: the forward 'x > 0' is a condition, not a number\n  hint: use Piecewise((value, condition), (other, True)) for an op defined by cases\n",
+        "scaffold: error: command-line flags: forward: the forward 'x > 0' is a condition (a comparison or a bool "
+        "tensor), not a number: an op returns floating-point values\n  hint: return it as 0/1 numbers, e.g. "
+        "where(x > 0, 1.0, 0.0) or 1*(x > 0), and compare with 0.5 outside; or use Piecewise((value, condition), "
+        "(other, True)) for an op defined by cases\n",
         id="condition as forward",
     ),
     pytest.param(
@@ -732,14 +735,20 @@ INDICES = 'name = "op"\nforward = "sum(x*one_hot(t, num_classes=5), dim=-1)"\n[t
 INDEX_CASES = [
     (
         'dtype = "int32"',
-        "scaffold: error: op.toml: tensors.t.dtype: unknown dtype 'int32' (supported: 'float', 'int64')\n  hint: write "
-        'dtype = "int64" for class indices, or leave dtype out for a floating-point tensor\n',
+        "scaffold: error: op.toml: tensors.t.dtype: unknown dtype 'int32' (supported: 'float', 'int64', 'bool')\n  "
+        'hint: write dtype = "int64" for class indices, dtype = "bool" for a mask, or leave dtype out for a '
+        "floating-point tensor\n",
     ),
     (
         'dtype = "bool"',
-        "scaffold: error: op.toml: tensors.t.dtype: unknown dtype 'bool' (supported: 'float', 'int64')\n  hint: bool "
-        'tensors are not supported yet: write a comparison (x > 0) in the forward; write dtype = "int64" for class '
-        "indices, or leave dtype out for a floating-point tensor\n",
+        "scaffold: error: op.toml: forward: one_hot() takes int64 indices, and this is a condition (a comparison or "
+        'a bool tensor)\n  hint: declare the indices as an int64 tensor: [tensors.t] dtype = "int64"; write it as '
+        "one_hot(t, num_classes=10), t an int64 tensor\n",
+    ),
+    (
+        'dtype = "bool"\ndomain = [0, 1]',
+        "scaffold: error: op.toml: tensors.t.domain: a bool tensor takes no domain: the generated tests draw it True "
+        "and False\n  hint: remove 'domain': a bool mask holds True and False (an int64 tensor takes domain = [0, 1])\n",
     ),
     ("dtype = 64", 'scaffold: error: op.toml: tensors.t.dtype: dtype must be a string such as "int64", got 64\n'),
     (
