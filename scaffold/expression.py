@@ -683,7 +683,48 @@ class _ConditionBuilder(_BuilderBase):
                 "Piecewise needs a last pair whose condition is True, so every input has a value",
                 hint="add an 'otherwise' pair such as (0, True)",
             )
-        return sympy.Piecewise(*pairs)
+        return _guarded_piecewise(pairs)
+
+
+def _guarded_piecewise(pairs: list[tuple[sympy.Expr, sympy.Basic]]) -> sympy.Basic:
+    """Piecewise of ``pairs``, each value's one_hot and gather reading an index that its branch knows is not k
+    (``t != k`` holds there, or ``t == k`` failed before it) as :class:`structural.Indexing` says: valid
+    wherever t is k, an ignore_index outside [0, C)."""
+    guarded, failed = [], []
+    for value, condition in pairs:
+        known = _unequal(condition, sympy.Ne, sympy.And) | {f for c in failed for f in _unequal(c, sympy.Eq, sympy.Or)}
+        for index, k in sorted(known, key=str):
+            value = value.replace(
+                lambda e, index=index: (
+                    isinstance(e, structural.Indexing)
+                    and e.ignore is None
+                    and _index_source(e.args[e.index_position]) == index
+                ),
+                lambda e, k=k: e.ignoring(k),
+            )
+        guarded.append((value, condition))
+        failed.append(condition)
+    return sympy.Piecewise(*guarded)
+
+
+def _unequal(condition: sympy.Basic, relation: type, junction: type) -> set[tuple[sympy.Symbol, sympy.Expr]]:
+    """(t, k) for each ``relation(t, k)`` of ``condition``, itself or one of its ``junction`` (And for Ne:
+    all hold; Or for Eq: none holds once it failed), t a symbol and k an integer or an int scalar."""
+    parts = condition.args if isinstance(condition, junction) else (condition,)
+    found = set()
+    for part in parts:
+        if isinstance(part, relation):
+            for t, k in (part.args, part.args[::-1]):
+                if isinstance(t, sympy.Symbol) and (k.is_Integer or (isinstance(k, sympy.Symbol) and k.is_integer)):
+                    found.add((t, k))
+    return found
+
+
+def _index_source(index: sympy.Basic) -> sympy.Basic:
+    """The indices whose values ``index`` holds: through reshapes and slices, which keep them."""
+    while isinstance(index, (structural.Reshaping, structural.Sliced)):
+        index = index.args[0]
+    return index
 
 
 def _unknown_function_hint(name: str) -> str:
@@ -749,7 +790,7 @@ class _CallBuilder(_BuilderBase):
             )
         condition = self._condition(self.build(node.args[0], depth), node.args[0])
         value, otherwise = (self._expr(self.build(a, depth), a) for a in node.args[1:])
-        return sympy.Piecewise((value, condition), (otherwise, True))
+        return _guarded_piecewise([(value, condition), (otherwise, sympy.true)])
 
     def _with_keywords(self, node: ast.Call, function: functions.Function, depth: int) -> sympy.Basic:
         """A function with keyword arguments after its operand (``elu(x, alpha=0.5)``, ``clamp(x, max=1)``),

@@ -778,11 +778,11 @@ class _StructuralPrinter(_PrinterBase):
         return f"{function}(({', '.join(self._print(o) for o in expr.operand_exprs)}), dim={expr.dim})"
 
     def _print_Gather(self, expr: Gather) -> str:
-        return f"torch.gather({self._print(expr.args[0])}, {expr.dim}, {self._print(expr.args[1])})"
+        return f"torch.gather({self._print(expr.args[0])}, {expr.dim}, {expr.index_code(self._print(expr.args[1]))})"
 
     def _print_OneHot(self, expr: OneHot) -> str:
         # int64; the float math it meets promotes it to that math's dtype
-        return f"torch.nn.functional.one_hot({self._print(expr.args[0])}, {expr.classes})"
+        return f"torch.nn.functional.one_hot({expr.index_code(self._print(expr.args[0]))}, {expr.classes})"
 
     def _print_ArgIndex(self, expr: ArgIndex) -> str:
         keep = ", keepdim=True" if expr.keepdim else ""

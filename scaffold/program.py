@@ -205,6 +205,15 @@ class _Shapes:
                 hint=_INDEX_USES,
             )
 
+    def _ignoring(self, domain: tuple[int, int], ignore: sympy.Expr | None) -> tuple[int, int]:
+        """The indices a one_hot or gather reads from indices of ``domain`` where ``ignore`` (at its default)
+        reads as 0 (:class:`structural.Indexing`): an end of the domain that is the ignored value drops."""
+        if ignore is None:
+            return domain
+        low, high, k = *domain, int(ignore.xreplace(self.defaults))
+        low, high = (low + 1, high) if k == low else (low, high - 1) if k == high else (low, high)
+        return (min(low, 0), max(high, 0)) if low <= high else (0, 0)
+
     def check_indices(self, formula: structural.OneHot | structural.Gather, written: sympy.Basic, line: int) -> None:
         """one_hot's operand and gather's index are int64 indices (:data:`_INDEX_USES`) whose domains are valid
         indices."""
@@ -221,7 +230,7 @@ class _Shapes:
                 if declared
                 else 'declare the indices in the spec: [tensors.t] dtype = "int64", domain = [0, C - 1]',
             )
-        low, high = self.index_domains[operand]
+        low, high = self._ignoring(self.index_domains[operand], formula.ignore)
         if one_hot:
             count = int(formula.classes.xreplace(self.defaults))
             if count < 1:

@@ -215,9 +215,9 @@ def forward_code(call: Structural, operands: list[str], dtype: str = "") -> str:
     """The torch code computing ``call`` of the values ``operands`` (names); ``dtype``, code for the
     floating-point dtype a one_hot takes."""
     if isinstance(call, OneHot):
-        return f"torch.nn.functional.one_hot({operands[0]}, {call.classes}).to({dtype})"
+        return f"torch.nn.functional.one_hot({call.index_code(operands[0])}, {call.classes}).to({dtype})"
     if isinstance(call, Gather):
-        return f"{operands[0]}.gather({call.dim}, {operands[1]})"
+        return f"{operands[0]}.gather({call.dim}, {call.index_code(operands[1])})"
     if isinstance(call, ArgIndex):
         return f"{operands[0]}.{call.spelling}(dim={call.dim}{', keepdim=True' if call.keepdim else ''})"
     if isinstance(call, Reduction):
@@ -291,7 +291,8 @@ def backward_code(node: Value, operand: int, g: str, emit: Emitter) -> str:
     if isinstance(call, Transposed):
         return f"{g}.transpose({call.dims[0]}, {call.dims[1]})"
     if isinstance(call, Gather):  # out of place, so differentiable again
-        return f"{g}.new_zeros({emit.shape(x)}).scatter_add({call.dim}, {emit.value(str(call.args[1]))}, {g})"
+        index = call.index_code(emit.value(str(call.args[1])))
+        return f"{g}.new_zeros({emit.shape(x)}).scatter_add({call.dim}, {index}, {g})"
     if isinstance(call, CumSum):
         return _from_the_back(g, call.dim)
     if isinstance(call, CumProd):
@@ -393,7 +394,7 @@ def tangent_code(node: Value, tangents: list[str], emit: Emitter) -> str:
     if isinstance(call, Transposed):
         return f"{tangents[0]}.transpose({call.dims[0]}, {call.dims[1]})"
     if isinstance(call, Gather):
-        return f"{tangents[0]}.gather({call.dim}, {emit.value(str(call.args[1]))})"
+        return f"{tangents[0]}.gather({call.dim}, {call.index_code(emit.value(str(call.args[1])))})"
     if isinstance(call, CumSum):
         return f"{tangents[0]}.cumsum({call.dim})"
     if isinstance(call, CumProd):

@@ -311,7 +311,30 @@ class Flattened(Reshaping):
 RESHAPES: dict[str, type[Reshaping]] = {c.spelling: c for c in (Reshaped, Unsqueezed, Squeezed, Flattened)}
 
 
-class OneHot(Structural):
+class Indexing(Structural):
+    """one_hot and gather: their index may carry an ignored value k (:meth:`ignoring`), a last argument.
+
+    Inside ``where(t == k, a, b)``'s ``b`` (or ``where(t != k, a, b)``'s ``a``) only elements where t is not
+    k are used, so there the index reads ``torch.where(t == k, 0, t)``: a valid index wherever t is k (an
+    ignore_index such as -100, outside [0, C)), t itself elsewhere. Cross-entropy with ignore_index is then
+    torch's, whatever the caller passes at the ignored positions."""
+
+    index_position = 0
+
+    @property
+    def ignore(self) -> sympy.Expr | None:
+        """The value the index may hold where the result is not used (an Integer or an int scalar's symbol)."""
+        return self.args[self.nargs_fixed] if len(self.args) > self.nargs_fixed else None
+
+    def ignoring(self, value: sympy.Expr) -> Indexing:
+        return type(self)(*self.args[: self.nargs_fixed], value)
+
+    def index_code(self, index: str) -> str:
+        """Torch code of the index named ``index`` as this call reads it."""
+        return index if self.ignore is None else f"torch.where({index} == {self.ignore}, 0, {index})"
+
+
+class OneHot(Indexing):
     """``one_hot(t, num_classes=C)``: arguments (t, C). t holds int64 class indices in [0, C); the result is
     float (the dtype of the op's floating-point inputs), t's shape with a last dimension C. It has no
     gradient: its operand is an integer tensor. C is a literal, or an int scalar's symbol (a value it reads,
@@ -320,7 +343,8 @@ class OneHot(Structural):
     kind = ONE_HOT
     spelling = "one_hot"
     stem = "one_hot"
-    nargs = 2
+    nargs = (2, 3)
+    nargs_fixed = 2
 
     @property
     def classes(self) -> sympy.Expr:
@@ -331,7 +355,7 @@ class OneHot(Structural):
         return f", num_classes={self.classes}"
 
 
-class Gather(Structural):
+class Gather(Indexing):
     """``gather(e, dim=D, index=t)``, as torch.gather: arguments (e, t, D). t is an int64 tensor argument of
     e's rank, each index in [0, e.size(D)); the result has t's shape. e's gradient scatters g back to the
     positions read (summed where an index repeats); t has none."""
@@ -340,7 +364,9 @@ class Gather(Structural):
     spelling = "gather"
     stem = "gathered"
     operands = 2
-    nargs = 3
+    nargs = (3, 4)
+    nargs_fixed = 3
+    index_position = 1
 
     @property
     def dim(self) -> int:
