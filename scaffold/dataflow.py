@@ -677,7 +677,11 @@ class _ForwardWriter(_Writer):
             tangents[v.name] = t
         for mask, condition in ((m, c) for c, m in self.masks.items()):
             lines.append(f"{mask} = {self.print(condition)}")
-        returns = [tangents.get(v, "None") for v in self.graph.visible] + [tangents.get(h, "None") for h in hidden]
+        # a float output with no tangent (a one_hot of an argmax) gets zeros: torch.func.jvp refuses None for it
+        # (the hidden outputs, masks among them, are non-differentiable: None)
+        integers = self.graph.program.integers
+        returns = [tangents.get(v, "None" if v in integers else f"torch.zeros_like({v})") for v in self.graph.visible]
+        returns += [tangents.get(h, "None") for h in hidden]
         lines = _live(lines, returns)
         read = {name for line in lines for name in re.findall(r"\b\w+\b", line)}
         return lines, returns, sorted(scalars & read)

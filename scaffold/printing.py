@@ -781,8 +781,10 @@ class _StructuralPrinter(_PrinterBase):
         return f"torch.gather({self._print(expr.args[0])}, {expr.dim}, {expr.index_code(self._print(expr.args[1]))})"
 
     def _print_OneHot(self, expr: OneHot) -> str:
-        # int64; the float math it meets promotes it to that math's dtype
-        return f"torch.nn.functional.one_hot({expr.index_code(self._print(expr.args[0]))}, {expr.classes})"
+        # int64, which the float math it meets promotes; in the float dtype of the anchor where there is one, as
+        # an op that returns the one_hot itself (a hard one-hot with a straight-through gradient) must
+        code = f"torch.nn.functional.one_hot({expr.index_code(self._print(expr.args[0]))}, {expr.classes})"
+        return f"{code}.to({self.anchor_text}.dtype)" if self.anchor in self.tensors else code
 
     def _print_ArgIndex(self, expr: ArgIndex) -> str:
         keep = ", keepdim=True" if expr.keepdim else ""

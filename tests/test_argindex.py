@@ -242,8 +242,29 @@ def test_an_op_returning_only_indices_is_refused():
     assert "every output is int64 indices, which have no gradient" in message
 
 
+#: The straight-through hard one-hot (Gumbel-softmax's hard sample without the noise): the one_hot of the argmax
+#: forward, z's gradient passed straight through.
+HARD = make_spec(
+    "hard_one_hot", "one_hot(argmax(z, dim=-1), num_classes=5)", {"z": {"shape": [4, 5]}}, gradients={"z": "grad"}
+)
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (2, 3, 5)])
+def test_a_hard_one_hot_is_float_with_a_straight_through_gradient_and_a_zero_tangent(tmp_path, shape):
+    op = import_generated(tmp_path, HARD).hard_one_hot
+    z = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    out = op(z)
+    torch.testing.assert_close(out, functional.one_hot(z.argmax(-1), 5).to(z.dtype))
+    upstream = torch.randn(shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(out, z, upstream)[0], upstream)
+    # forward mode: zeros of the output's dtype (torch.func.jvp refuses a Function's None for a float output)
+    _, tangent = torch.func.jvp(op, (z.detach(),), (torch.randn(shape, dtype=torch.float64),))
+    torch.testing.assert_close(tangent, torch.zeros(shape, dtype=torch.float64))
+
+
 def _generated(folder):
     specs = [
+        HARD,  # the reference's one_hot in the float dtype: the generated tests sum it as a float output
         _nll_spec(),
         _vq_spec(),
         _vq_spec("vq_idx", VQ_WITH_INDICES, outputs=["zq", "idx"]),
