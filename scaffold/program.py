@@ -22,6 +22,7 @@ backward can keep instead of recomputing (:mod:`.dataflow`: a hand-written Layer
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -489,6 +490,11 @@ def code_name(given: str, taken: set[str]) -> str:
     return name
 
 
+#: The parts of an output's formula that :func:`_combination` weighs (most arguments first): every part of a
+#: formula written by hand, not every term of a sum of 64 (two minutes of derivatives).
+MAX_COMBINATIONS_TRIED = 12
+
+
 def _combination(
     formula: sympy.Basic,
     tensors: set[sympy.Symbol],
@@ -524,22 +530,28 @@ def _combination(
         # by sort key last: a set's order varies between processes, and so would the node on a tie
         key=lambda node: (-len(node.free_symbols & arguments), sympy.count_ops(node), sympy.default_sort_key(node)),
     )
-    # a part the formula's stable form rewrites (exp(x) + exp(y) under a log: logaddexp) stays inside it
-    candidates = [c for c in candidates if _outside_stable_forms(formula, c, tensors)]
+
+    # a part the formula's stable form rewrites (exp(x) + exp(y) under a log: logaddexp) stays inside it (asked
+    # lazily: a stable form of the whole formula for each part)
+    def usable(c: sympy.Expr) -> bool:
+        return _outside_stable_forms(formula, c, tensors)
+
     chosen = next(
         (
             c
             for c in candidates
-            if not formula.xreplace({c: marker, -c: -marker}).free_symbols & c.free_symbols & arguments
+            if not formula.xreplace({c: marker, -c: -marker}).free_symbols & c.free_symbols & arguments and usable(c)
         ),
         None,
     )
+    candidates = list(itertools.islice(filter(usable, candidates), MAX_COMBINATIONS_TRIED))
     if (
         arguments_only is None
         or shapes is None
         or (fewest := _backward_elements(formula, chosen, tensors, shapes)) is None
     ):
         return chosen
+    # the first few only: each costs a derivative in every argument, and a sum of 64 terms has 192 parts
     for candidate in candidates:
         elements = _backward_elements(formula, candidate, tensors, shapes)
         if elements is not None and elements < fewest:
@@ -576,7 +588,7 @@ def _backward_elements(
     reads: set[sympy.Symbol] = set()
     for expr, symbol in pairs:
         try:
-            partial = sympy.diff(expr, symbol)
+            partial = _partial(expr, symbol)
         except (TypeError, ValueError, NotImplementedError):
             return None
         if partial.has(sympy.Derivative, sympy.Subs):
@@ -586,6 +598,14 @@ def _backward_elements(
     if marker in reads and reads & inner:
         reads = (reads | inner) - {marker}
     return sum(math.prod(shapes[s.name]) for s in reads)
+
+
+def _partial(expr: sympy.Expr, symbol: sympy.Symbol) -> sympy.Expr:
+    """``sympy.diff(expr, symbol)``, a sum's from its terms that read ``symbol`` alone (as sympy would, without
+    asking each of 64 terms)."""
+    if isinstance(expr, sympy.Add):
+        return sympy.Add(*(sympy.diff(term, symbol) for term in expr.args if symbol in term.free_symbols))
+    return sympy.diff(expr, symbol)
 
 
 def _costly(expr: sympy.Basic) -> bool:
