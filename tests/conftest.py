@@ -99,6 +99,11 @@ def generate(tmp_path: Path):
 # suite's time to finish them in.
 
 
+#: A run's arguments that leave out the generated tests' torch.compile checks (about 2 s of an op's 6), for the ops
+#: of a file whose code paths another op of it compiles already.
+WITHOUT_COMPILE = ("-k", "not compile")
+
+
 @dataclass(frozen=True)
 class GeneratedRun:
     """A run of the generated tests in ``directory``, as :func:`run_pytest` makes it."""
