@@ -932,12 +932,7 @@ class _IndexBuilder(_BuilderBase):
         """``gather(e, dim=D, index=t)`` (or in order, as torch.gather): t an int64 tensor argument (stage 3
         checks it), D a literal dimension."""
         names = ["input", "dim", "index"]
-        given = dict(zip(names, node.args))
-        for keyword in node.keywords:
-            if keyword.arg not in names or keyword.arg in given:
-                problem = "twice" if keyword.arg in given else "an unknown keyword"
-                raise self.fail(node, f"gather() got {keyword.arg!r}, {problem}", hint=usage)
-            given[keyword.arg] = keyword.value
+        given = self._arguments(node, names, "gather", usage)
         if len(node.args) > 3 or set(given) != set(names):
             raise self.fail(node, "gather() takes an expression, dim and index", hint=usage)
         operand = self._expr(self.build(given["input"], depth), given["input"])
@@ -948,13 +943,7 @@ class _IndexBuilder(_BuilderBase):
         """``argmax(e, dim=D)`` or ``argmin(e, dim=D, keepdim=K)`` (or in order, as torch's): D a literal
         dimension (required: torch's argmax without one flattens), K a literal bool."""
         name = node.func.id
-        names = ["input", "dim", "keepdim"]
-        given = dict(zip(names, node.args))
-        for keyword in node.keywords:
-            if keyword.arg not in names or keyword.arg in given:
-                problem = "twice" if keyword.arg in given else "an unknown keyword"
-                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
-            given[keyword.arg] = keyword.value
+        given = self._arguments(node, ["input", "dim", "keepdim"], name, usage)
         if len(node.args) > 3 or "input" not in given:
             raise self.fail(node, f"{name}() takes an expression, dim and keepdim", hint=usage)
         if "dim" not in given:
@@ -965,6 +954,16 @@ class _IndexBuilder(_BuilderBase):
         operand = self._expr(self.build(given["input"], depth), given["input"])
         dim = self._integer(given["dim"], name, usage)
         return structural.ARG_INDICES[name](operand, dim, sympy.true if flag.value else sympy.false)
+
+    def _arguments(self, node: ast.Call, names: list[str], name: str, usage: str) -> dict[str, ast.AST]:
+        """A call's arguments by name, given in order (as ``names``) or by keyword, each once."""
+        given = dict(zip(names, node.args))
+        for keyword in node.keywords:
+            if keyword.arg not in names or keyword.arg in given:
+                problem = "twice" if keyword.arg in given else "an unknown keyword"
+                raise self.fail(node, f"{name}() got {keyword.arg!r}, {problem}", hint=usage)
+            given[keyword.arg] = keyword.value
+        return given
 
     def _index(self, node: ast.AST, depth: int, name: str, usage: str) -> sympy.Expr:
         """one_hot's or gather's indices: not a condition (a comparison, a bool tensor), whose 0/1 would index."""
