@@ -667,10 +667,12 @@ class _ForwardWriter(_Writer):
             lines.append(f"{v.name} = {self.forward_expr(v)}")
             scalars |= {s.name for s in v.expr.free_symbols if s.name in self.graph.scalars}
             t = v.name + TANGENT
+            if v.name in self.graph.program.integers:
+                continue  # int64 indices (an argmax, an argument returned as it is): no tangent
             if v.kind == ELEMENTWISE:
                 lines += self._elementwise_tangent(v, tangents, taken, scalars)
-            elif v.name in self.graph.program.integers or not any(str(o) in tangents for o in v.expr.operand_exprs):
-                continue  # (an argmax: int64 indices, no tangent)
+            elif not any(str(o) in tangents for o in v.expr.operand_exprs):
+                continue
             else:
                 operands = [tangents.get(str(o), "None") for o in v.expr.operand_exprs]
                 lines.append(f"{t} = {tangent_code(v, operands, emitter)}")

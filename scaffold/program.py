@@ -187,6 +187,8 @@ class _Shapes:
             return 0, shape[formula.dim % len(shape)] - 1
         if isinstance(formula, (structural.Reshaping, structural.Sliced)):
             return self.index_domains.get(str(formula.args[0]))
+        if isinstance(formula, sympy.Symbol):  # an int64 argument returned as it is
+            return self.index_domains.get(formula.name)
         return None
 
     def check_integer_reads(self, formula: sympy.Basic, written: sympy.Basic, line: int) -> None:

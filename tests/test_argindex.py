@@ -262,9 +262,28 @@ def test_a_hard_one_hot_is_float_with_a_straight_through_gradient_and_a_zero_tan
     torch.testing.assert_close(tangent, torch.zeros(shape, dtype=torch.float64))
 
 
+#: An int64 argument returned as it is, beside a float output.
+PASSED_THROUGH = make_spec(
+    "passed_through", "y = x*2; idx = t", {"x": {"shape": [4]}, "t": dict(TARGETS)}, outputs=["y", "idx"]
+)
+
+
+def test_an_int64_argument_returned_as_it_is_is_marked_non_differentiable_with_no_tangent(tmp_path):
+    module = import_generated(tmp_path, PASSED_THROUGH)
+    source = (tmp_path / "passed_through.py").read_text()
+    assert "ctx.mark_non_differentiable(idx)" in source
+    x, t = torch.randn(4, dtype=torch.float64), torch.tensor([0, 3, 1, 4])
+    y, idx = module.passed_through(x.requires_grad_(), t)
+    assert idx.dtype == torch.int64 and not idx.requires_grad and torch.equal(idx, t)
+    _, (y_tangent, idx_tangent) = torch.func.jvp(lambda x: module.passed_through(x, t), (x.detach(),), (x.detach(),))
+    torch.testing.assert_close(y_tangent, 2 * x.detach())
+    assert idx_tangent.dtype == torch.int64  # torch.func gives an integer output no float tangent
+
+
 def _generated(folder):
     specs = [
-        HARD,  # the reference's one_hot in the float dtype: the generated tests sum it as a float output
+        HARD,
+        PASSED_THROUGH,  # the reference's one_hot in the float dtype: the generated tests sum it as a float output
         _nll_spec(),
         _vq_spec(),
         _vq_spec("vq_idx", VQ_WITH_INDICES, outputs=["zq", "idx"]),
