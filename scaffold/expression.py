@@ -637,7 +637,7 @@ class _ArithmeticBuilder(_BuilderBase):
                     raise self.fail(link, "division by zero")
                 value = 1 / value
             terms.append(value)
-        return sympy.Add(*terms) if family is _CHAINS[0] else sympy.Mul(*terms)
+        return sympy.Add(*terms) if family is _CHAINS[0] else _guarded_product(terms)
 
     def _power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
         if exponent.is_Number and abs(exponent) > MAX_EXPONENT:
@@ -693,18 +693,39 @@ def _guarded_piecewise(pairs: list[tuple[sympy.Expr, sympy.Basic]]) -> sympy.Bas
     guarded, failed = [], []
     for value, condition in pairs:
         known = _unequal(condition, sympy.Ne, sympy.And) | {f for c in failed for f in _unequal(c, sympy.Eq, sympy.Or)}
-        for index, k in sorted(known, key=str):
-            value = value.replace(
-                lambda e, index=index: (
-                    isinstance(e, structural.Indexing)
-                    and e.ignore is None
-                    and _index_source(e.args[e.index_position]) == index
-                ),
-                lambda e, k=k: e.ignoring(k),
-            )
-        guarded.append((value, condition))
+        guarded.append((_guarded(value, known), condition))
         failed.append(condition)
     return sympy.Piecewise(*guarded)
+
+
+def _guarded_product(factors: list[sympy.Expr]) -> sympy.Expr:
+    """The product of ``factors``, the others' one_hot and gather guarded (:func:`_guarded_piecewise`) by
+    each mask among them, ``(t != k)`` as 0/1 (``Piecewise((1, t != k), (0, True))``): the product is 0
+    wherever t is k, whatever the index read there, so ``(t != -100)*ce`` is torch's ignore_index too."""
+    known = set()
+    for factor in factors:
+        if isinstance(factor, sympy.Piecewise) and len(factor.args) == 2 and factor.args[1].cond is sympy.true:
+            (value, condition), otherwise = factor.args[0], factor.args[1].expr
+            if (value, otherwise) == (1, 0):
+                known |= _unequal(condition, sympy.Ne, sympy.And)
+            elif (value, otherwise) == (0, 1):
+                known |= _unequal(condition, sympy.Eq, sympy.Or)
+    return sympy.Mul(*(_guarded(f, known) for f in factors)) if known else sympy.Mul(*factors)
+
+
+def _guarded(value: sympy.Expr, known: set[tuple[sympy.Symbol, sympy.Expr]]) -> sympy.Expr:
+    """``value`` with each one_hot and gather of an index holding t's values reading it as
+    ``torch.where(t == k, 0, t)``, for each (t, k) of ``known`` (t is not k wherever value is used)."""
+    for index, k in sorted(known, key=str):
+        value = value.replace(
+            lambda e, index=index: (
+                isinstance(e, structural.Indexing)
+                and e.ignore is None
+                and _index_source(e.args[e.index_position]) == index
+            ),
+            lambda e, k=k: e.ignoring(k),
+        )
+    return value
 
 
 def _unequal(condition: sympy.Basic, relation: type, junction: type) -> set[tuple[sympy.Symbol, sympy.Expr]]:

@@ -834,11 +834,19 @@ def second_shapes(
     ranks = [len(shape) for t, shape in zip(spec.tensors, shapes) if not t.learnable]
     candidates = [resized]
     if ranks:
+
+        def batched(t, shape, indices: bool) -> tuple[int, ...]:
+            # the batch goes to the data: the inputs of the most dimensions, and (where it fits) the int64
+            # and bool ones beside them, class indices or masks per row of a batched input
+            data = not t.learnable and (len(shape) == max(ranks) or (indices and t.discrete and shape))
+            return (SECOND_BATCH, *shape) if data else shape
+
         candidates = [
-            [(SECOND_BATCH, *shape) if not t.learnable and len(shape) == max(ranks) else shape for t, shape in each]
-            for each in (zip(spec.tensors, resized), zip(spec.tensors, shapes))
+            [batched(t, shape, indices) for t, shape in zip(spec.tensors, each)]
+            for each in (resized, shapes)
+            for indices in (True, False)
         ]
-        candidates.insert(1, resized)
+        candidates.insert(2, resized)
     # sizes one larger where the op takes them; else the example's (cat's operands add up to another
     # input's size, a reshape's sizes hold the elements), with the batch where it fits
     seconds = next((c for c in candidates if fits(c)), resized)
@@ -1319,7 +1327,8 @@ def program_module_view(
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
         output_unpack=[_unpacked(n, plan, program, zero_fills) for n in plan.returns],
         optional_grads=optional,
-        unmaterialized_tangents=tensor_names if optional else [],
+        # int64 and bool arguments have no tangent to read
+        unmaterialized_tangents=[n for n in tensor_names if n not in program.integers] if optional else [],
         # marked non-differentiable: int64 indices returned (an argmax's), a restated softmax's statistics, masks
         masks=[*(n for n in plan.returns if n in program.integers), *plan.constants, *plan.masks],
         saved=list(plan.saved),

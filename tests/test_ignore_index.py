@@ -1,7 +1,8 @@
-"""ignore_index written by ``where`` (issue 34): inside ``where(t == k, a, b)``'s ``b``, or ``where(t != k, a, b)``'s
-``a``, a one_hot or gather of t reads ``torch.where(t == k, 0, t)``, so an ignored target outside [0, C) (torch's
--100, or -1 declared in the domain) gives torch's cross-entropy and NLL, not an index error. k is a literal or an
-int scalar; anywhere else an index outside the domain's valid range is still refused."""
+"""ignore_index written by ``where`` (issue 34): inside ``where(t == k, a, b)``'s ``b``, ``where(t != k, a, b)``'s
+``a``, or a product with the mask ``(t != k)``, a one_hot or gather of t reads ``torch.where(t == k, 0, t)``, so an
+ignored target outside [0, C) (torch's -100, or -1 declared in the domain) gives torch's cross-entropy and NLL, not
+an index error. k is a literal or an int scalar; anywhere else an index outside the domain's valid range is still
+refused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from scaffold import generate_op
 from scaffold.errors import ScaffoldError
 from scaffold.write import write_files
 
-from .conftest import GeneratedRun, background_run, import_generated, make_spec
+from .conftest import WITHOUT_COMPILE, GeneratedRun, background_run, import_generated, make_spec
 
 CE = "logsumexp(z, dim=-1) - sum(z*one_hot(t, num_classes=5), dim=-1)"
 NLL = "-squeeze(gather(log_softmax(z, dim=-1), dim=-1, index=unsqueeze(t, -1)), -1)"
@@ -70,6 +71,20 @@ def test_the_mean_over_targets_not_ignored_is_torchs_mean(tmp_path):
         _assert_torchs(op(z, t), z, functional.cross_entropy(z.reshape(-1, 5), t.reshape(-1)))
 
 
+MASKED_MEAN = f"valid = t != -1; ce = {CE}; sum(valid*ce) / sum(valid)"
+
+
+def test_a_mask_times_the_loss_ignores_the_index_too(tmp_path):
+    # (t != k)*ce is 0 wherever t is k, whatever the one_hot read there: ce reads a valid index in its place
+    op = import_generated(tmp_path, make_spec("masked_mean", MASKED_MEAN, {"z": LOGITS, "t": WITH_IGNORED}))
+    generator = torch.Generator().manual_seed(4)
+    for shape in SHAPES:
+        z = torch.randn(shape, generator=generator, dtype=torch.float64, requires_grad=True)
+        t = _targets(shape, -1, generator)
+        expected = functional.cross_entropy(z.reshape(-1, 5), t.reshape(-1), ignore_index=-1)
+        _assert_torchs(op.masked_mean(z, t), z, expected)
+
+
 def test_the_ignored_index_may_be_an_int_scalar(tmp_path):
     scalars = {"ignore_index": {"type": "int", "default": -100}}
     spec = make_spec("ce_scalar", f"where(t == ignore_index, 0, {CE})", {"z": LOGITS, "t": TARGETS}, scalars)
@@ -87,7 +102,7 @@ def test_the_ignored_index_may_be_an_int_scalar(tmp_path):
         CE,  # no where at all
         f"where(t == -1, {CE}, 0)",  # the branch where t is -1
         f"where(t == 2, 0, {CE})",  # another index ignored: -1 still reaches one_hot
-        f"where(t == -1, 0, 1) * ({CE})",  # the where does not hold the one_hot
+        f"exp(where(t == -1, 0, 1)) * ({CE})",  # no factor is 0 where t is -1
     ],
 )
 def test_an_index_outside_the_range_where_nothing_ignores_it_is_refused(forward):
@@ -99,10 +114,11 @@ def _generated(folder):
     specs = {
         "nll_ignored": make_spec("nll_ignored", f"where(t != -1, {NLL}, 0)", {"z": LOGITS, "t": WITH_IGNORED}),
         "ce_ignored": make_spec("ce_ignored", f"where(t == -1, 0, {CE})", {"z": LOGITS, "t": WITH_IGNORED}),
+        "masked_mean": make_spec("masked_mean", MASKED_MEAN, {"z": LOGITS, "t": WITH_IGNORED}),
     }
     for name, spec in specs.items():
         write_files(generate_op(spec), folder / name)
-    return {name: GeneratedRun(folder / name) for name in specs}
+    return {name: GeneratedRun(folder / name, () if name == "ce_ignored" else WITHOUT_COMPILE) for name in specs}
 
 
 @background_run(_generated)
