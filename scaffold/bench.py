@@ -266,6 +266,31 @@ def scaled_program_shapes(spec: OpSpec, numel: int) -> list[tuple[int, ...]]:
     return shapes(batch * low)
 
 
+def minimal_traffic(spec: OpSpec, numel: int, dtype: torch.dtype) -> int:
+    """The bytes forward + backward must move at least, at the benchmark's shapes (:func:`make_inputs`):
+    forward reads the inputs and writes the outputs, backward reads the upstream gradients (the outputs'
+    size) and the inputs and writes the inputs' gradients: 3 x the inputs' bytes + 2 x the outputs'."""
+    shapes = scaled_program_shapes(spec, numel) if spec.structured else None
+    if shapes is None:
+        shapes = scaled_shapes([t.shape for t in spec.tensors], numel, [t.learnable for t in spec.tensors])
+    tensors = tuple(dataclasses.replace(t, shape=s, size_names=()) for t, s in zip(spec.tensors, shapes))
+    grown = dataclasses.replace(spec, tensors=tensors, sizes=())
+    program = build_program(parse_forward(grown), grown)
+    outputs = sum(math.prod(program.value(o.value).shape) for o in program.outputs)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (3 * sum(math.prod(s) for s in shapes) + 2 * outputs) * itemsize
+
+
+def copy_bandwidth(device: torch.device, dtype: torch.dtype = torch.float32, numel: int = 64 * 2**20) -> float:
+    """Bytes per second a device-to-device copy of ``numel`` elements moves, read and written counted: the
+    ceiling that :func:`minimal_traffic` is measured against."""
+    x = torch.empty(numel, device=device, dtype=dtype)
+    y = torch.empty_like(x)
+    timer = benchmark.Timer("y.copy_(x)", globals={"x": x, "y": y})
+    seconds = timer.blocked_autorange(min_run_time=0.2).median
+    return 2 * x.numel() * x.element_size() / seconds
+
+
 def _uniform(shape: tuple[int, ...], domain: InputDomain, generator: torch.Generator) -> torch.Tensor:
     x = torch.rand(shape, generator=generator, dtype=torch.float64) * (domain.high - domain.low) + domain.low
     for point in domain.avoid:

@@ -88,6 +88,21 @@ def test_inputs_are_seeded_in_their_domains_and_away_from_kinks():
 # --- what is measured --------------------------------------------------------------------------------
 
 
+def test_minimal_traffic_reads_the_inputs_three_times_and_the_outputs_twice():
+    # RMSNorm in rows: x (4096, 16) and its weight (16,) in, a (4096, 16) out; a row loss (4096,) out
+    norm = make_spec("norm", "x*weight/sqrt(mean(x**2, dim=-1, keepdim=True) + 1e-6)", {
+        "x": {"shape": [8, 16]}, "weight": {"shape": [16], "learnable": True}})  # fmt: skip
+    assert bench.minimal_traffic(norm, 65536, torch.float32) == (3 * (65536 + 16) + 2 * 65536) * 4
+    loss = make_spec("row_lse", "logsumexp(x, dim=-1)", {"x": {"shape": [8, 16]}})
+    assert bench.minimal_traffic(loss, 65536, torch.bfloat16) == (3 * 65536 + 2 * 4096) * 2
+    elementwise = make_spec("square", "x**2")
+    assert bench.minimal_traffic(elementwise, 1000, torch.float64) == 5 * 1000 * 8
+
+
+def test_copy_bandwidth_is_a_positive_rate():
+    assert 1e8 < bench.copy_bandwidth(torch.device("cpu"), numel=2**16) < 1e15
+
+
 def test_saved_bytes_counts_each_storage_once():
     x = torch.rand(100, requires_grad=True)
     assert bench.saved_bytes(lambda t: t * t, [x]) == 400  # x saved twice, one storage
