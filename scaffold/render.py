@@ -409,6 +409,18 @@ def size_checks(spec: OpSpec, *, batched_rule: bool = False) -> SizeChecks | Non
                 read = position - len(t.shape) if batched_rule else dim
                 uses.setdefault(name, []).append((t.name, dim, read))
     checks = []
+    tied = [dims for dims in uses.values() if len(dims) > 1]
+    ranks: dict[str, int] = {}  # the dimensions each tensor must have for the sizes to be read
+    for tensor, _, read in (use for dims in tied for use in dims):
+        ranks[tensor] = max(ranks.get(tensor, 0), read + 1 if read >= 0 else -read)
+    for tensor, rank in ranks.items():  # first: a tensor with too few dimensions has no such size to compare
+        checks.append(
+            SizeCheck(
+                f"{tensor}.dim() < {rank}",
+                f"{spec.name}: {tensor} needs at least {rank} dimension{'s' if rank > 1 else ''} for its sizes, "
+                f"got shape {{tuple({tensor}.shape)}}",
+            )
+        )
     for name, dims in uses.items():
         (first, first_dim, first_read), *others = dims
         for tensor, dim, read in others:
@@ -420,7 +432,7 @@ def size_checks(spec: OpSpec, *, batched_rule: bool = False) -> SizeChecks | Non
                     f"{tensor} (dim {dim})",
                 )
             )
-    if not checks:
+    if not tied:
         return None
     involved = {t for dims in uses.values() if len(dims) > 1 for t, _, _ in dims}
     names = [t.name for t in spec.tensors if t.name in involved]

@@ -187,6 +187,9 @@ def test_one_size_name_is_one_size_at_call_time(layer_norm):
         layer_norm.layer_norm(torch.randn(4, 16), torch.ones(16), torch.zeros(1))  # would broadcast
     with pytest.raises(ValueError, match='size "features" is 10 in x .* but 768 in weight'):
         layer_norm.LayerNorm(768)(torch.randn(4, 10))
+    # a tensor without the dimension a size is read from: a message, not an IndexError from shape[0]
+    with pytest.raises(ValueError, match=r"weight needs at least 1 dimension for its sizes, got shape \(\)"):
+        layer_norm.layer_norm(torch.randn(4, 16), torch.tensor(1.0), torch.zeros(16))
 
 
 def test_the_size_check_compiles_without_a_graph_break(layer_norm):
