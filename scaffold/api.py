@@ -7,6 +7,7 @@ write_files(files, "ops/")               # atomic, refuses to clobber without fo
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from .expression import ParsedExpression, parse_forward
 from .limits import TIME_LIMIT, run_with_time_limit
 from .program import Program, build_program
 from .render import TESTING_MODULE, render_op, render_runtime
+from .rows import row_kernels
 from .rules import ProgramDerivation, derive_program
 from .spec import RUNTIME_FILE, OpSpec, other_sizes, spec_from_mapping, spec_to_mapping
 
@@ -45,6 +47,10 @@ def compile_op(spec: OpSpec) -> CompiledOp:
     plan = plan_program(
         derivation, where=where, fused=spec.fuse, policy=spec.policy, custom_op=spec.target == "custom_op"
     )
+    if spec.fuse and spec.target != "custom_op":
+        rows = row_kernels(derivation, {t.name: t.dtype for t in spec.tensors})
+        refused = isinstance(rows, str)
+        plan = dataclasses.replace(plan, rows=None if refused else rows, rows_reason=rows if refused else "")
     return CompiledOp(spec, parsed, program, derivation, plan, infer_program_domains(spec, derivation))
 
 

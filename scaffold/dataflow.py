@@ -45,6 +45,7 @@ from .plan import Step, _share, derivative_kernel_alone, straight_line
 from .printing import IMPORTS, POWER, PRODUCT, is_finite, math_text, print_torch
 from .printing import operand as parenthesized
 from .program import ELEMENTWISE, SCALAR, TENSOR, Program, Value, _broadcast_checked, broadcast, spread_reduction
+from .rows import RowKernels
 from .rules import (
     Emitter,
     ProgramDerivation,
@@ -133,6 +134,9 @@ class ProgramPlan:
     # an unused output's gradient stays None and what it would pass on is skipped (several outputs); False:
     # backward fills it with zeros (a custom gradient, or a tensor the forward is flat in, reads every one)
     skips_unused: bool = False
+    # fused mode's Triton kernels, where the op works row by row (:mod:`.rows`); else why it has none
+    rows: RowKernels | None = None
+    rows_reason: str = ""
 
 
 def plan_program(

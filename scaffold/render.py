@@ -43,6 +43,7 @@ from .plan import (
 )
 from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
+from .rows import COLUMN, ROW, ROW_FLAT, VECTOR, WHOLE, RowKernels
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .temporaries import name_parts
@@ -1240,6 +1241,12 @@ class ProgramView(_Entry):
     custom_grad_names: str = ""
     double: DoubleBackwardView | None = None  # None: autograd differentiates _backward for a second derivative
     backward_fused: bool = False  # fused mode compiles backward too (not where it is one ATen kernel)
+    rows: RowsView | None = None  # fused mode's Triton kernels (templates/_rows.py.j2)
+
+    @property
+    def entry(self) -> str:
+        """What the functional and the Module call: the Triton kernels' entry point where there are kernels."""
+        return "_rows_apply" if self.rows else super().entry
 
     @property
     def backward_doc(self) -> str:
@@ -1269,6 +1276,81 @@ class ProgramView(_Entry):
         """Whether the module defines _forward itself (fused: torch.compile's); else _apply.py.j2 does,
         where the Function's forward computes in place, for torch.compile's twin."""
         return self.fuse
+
+
+@dataclass(frozen=True)
+class RowGradient:
+    """One tensor argument's gradient in the row kernels' Function."""
+
+    name: str  # grad_<argument>
+    argument: str
+    index: int  # its position among the op's arguments (ctx.needs_input_grad)
+    allocate: str  # the tensor the kernel writes it to
+    summed: bool  # the kernel writes each program's sum over its rows: the host sums those
+
+
+@dataclass(frozen=True)
+class RowsView:
+    """What templates/_rows.py.j2 lays out: the row kernels (:mod:`.rows`) and the host code around them."""
+
+    forward: tuple[str, ...]
+    backward: tuple[str, ...]
+    lead: str
+    outputs: list[dict[str, str]]  # name, shape
+    tensors: list[str]
+    contiguous: list[str]
+    numbers: list[str]
+    ctx_numbers: list[str]
+    upstream: list[str]
+    upstream_contiguous: list[str]
+    grads: list[RowGradient]
+    grad_pointers: list[str]
+    returns: list[str]
+    floats: list[str]
+    indices: list[str]
+    conditions: tuple[str, ...]
+    accumulated: list[str]
+    suffix: str
+
+
+def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsView:
+    """The row kernels' view: the kernels' text and what the host passes them, allocates and returns."""
+    lead = kernels.lead
+    shapes = {VECTOR: f"{lead}.shape", ROW: f"{lead}.shape[:-1] + (1,)", ROW_FLAT: f"{lead}.shape[:-1]"}
+    tensors = [a.name for a in kernels.tensors]
+    upstream = [f"grad_{i}" for i in range(len(kernels.outputs))]
+    grads = []
+    for argument in kernels.arguments:
+        if not argument.differentiable:
+            continue
+        name, summed = argument.name, argument.role in (COLUMN, WHOLE)
+        if summed:
+            size = "(programs, n_cols)" if argument.role == COLUMN else "(programs,)"
+            allocate = f"{lead}.new_empty({size}, dtype=_runtime.accumulation_dtype({lead}))"
+        else:
+            allocate = f"torch.empty_like({name}, memory_format=torch.contiguous_format)"
+        grads.append(RowGradient(f"grad_{name}", name, arguments.index(name), allocate, summed))
+    by_name = {g.argument: g.name for g in grads}
+    return RowsView(
+        forward=kernels.forward,
+        backward=kernels.backward,
+        lead=lead,
+        outputs=[{"name": f"out{i}", "shape": shapes[o.role]} for i, o in enumerate(kernels.outputs)],
+        tensors=tensors,
+        contiguous=[f"{n}.contiguous()" for n in tensors],
+        numbers=[a.name for a in kernels.numbers],
+        ctx_numbers=[f"ctx.{a.name}" for a in kernels.numbers],
+        upstream=upstream,
+        upstream_contiguous=[f"{g}.contiguous()" for g in upstream],
+        grads=grads,
+        grad_pointers=[f"{g.name} if {g.name} is not None else {lead}" for g in grads],
+        returns=[by_name.get(n, "None") for n in arguments],
+        floats=[a.name for a in kernels.tensors if not a.integer],
+        indices=[a.name for a in kernels.tensors if a.integer],
+        conditions=kernels.conditions,
+        accumulated=[a.name for a in kernels.accumulated],
+        suffix=suffix,
+    )
 
 
 @dataclass(frozen=True)
@@ -1321,6 +1403,7 @@ def program_module_view(
     batched = _program_batching(spec, program, plan, requirements)
     fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
     blocks = _program_blocks(plan, tensor_names)
+    suffix = ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""  # the visible outputs of _apply
     return ProgramView(
         version=__version__,
         source=spec.source,
@@ -1333,7 +1416,7 @@ def program_module_view(
         scalar_names=scalar_names,
         functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
         returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]" if visible > 1 else "torch.Tensor",
-        apply_suffix=("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else "",
+        apply_suffix="" if plan.rows else suffix,
         forward_lines=_returning(list(plan.forward), list(plan.returns)),
         returns=list(plan.returns),
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
@@ -1375,6 +1458,7 @@ def program_module_view(
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         double=double,
+        rows=rows_view(plan.rows, arguments, suffix) if plan.rows else None,
     )
 
 

@@ -1,0 +1,471 @@
+"""Stage 5d: fused mode's Triton target, for ops that work row by row along the last dimension.
+
+Norms, softmaxes, logsumexp and cross-entropy reduce each row of their input alone. Where a program is
+such an op, fused mode writes two Triton kernels from the same program and derivation as the eager code,
+as Liger-Kernel writes them by hand:
+
+* forward: one program per row; the row is loaded once (``BLOCK``, the next power of two of its
+  length, lanes past the end masked), every step of the forward computed in registers, in float32
+  (float64 for float64 inputs), the outputs stored in their own dtype;
+* backward: a fixed number of programs, each looping over a block of rows. It recomputes the forward from
+  the inputs (the row is in registers: a reduction again costs no memory traffic), then runs the steps in
+  reverse, each passing the gradient on by its rule (an elementwise step by its partial derivatives, a
+  reduction by broadcasting, a softmax by ``y * (g - sum(g * y))``), and stores the inputs' gradients. A
+  vector broadcast along the rows (a norm's weight) and a 0-d tensor accumulate their gradient in the
+  program's registers across its rows, in float32; the host sums the programs' partial sums once.
+
+So forward reads the inputs and writes the outputs, and backward reads the inputs and the outputs'
+gradients and writes the inputs' gradients: the minimal traffic. Nothing is saved beyond the inputs.
+
+The roles, from the spec's example shapes (every tensor of the op's rank R has the row shape S, or S with
+a last dimension 1):
+
+* ``vector``: one value per element of a row (shape S);
+* ``row``: one value per row, keepdim (S[:-1] + (1,)), or ``row_flat`` (S[:-1], an int64 class index);
+* ``column``: a tensor of shape (N,), the same for every row (a weight);
+* ``whole``: a 0-d tensor;
+* ``number``: a scalar argument.
+
+What is not such a program (a product, a transpose, a reduction over other dimensions, a custom gradient,
+a function :mod:`.printing_triton` cannot print) gets no kernels: fused mode compiles it with
+torch.compile, as before. :func:`row_kernels` says why, for the module's docstring.
+
+The generated module runs the kernels only where they can stand in (CUDA tensors, or CPU tensors under
+``TRITON_INTERPRET=1``; the shapes as the roles say; one floating dtype; no torch.func transform, tracer
+or autocast at work): elsewhere the op's Function runs, so the result is the same wherever it runs. A
+second derivative differentiates the op's derived Function, recomputed from the inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+from .printing_triton import NotPrintableError, print_triton, value_name
+from .program import ELEMENTWISE, SCALAR, TENSOR
+from .rules import ProgramDerivation
+from .structural import (
+    AMax,
+    AMin,
+    Gather,
+    LogSoftmax,
+    LogSumExp,
+    OneHot,
+    ReduceMean,
+    ReduceSum,
+    Softmax,
+    Squeezed,
+    Unsqueezed,
+)
+
+VECTOR = "vector"
+ROW = "row"
+ROW_FLAT = "row_flat"
+COLUMN = "column"
+WHOLE = "whole"
+NUMBER = "number"
+#: the roles of one value per row (a scalar in the kernel)
+ROWS = (ROW, ROW_FLAT)
+#: the longest row the kernels take: a row is held in registers (Liger-Kernel's limit too)
+MAX_ROW = 65536
+_INF = 'float("inf")'
+
+
+class NotRowWiseError(Exception):
+    """The program is not one the row kernels compute; the message says what stands in the way."""
+
+
+@dataclass(frozen=True)
+class RowArgument:
+    name: str
+    role: str
+    integer: bool = False  # an int64 tensor (class indices)
+    differentiable: bool = False  # a float tensor: backward computes its gradient
+
+
+@dataclass(frozen=True)
+class RowOutput:
+    value: str  # the program's value the output is
+    role: str  # VECTOR, ROW or ROW_FLAT
+
+
+@dataclass(frozen=True)
+class RowKernels:
+    """The op's two kernels as source lines, and what the host code around them needs."""
+
+    arguments: tuple[RowArgument, ...]
+    outputs: tuple[RowOutput, ...]
+    lead: str  # the vector argument whose shape the rows take
+    forward: tuple[str, ...]  # the forward kernel, ``def _forward_kernel(...)`` and its body
+    backward: tuple[str, ...]  # the backward kernel
+    # Python conditions, over the op's arguments, under which the kernels stand in for the op
+    conditions: tuple[str, ...]
+
+    @property
+    def tensors(self) -> tuple[RowArgument, ...]:
+        return tuple(a for a in self.arguments if a.role != NUMBER)
+
+    @property
+    def numbers(self) -> tuple[RowArgument, ...]:
+        return tuple(a for a in self.arguments if a.role == NUMBER)
+
+    @property
+    def accumulated(self) -> tuple[RowArgument, ...]:
+        """The differentiable tensors whose gradient sums over the rows (columns, 0-d tensors)."""
+        return tuple(a for a in self.arguments if a.differentiable and a.role in (COLUMN, WHOLE))
+
+
+def row_kernels(derivation: ProgramDerivation, dtypes: dict[str, str]) -> RowKernels | str:
+    """The row kernels of the derived program, or why it gets none. ``dtypes``: each tensor argument's
+    dtype as the spec gives it ("float", "int64", "bool")."""
+    try:
+        return _Builder(derivation, dtypes).build()
+    except NotRowWiseError as exc:
+        return str(exc)
+    except NotPrintableError as exc:
+        return f"Triton's interpreter has no faithful form of a part of it: {exc}"
+
+
+class _Builder:
+    def __init__(self, derivation: ProgramDerivation, dtypes: dict[str, str]) -> None:
+        self.derivation = derivation
+        self.program = derivation.program
+        self.dtypes = dtypes
+        self.roles: dict[str, str] = {}
+        self.integers = set(self.program.integers)
+
+    # -- roles -------------------------------------------------------------------------------------------
+
+    def build(self) -> RowKernels:
+        program = self.program
+        if program.gradients or program.backward_only:
+            raise NotRowWiseError("it has custom gradients")
+        if any(d == "bool" for d in self.dtypes.values()):
+            raise NotRowWiseError("it takes a bool tensor")
+        shapes = [v.shape for v in program.values if v.kind == TENSOR]
+        rank = max((len(s) for s in shapes), default=0)
+        leads = [v for v in program.values if v.kind == TENSOR and len(v.shape) == rank and v.name not in self.integers]
+        if rank < 2 or not leads:
+            raise NotRowWiseError("it has no float tensor of two or more dimensions whose rows it could take")
+        self.shape = leads[0].shape
+        if self.shape[-1] == 1:
+            raise NotRowWiseError("its rows have length 1")
+        for value in program.values:
+            self.roles[value.name] = self._role(value)
+        outputs = []
+        for output in program.outputs:
+            role = self.roles.get(output.value, "")
+            if role not in (VECTOR, *ROWS) or output.value in self.integers:
+                raise NotRowWiseError(f"an output is not one value per element or per row: {output.value!r}")
+            if program.value(output.value).kind == TENSOR:
+                raise NotRowWiseError(f"an output is an input as it is: {output.value!r}")
+            outputs.append(RowOutput(output.value, role))
+        arguments = []
+        for value in program.values:
+            if value.kind == TENSOR:
+                integer = value.name in self.integers
+                arguments.append(RowArgument(value.name, self.roles[value.name], integer, not integer))
+            elif value.kind == SCALAR:
+                arguments.append(RowArgument(value.name, NUMBER))
+        self.arguments = tuple(arguments)
+        self.outputs = tuple(outputs)
+        self.lead = leads[0].name
+        return RowKernels(
+            self.arguments, self.outputs, self.lead, self._forward(), self._backward(), self._conditions()
+        )
+
+    def _role(self, value) -> str:  # noqa: C901 - one case per kind of node
+        shape, rank = value.shape, len(self.shape)
+        if value.kind == SCALAR:
+            return NUMBER
+        if value.kind == TENSOR:
+            if value.name in self.integers:
+                if shape == self.shape[:-1]:
+                    return ROW_FLAT
+                if shape == (*self.shape[:-1], 1):
+                    return ROW
+                raise NotRowWiseError(f"the index {value.name!r} is not one per row")
+            if shape == self.shape:
+                return VECTOR
+            if shape == (*self.shape[:-1], 1):
+                return ROW
+            if shape == self.shape[-1:]:
+                return COLUMN
+            if shape == ():
+                return WHOLE
+            raise NotRowWiseError(f"{value.name!r} of shape {shape} is neither a row, one per row, nor a weight")
+        expr = value.expr
+        if value.kind == ELEMENTWISE:
+            reads = [self.roles[s.name] for s in expr.free_symbols if s.name in self.roles]
+            if any(r == ROW_FLAT for r in reads) and len(shape) == rank:
+                raise NotRowWiseError(f"{value.name!r} broadcasts a value per row along the last dimension")
+            role = (
+                VECTOR if {VECTOR, COLUMN} & set(reads) else
+                ROW if ROW in reads else ROW_FLAT if ROW_FLAT in reads else WHOLE if WHOLE in reads else NUMBER
+            )  # fmt: skip
+            if role == VECTOR and shape != self.shape:
+                raise NotRowWiseError(f"{value.name!r} of shape {shape} is not a row")
+            return role  # WHOLE or NUMBER: computed once per program, a kernel's scalar
+        operand = expr.args[0]
+        operand_role = self.roles.get(getattr(operand, "name", ""), "")
+        if isinstance(expr, (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)):
+            if operand_role != VECTOR or expr.dims not in ((-1,), (rank - 1,)):
+                raise NotRowWiseError(f"{value.name!r} reduces over other dimensions than the last")
+            return ROW if expr.keepdim else ROW_FLAT
+        if isinstance(expr, Softmax):  # LogSoftmax too
+            if operand_role != VECTOR or expr.dim not in (-1, rank - 1):
+                raise NotRowWiseError(f"{value.name!r} normalizes along another dimension than the last")
+            return VECTOR
+        if isinstance(expr, OneHot):
+            if operand_role != ROW_FLAT or not expr.classes.is_Integer or int(expr.classes) != self.shape[-1]:
+                raise NotRowWiseError(f"{value.name!r} is not a row of classes of the rows' length")
+            return VECTOR
+        if isinstance(expr, Gather):
+            index_role = self.roles.get(expr.args[1].name, "")
+            if operand_role != VECTOR or index_role != ROW or expr.dim not in (-1, rank - 1):
+                raise NotRowWiseError(f"{value.name!r} gathers other than one element per row")
+            return ROW
+        if isinstance(expr, Squeezed) and operand_role == ROW and expr.dim in (-1, rank - 1):
+            return ROW_FLAT
+        if isinstance(expr, Unsqueezed) and operand_role == ROW_FLAT and expr.dim in (-1, rank - 1):
+            return ROW
+        raise NotRowWiseError(f"{value.name!r} is a {type(expr).__name__}, which the row kernels do not compute")
+
+    # -- host conditions ---------------------------------------------------------------------------------
+
+    def _conditions(self) -> tuple[str, ...]:
+        lead = self.lead
+        shapes = {
+            VECTOR: f"{lead}.shape",
+            ROW: f"{lead}.shape[:-1] + (1,)",
+            ROW_FLAT: f"{lead}.shape[:-1]",
+            COLUMN: f"{lead}.shape[-1:]",
+            WHOLE: "()",
+        }
+        conditions = []
+        for a in self.arguments:
+            if a.role == NUMBER or a.name == lead:
+                continue
+            conditions.append(f"{a.name}.shape == {shapes[a.role]}")
+        return tuple(conditions)
+
+    # -- kernels -----------------------------------------------------------------------------------------
+
+    @property
+    def accumulated(self) -> tuple[RowArgument, ...]:
+        return tuple(a for a in self.arguments if a.differentiable and a.role in (COLUMN, WHOLE))
+
+    def _parameters(self, backward: bool) -> list[str]:
+        tensors = [f"p_{a.name}" for a in self.arguments if a.role != NUMBER]
+        numbers = [value_name(a.name) for a in self.arguments if a.role == NUMBER]
+        if backward:
+            upstream = [f"p_g{i}" for i in range(len(self.outputs))]
+            grads = [f"p_d_{a.name}" for a in self.arguments if a.differentiable]
+            needs = [f"need_{a.name}: tl.constexpr" for a in self.arguments if a.differentiable]
+            return [*tensors, *upstream, *grads, *numbers, "n_rows", "n_cols", "rows_per_program", *needs]
+        outputs = [f"p_out{i}" for i in range(len(self.outputs))]
+        return [*tensors, *outputs, *numbers, "n_cols"]
+
+    def _loads(self, roles: tuple[str, ...]) -> list[str]:
+        """Load the tensor arguments of ``roles``, as the computation's dtype (int64 indices as they are)."""
+        lines = []
+        for a in self.arguments:
+            if a.role not in roles or a.role == NUMBER:
+                continue
+            name, pointer = value_name(a.name), f"p_{a.name}"
+            cast = "" if a.integer else ".to(ACC)"
+            if a.role == VECTOR:
+                lines.append(f"{name} = tl.load({pointer} + offsets, mask=inside, other=0.0){cast}")
+            elif a.role == COLUMN:
+                lines.append(f"{name} = tl.load({pointer} + cols, mask=inside, other=0.0){cast}")
+            elif a.role in ROWS:
+                lines.append(f"{name} = tl.load({pointer} + row){cast}")
+            else:
+                lines.append(f"{name} = tl.load({pointer}){cast}")
+        return lines
+
+    def _steps(self) -> list[str]:
+        """The forward's steps, each value by its kernel name."""
+        lines = []
+        for value in self.program.values:
+            if value.kind in (TENSOR, SCALAR):
+                continue
+            lines.extend(self._step(value))
+        return lines
+
+    def _step(self, value) -> list[str]:
+        name, expr = value_name(value.name), value.expr
+        if value.kind == ELEMENTWISE:
+            forward = self.derivation.node(value.name).forward
+            text = print_triton(forward)
+            if self.roles[value.name] == VECTOR and not any(
+                self.roles.get(s.name) in (VECTOR, COLUMN) for s in forward.free_symbols
+            ):
+                text = f"tl.zeros([BLOCK], dtype=ACC) + {text}"  # a row's constant, spread along it
+            return [f"{name} = {text}"]
+        a = value_name(expr.args[0].name) if isinstance(expr.args[0], sympy.Symbol) else None
+        if isinstance(expr, (ReduceSum, ReduceMean)):
+            total = f"tl.sum(tl.where(inside, {a}, 0.0), axis=0)"
+            return [f"{name} = {total}" + (" / n_cols" if isinstance(expr, ReduceMean) else "")]
+        if isinstance(expr, AMax):
+            return [f"{name} = tl.max(tl.where(inside, {a}, -{_INF}), axis=0)"]
+        if isinstance(expr, AMin):
+            return [f"{name} = tl.min(tl.where(inside, {a}, {_INF}), axis=0)"]
+        if isinstance(expr, LogSumExp):
+            # torch.logsumexp's shift: the row's maximum, or 0 where that is infinite
+            largest = f"{name}_max"
+            return [
+                f"{largest} = tl.max(tl.where(inside, {a}, -{_INF}), axis=0)",
+                f"{largest} = tl.where(tl.abs({largest}) == {_INF}, 0.0, {largest})",
+                f"{name} = {largest} + tl.log(tl.sum(tl.where(inside, tl.exp({a} - {largest}), 0.0), axis=0))",
+            ]
+        if isinstance(expr, Softmax):
+            largest, exps = f"{name}_max", f"{name}_exp"
+            lines = [
+                f"{largest} = tl.max(tl.where(inside, {a}, -{_INF}), axis=0)",
+                f"{exps} = tl.where(inside, tl.exp({a} - {largest}), 0.0)",
+            ]
+            if isinstance(expr, LogSoftmax):
+                return [*lines, f"{name} = {a} - {largest} - tl.log(tl.sum({exps}, axis=0))"]
+            return [*lines, f"{name} = {exps} / tl.sum({exps}, axis=0)"]
+        if isinstance(expr, OneHot):
+            return [f"{name} = tl.where(cols == {a}, 1.0, 0.0).to(ACC)"]
+        if isinstance(expr, Gather):
+            index = value_name(expr.args[1].name)
+            return [f"{name} = tl.sum(tl.where(inside & (cols == {index}), {a}, 0.0), axis=0)"]
+        return [f"{name} = {a}"]  # a squeeze or unsqueeze of one value per row
+
+    def _forward(self) -> tuple[str, ...]:
+        body = [
+            "row = tl.program_id(0).to(tl.int64)",
+            "cols = tl.arange(0, BLOCK)",
+            "inside = cols < n_cols",
+            "offsets = row * n_cols + cols",
+            *self._loads((VECTOR, COLUMN, ROW, ROW_FLAT, WHOLE)),
+            *self._steps(),
+        ]
+        for i, output in enumerate(self.outputs):
+            pointer, name = f"p_out{i}", value_name(output.value)
+            if output.role == VECTOR:
+                body.append(f"tl.store({pointer} + offsets, {name}.to({pointer}.dtype.element_ty), mask=inside)")
+            else:
+                body.append(f"tl.store({pointer} + row, {name}.to({pointer}.dtype.element_ty))")
+        parameters = [*self._parameters(backward=False), "ACC: tl.constexpr", "BLOCK: tl.constexpr"]
+        return (f"def _forward_kernel({', '.join(parameters)}):", *(f"    {line}" for line in body))
+
+    def _backward(self) -> tuple[str, ...]:
+        accumulators = []
+        for a in self.accumulated:
+            size = "[BLOCK]" if a.role == COLUMN else "[1]"
+            accumulators.append(f"d_{a.name}_sum = tl.zeros({size}, dtype=ACC)")
+        loop = [
+            "offsets = row * n_cols + cols",
+            *self._loads((VECTOR, ROW, ROW_FLAT)),
+            *self._steps(),
+            *self._reverse(),
+        ]
+        ends = []
+        for a in self.accumulated:
+            pointer, total = f"p_d_{a.name}", f"d_{a.name}_sum"
+            ends.append(f"if need_{a.name}:")
+            if a.role == COLUMN:
+                ends.append(f"    tl.store({pointer} + program * n_cols + cols, {total}, mask=inside)")
+            else:
+                ends.append(f"    tl.store({pointer} + program + tl.arange(0, 1), {total})")
+        body = [
+            "program = tl.program_id(0)",
+            "cols = tl.arange(0, BLOCK)",
+            "inside = cols < n_cols",
+            *self._loads((COLUMN, WHOLE)),
+            *accumulators,
+            "first = program.to(tl.int64) * rows_per_program",
+            "for row in range(first, tl.minimum(first + rows_per_program, n_rows)):",
+            *(f"    {line}" for line in loop),
+            *ends,
+        ]
+        parameters = [*self._parameters(backward=True), "ACC: tl.constexpr", "BLOCK: tl.constexpr"]
+        return (f"def _backward_kernel({', '.join(parameters)}):", *(f"    {line}" for line in body))
+
+    def _reverse(self) -> list[str]:  # noqa: C901 - one case per kind of node
+        """Backward's steps in a row: each value's gradient, the sum of what its readers pass it."""
+        terms: dict[str, list[tuple[str, str]]] = {}  # value -> [(term, its role)]
+
+        def add(target: str, term: str, role: str) -> None:
+            target_role = self.roles[target]
+            if target in self.integers or target_role == NUMBER:
+                return
+            if role == VECTOR and target_role in (*ROWS, WHOLE):
+                term, role = f"tl.sum(tl.where(inside, {term}, 0.0), axis=0)", ROW
+            terms.setdefault(target, []).append((term, role))
+
+        lines = []
+        for i, output in enumerate(self.outputs):
+            upstream = f"g{i}"
+            if output.role == VECTOR:
+                lines.append(f"{upstream} = tl.load(p_g{i} + offsets, mask=inside, other=0.0).to(ACC)")
+            else:
+                lines.append(f"{upstream} = tl.load(p_g{i} + row).to(ACC)")
+            add(output.value, upstream, output.role)
+        for value in reversed(self.program.values):
+            if value.name not in terms:
+                continue
+            grad = f"d_{value.name}"
+            lines.append(f"{grad} = {self._sum(terms.pop(value.name), self.roles[value.name])}")
+            if value.kind == TENSOR:
+                lines.extend(self._gradient_out(value.name, grad))
+                continue
+            role = self.roles[value.name]
+            expr, v = value.expr, value_name(value.name)
+            if value.kind == ELEMENTWISE:
+                for read, partial in self.derivation.node(value.name).partials:
+                    if partial == 0 or read not in self.roles:
+                        continue
+                    add(read, grad if partial == 1 else f"{grad} * ({print_triton(partial)})", role)
+                continue
+            a = expr.args[0].name
+            x = value_name(a)
+            if isinstance(expr, ReduceSum):
+                add(a, grad, ROW)
+            elif isinstance(expr, ReduceMean):
+                add(a, f"{grad} / n_cols", ROW)
+            elif isinstance(expr, (AMax, AMin)):
+                hits = f"{grad}_hits"
+                lines.append(f"{hits} = tl.sum(tl.where(inside & ({x} == {v}), 1.0, 0.0), axis=0)")
+                add(a, f"tl.where({x} == {v}, {grad} / {hits}, 0.0)", VECTOR)
+            elif isinstance(expr, LogSumExp):
+                add(a, f"{grad} * tl.exp({x} - {v})", VECTOR)
+            elif isinstance(expr, LogSoftmax):
+                add(a, f"{grad} - tl.exp({v}) * tl.sum(tl.where(inside, {grad}, 0.0), axis=0)", VECTOR)
+            elif isinstance(expr, Softmax):
+                add(a, f"{v} * ({grad} - tl.sum(tl.where(inside, {grad} * {v}, 0.0), axis=0))", VECTOR)
+            elif isinstance(expr, Gather):
+                add(a, f"tl.where(cols == {value_name(expr.args[1].name)}, {grad}, 0.0)", VECTOR)
+            elif isinstance(expr, (Squeezed, Unsqueezed)):
+                add(a, grad, role)
+        for a in self.arguments:  # a tensor the outputs do not depend on (sign(x)'s x): zeros, as the Function's
+            if a.differentiable and not any(line.startswith(f"d_{a.name} = ") for line in lines):
+                zero = "tl.zeros([BLOCK], dtype=ACC)" if a.role in (VECTOR, COLUMN) else "tl.zeros([], dtype=ACC)"
+                lines.extend([f"d_{a.name} = {zero}", *self._gradient_out(a.name, f"d_{a.name}")])
+        return lines
+
+    def _sum(self, terms: list[tuple[str, str]], role: str) -> str:
+        text = " + ".join(f"({t})" if " " in t and len(terms) > 1 else t for t, _ in terms)
+        if role == VECTOR and all(r != VECTOR for _, r in terms):
+            return f"tl.zeros([BLOCK], dtype=ACC) + {text}"  # a gradient the same along the row
+        return text
+
+    def _gradient_out(self, name: str, grad: str) -> list[str]:
+        """Store (or accumulate) the gradient of the tensor argument ``name``."""
+        a = next(a for a in self.arguments if a.name == name)
+        if not a.differentiable:
+            return []
+        pointer, need = f"p_d_{name}", f"need_{name}"
+        if a.role == VECTOR:
+            store = f"tl.store({pointer} + offsets, {grad}.to({pointer}.dtype.element_ty), mask=inside)"
+            return [f"if {need}:", f"    {store}"]
+        if a.role in ROWS:
+            return [f"if {need}:", f"    tl.store({pointer} + row, {grad}.to({pointer}.dtype.element_ty))"]
+        if a.role == COLUMN:
+            return [f"d_{name}_sum += tl.where(inside, {grad}, 0.0)"]
+        return [f"d_{name}_sum += {grad}"]
