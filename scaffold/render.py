@@ -659,6 +659,7 @@ class TestView:
     custom_op: str = ""  # target = "custom_op": the name the custom op is bound to in the op's module
     sizes: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # the Module's, with defaults
     learnable: bool = False  # some tensor is a parameter of the Module
+    rows: bool = False  # fused mode's Triton kernels: OpTests(rows=<Camel>Rows) and their check
 
 
 def test_view(
@@ -670,6 +671,7 @@ def test_view(
     module_import: str,
     testing_module: str,
     own_device_fixture: bool,
+    rows: bool = False,
 ) -> TestView:
     """The test file's view of any op. A structured op's tests take distinct small sizes (a transposed or
     wrongly reduced dimension shows) where an elementwise op's keep its broadcasting pattern
@@ -712,6 +714,7 @@ def test_view(
         custom_op=custom_op,
         sizes=list(spec.module_sizes),
         learnable=any(t.learnable for t in spec.tensors),
+        rows=rows,
     )
 
 
@@ -1094,7 +1097,7 @@ def render_op(
     custom_op = (f"{spec.name}_op" if plan.hidden else spec.name) if spec.target == "custom_op" else ""
     view = dataclasses.replace(view, in_package=in_package)
     module = _in_place(template, view, forward_kinds) if in_place else _module_text(template, view)
-    tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op)
+    tests = functools.partial(test_view, spec, derivation.program, domains, custom_op=custom_op, rows=bool(plan.rows))
     return _finished(spec, module, tests, module_import, shared_device_fixture, testing_module, project_root, paths)
 
 

@@ -595,6 +595,82 @@ class _ReferenceChecks:
             torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-3, atol=1e-4)
 
 
+class _RowKernelChecks:
+    """Fused mode's Triton kernels (``rows``: the Function that runs them), where they run: on CUDA, or on the
+    CPU in Triton's interpreter."""
+
+    @_quietly
+    def check_row_kernels(self, device: str) -> None:
+        """The op through its Triton kernels, on CUDA or, on the CPU, in Triton's interpreter
+        (TRITON_INTERPRET=1, set before Triton is imported): in float64, the checks of values and gradients
+        against the reference at the example's shapes and at the second shapes, gradcheck, and gradgradcheck (a
+        second derivative differentiates the derived Function); in float32 and bfloat16, which the kernels
+        compute in float32, values and gradients against the float64 reference of the same inputs, within the
+        rounding of the dtype. Each check must have launched both kernels: a fallback to the Function would pass them
+        without testing the kernels."""
+        pytest.importorskip("triton")
+        assert self.rows is not None, "the op has no row kernels: remove this test"
+        forward, backward = self.rows.kernels
+        checks = (
+            self.check_matches_reference,
+            self.check_second_shape,
+            self._rows_gradchecks,
+            self._assert_rows_in(torch.float32, {"rtol": 1e-4, "atol": 1e-5}),
+            self._assert_rows_in(torch.bfloat16, {"rtol": 1.6e-2, "atol": 1e-3}),
+        )
+        if device == "cpu" and not triton_interprets():
+            pytest.skip(
+                "Triton's interpreter is off: TRITON_INTERPRET=1 must be set before Triton is imported (the generated "
+                "test file sets it where there is no GPU, unless something imported Triton first)"
+            )
+        for check in checks:
+            launched = forward.launches, backward.launches
+            check(device)
+            ran = forward.launches > launched[0], backward.launches > launched[1]
+            assert all(ran), f"{getattr(check, '__name__', check)} ran without the kernels: {ran}"
+
+    def _rows_gradchecks(self, device: str) -> None:
+        """gradcheck and gradgradcheck of the op (its entry point, which runs the kernels), in float64."""
+        inputs = self._without_custom_gradients(self.make_inputs(device))
+
+        def op(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return tuple(o for o in self._outputs(self.op(*tensors, *self._scalars)) if o.is_floating_point())
+
+        assert gradcheck(op, inputs)
+        assert gradgradcheck(op, inputs)
+
+    def _assert_rows_in(self, dtype: torch.dtype, close: dict[str, float]) -> Callable[[str], None]:
+        def check(device: str) -> None:
+            inputs = self.make_inputs(device)
+            low = [x.detach().to(dtype).requires_grad_() if x.is_floating_point() else x for x in inputs]
+            exact = [x.detach().double().requires_grad_() if x.is_floating_point() else x for x in low]
+            outs = self._outputs(self.op(*low, *self._scalars))
+            assert all(o.dtype == dtype for o in outs if o.is_floating_point()), [o.dtype for o in outs]
+            expected = self._outputs(self.reference(*exact, *self._scalars))
+            self._assert_values_close([o.double() for o in outs], expected, **close)
+            generator = torch.Generator().manual_seed(2)
+            upstream = [_random_like(o, generator, torch.float64) for o in expected]
+            floating = [x for x in low if x.requires_grad]
+            grads = torch.autograd.grad(outs, floating, [u.to(dtype) for u in upstream])
+            expected_grads = torch.autograd.grad(expected, [x for x in exact if x.requires_grad], upstream)
+            for name, grad, expected_grad in zip(self._names, grads, expected_grads):
+                assert grad.dtype == dtype, f"gradient of {name} is {grad.dtype}"
+                torch.testing.assert_close(grad.double(), expected_grad, **close, msg=lambda m, n=name: f"{n}: {m}")
+
+        check.__name__ = f"{dtype} values and gradients"
+        return check
+
+
+def triton_interprets() -> bool:
+    """Whether Triton's interpreter runs kernels on CPU tensors: TRITON_INTERPRET=1 was set before Triton was
+    imported, as the generated test file of an op with Triton kernels sets it where there is no GPU."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    import triton.language as tl
+
+    return type(tl.sum).__name__ == "InterpretedFunction"
+
+
 class _Comparisons:
     """The op against the reference at given inputs: values and gradients close, gradients against
     finite differences, and values finite and equal wherever the reference's are (or its limit, where it is
@@ -1234,7 +1310,9 @@ class _ModuleChecks:
 
 
 @dataclass(frozen=True)
-class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks, _Comparisons, _Inputs, _Calls):
+class OpTests(
+    _ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks, _RowKernelChecks, _Comparisons, _Inputs, _Calls
+):
     """The checks of one op: ``function`` (its autograd.Function), ``op`` (the functional entry point),
     ``module`` (the nn.Module) against ``reference``, the forward as written in plain torch, differentiated
     by autograd. The op takes the ``inputs``' tensors, then the ``scalars``' values, in order, and returns
@@ -1261,6 +1339,9 @@ class OpTests(_ReferenceChecks, _ExtremeChecks, _TransformChecks, _ModuleChecks,
     #: The torch.library custom op (``target = "custom_op"``): ``op`` itself, or the op that ``op`` calls
     #: where it also returns the intermediates backward reads; None for a plain Function.
     custom_op: Callable[..., object] | None = None
+    #: Fused mode's Triton kernels: the op's <Camel>Rows Function (its ``kernels`` count their launches); None
+    #: where it has none.
+    rows: type[torch.autograd.Function] | None = None
     #: The sizes the Module's constructor takes, in order, with their defaults (the example's).
     sizes: Mapping[str, int] = field(default_factory=dict)
     #: Whether each output element reads only the inputs' elements at its own position, broadcast together.

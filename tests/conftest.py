@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+
+# Fused ops' Triton kernels run on the CPU in Triton's interpreter, which must be on before anything imports
+# Triton (torch.compile does): as a generated test file turns it on, where there is no GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from scaffold import generate_op, spec_from_mapping, write_files
 from scaffold.render import render_runtime
