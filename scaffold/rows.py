@@ -134,11 +134,14 @@ class _Builder:
         self.dtypes = dtypes
         self.roles: dict[str, str] = {}
         self.integers = set(self.program.integers)
+        self.positive_dims = False  # a dim written from the front (dim=1): the last only at the example's rank
 
     # -- roles -------------------------------------------------------------------------------------------
 
     def build(self) -> RowKernels:
         program = self.program
+        if not program.structured:
+            raise NotRowWiseError("it is elementwise: torch.compile fuses it into one pass at the copy bandwidth")
         if program.gradients or program.backward_only:
             raise NotRowWiseError("it has custom gradients")
         if any(d == "bool" for d in self.dtypes.values()):
@@ -175,6 +178,12 @@ class _Builder:
             self.arguments, self.outputs, self.lead, self._forward(), self._backward(), self._conditions()
         )
 
+    def _last(self, dims: tuple[int, ...]) -> bool:
+        """Whether ``dims`` is the last dimension alone, noting a dim counted from the front."""
+        if dims == (len(self.shape) - 1,):
+            self.positive_dims = True
+        return dims in ((-1,), (len(self.shape) - 1,))
+
     def _role(self, value) -> str:  # noqa: C901 - one case per kind of node
         shape, rank = value.shape, len(self.shape)
         if value.kind == SCALAR:
@@ -210,11 +219,11 @@ class _Builder:
         operand = expr.args[0]
         operand_role = self.roles.get(getattr(operand, "name", ""), "")
         if isinstance(expr, (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)):
-            if operand_role != VECTOR or expr.dims not in ((-1,), (rank - 1,)):
+            if operand_role != VECTOR or not self._last(expr.dims):
                 raise NotRowWiseError(f"{value.name!r} reduces over other dimensions than the last")
             return ROW if expr.keepdim else ROW_FLAT
         if isinstance(expr, Softmax):  # LogSoftmax too
-            if operand_role != VECTOR or expr.dim not in (-1, rank - 1):
+            if operand_role != VECTOR or not self._last((expr.dim,)):
                 raise NotRowWiseError(f"{value.name!r} normalizes along another dimension than the last")
             return VECTOR
         if isinstance(expr, OneHot):
@@ -223,12 +232,14 @@ class _Builder:
             return VECTOR
         if isinstance(expr, Gather):
             index_role = self.roles.get(expr.args[1].name, "")
-            if operand_role != VECTOR or index_role != ROW or expr.dim not in (-1, rank - 1):
+            if operand_role != VECTOR or index_role != ROW or not self._last((expr.dim,)):
                 raise NotRowWiseError(f"{value.name!r} gathers other than one element per row")
             return ROW
-        if isinstance(expr, Squeezed) and operand_role == ROW and expr.dim in (-1, rank - 1):
+        if isinstance(expr, Squeezed) and operand_role == ROW and self._last((expr.dim,)):
             return ROW_FLAT
         if isinstance(expr, Unsqueezed) and operand_role == ROW_FLAT and expr.dim in (-1, rank - 1):
+            if expr.dim == rank - 1:
+                self.positive_dims = True
             return ROW
         raise NotRowWiseError(f"{value.name!r} is a {type(expr).__name__}, which the row kernels do not compute")
 
@@ -243,7 +254,8 @@ class _Builder:
             COLUMN: f"{lead}.shape[-1:]",
             WHOLE: "()",
         }
-        conditions = []
+        # a dim counted from the front is the last one at the example's rank alone
+        conditions = [f"{lead}.dim() == {len(self.shape)}"] if self.positive_dims else []
         for a in self.arguments:
             if a.role == NUMBER or a.name == lead:
                 continue

@@ -528,6 +528,7 @@ def test_fused_mode_runs_forward_and_backward_through_torch_compile(tmp_path: Pa
     wiring is checked without compiling; the generated tests compile it for real)."""
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda function, **options: compiled.append(function) or function)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors without Triton's interpreter: not the row kernels
     mapping = {**_BY_NAME["layer_norm"].mapping(), "fuse": True}
     files = generate_op(spec_from_mapping(mapping, source="layer_norm.toml"), time_limit=None)
     assert '_fused_forward = _runtime.Fused(_forward, "layer_norm")' in files["layer_norm.py"]
@@ -551,6 +552,7 @@ def test_fused_mode_keeps_a_softmaxs_statistics_not_the_softmax(name: str, tmp_p
     which forward keeps (no tensor of the input's size is written for it); a second derivative differentiates
     the log_softmax itself. torch.compile is the identity here; the generated tests compile it for real."""
     monkeypatch.setattr(torch, "compile", lambda function, **options: function)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors without Triton's interpreter: not the row kernels
     mapping = {**_BY_NAME[name].mapping(), "fuse": True}
     source = generate_op(spec_from_mapping(mapping, source=f"{name}.toml"), time_limit=None)[f"{name}.py"]
     assert "ctx.mark_non_differentiable(tmp" in source

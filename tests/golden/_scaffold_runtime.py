@@ -5,25 +5,39 @@ An op's module makes its entry point with :func:`dispatcher`, which picks the ri
 torch.autograd.Function on each call (for torch.func transforms, torch.compile or a direct call) and
 computes in float32 under torch.autocast. :func:`out_of_place`, :func:`differentiating_backward` and
 :func:`transforms_active` tell backward code where it runs; :class:`Fused` runs an op's math through
-torch.compile (``fuse = true``). Nothing here is particular to one op, and nothing imports scaffold.
+torch.compile (``fuse = true``); :class:`RowKernel` and :func:`rows_ready` run an op's Triton kernels, where
+fused mode writes them (ops row by row along the last dimension). Nothing here is particular to one op, and
+nothing imports scaffold.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import os
 import types
 import warnings
 
 import torch
 
+try:
+    import triton
+except ImportError:  # the ops' Triton kernels need it; without it, their Functions run (rows_ready)
+    triton = None
+
 __all__ = [
     "Fused",
     "GradientsFunction",
+    "RowKernel",
+    "accumulation_dtype",
     "cache_signature",
     "differentiating_backward",
     "dispatcher",
     "gradients",
     "out_of_place",
+    "recomputed_gradients",
+    "row_launch",
+    "rows_ready",
     "transforms_active",
 ]
 
@@ -277,3 +291,106 @@ def _own_code(function):
         function.__defaults__,
         function.__closure__,
     )
+
+
+#: The longest row an op's Triton kernels take: a row is held in registers.
+MAX_ROW = 65536
+_ROW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _interpreting() -> bool:
+    """Whether Triton's interpreter runs kernels, on CPU tensors: TRITON_INTERPRET=1, set before Triton was
+    imported (triton.language's own functions are made for the interpreter or for the GPU on import)."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    import triton.language as tl
+
+    return type(tl.sum).__name__ == "InterpretedFunction"
+
+
+class RowKernel:
+    """One of an op's Triton kernels (``fuse = true`` on an op that works row by row), compiled by triton.jit
+    on its first launch: for Triton's interpreter where TRITON_INTERPRET=1 (CPU tensors), else for the GPU.
+    ``launches`` counts its launches: the generated tests check that the kernels, not the fallback, ran."""
+
+    def __init__(self, function):
+        self.function = function
+        self.compiled = {}  # interpreting -> the jitted kernel
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        interpreting = _interpreting()
+        kernel = self.compiled.get(interpreting)
+        if kernel is None:
+            kernel = self.compiled[interpreting] = triton.jit(self.function)
+        self.launches += 1
+        return kernel[grid]
+
+
+def rows_ready(lead, floats, indices=()):
+    """Whether an op's Triton kernels can stand in for its Function on these tensors: Triton is installed;
+    the tensors are CUDA tensors (or CPU tensors under TRITON_INTERPRET=1) on one device, not empty, the
+    float ones (``lead`` first, whose last dimension the rows run along) of one dtype, the ``indices`` int64;
+    and no torch.func transform, forward-mode AD, tracer or autocast is at work, which differentiate, batch
+    or cast the Function's torch code but cannot see into a kernel."""
+    if triton is None or type(lead) not in _PLAIN or lead.dim() == 0 or lead.numel() == 0:
+        return False
+    device = lead.device
+    if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
+        return False
+    if lead.dtype not in _ROW_DTYPES or lead.shape[-1] > MAX_ROW:
+        return False
+    if any(type(t) not in _PLAIN or t.device != device or t.dtype != lead.dtype for t in floats):
+        return False
+    if any(type(t) not in _PLAIN or t.device != device or t.dtype != torch.int64 for t in indices):
+        return False
+    if torch.compiler.is_compiling() or transforms_active() or _forward_ad_active():
+        return False
+    return not (_any_autocast_enabled() and torch.is_autocast_enabled(device.type))
+
+
+def _forward_ad_active() -> bool:
+    """Whether a torch.autograd.forward_ad level is open (dual tensors may flow); taken to be, where this
+    torch keeps the level elsewhere."""
+    return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
+
+
+def row_launch(lead, rows_per_program=False):
+    """The launch settings of an op's row kernels over ``lead``: ``(n_rows, n_cols, settings)``, the settings
+    being the constexprs ``ACC`` (float64 for float64 tensors, else float32) and ``BLOCK`` (the row's length,
+    to a power of two) and ``num_warps`` (by ``BLOCK``, as Liger-Kernel sets it). With ``rows_per_program``,
+    backward's: ``(programs, rows each, n_rows, n_cols, settings)``, a few programs per multiprocessor on a
+    GPU, each looping over its rows (its weight gradients then sum once per program)."""
+    import triton.language as tl
+
+    n_cols = lead.shape[-1]
+    n_rows = lead.numel() // n_cols
+    block = triton.next_power_of_2(n_cols)
+    warps = 32 if block >= 32768 else 16 if block >= 8192 else 8 if block >= 2048 else 4
+    settings = {"ACC": tl.float64 if lead.dtype == torch.float64 else tl.float32, "BLOCK": block, "num_warps": warps}
+    if not rows_per_program:
+        return n_rows, n_cols, settings
+    if lead.device.type == "cuda":
+        slots = 2 * torch.cuda.get_device_properties(lead.device).multi_processor_count
+    else:
+        slots = 4
+    programs = min(n_rows, slots)
+    return programs, math.ceil(n_rows / programs), n_rows, n_cols, settings
+
+
+def accumulation_dtype(lead):
+    """The dtype an op's row kernels sum a weight's gradient in: float64 for float64 tensors, else float32."""
+    return torch.float64 if lead.dtype == torch.float64 else torch.float32
+
+
+def recomputed_gradients(derived, inputs, upstream, needs):
+    """The gradients of ``derived(*inputs)`` (the op's Function, its visible outputs) for the outputs'
+    gradients ``upstream``, differentiable: a second derivative to come differentiates the Function's
+    derived backward, its forward recomputed from the inputs (the kernels' results are not differentiable).
+    ``needs``: ctx.needs_input_grad; None for the inputs not needed."""
+    with torch.enable_grad():
+        outputs = derived(*inputs)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    wanted = [x for x, need in zip(inputs, needs) if need]
+    grads = iter(torch.autograd.grad(outputs, wanted, upstream, create_graph=True, allow_unused=True))
+    return tuple(next(grads) if need else None for need in needs)
