@@ -47,6 +47,27 @@ def _in_rows(op, width: int):
     return spec_from_mapping({**mapping, "tensors": tensors}, source=f"tests/structured_catalogue.py: {op.name}")
 
 
+def _fused_paths(ops, device: str) -> str:
+    """Which code "scaffold fused" times for each op: its Triton row kernels (on CUDA), or its math through
+    torch.compile (on the CPU, where the kernels run only in Triton's interpreter, for correctness; and for an
+    op that does not work row by row, with the reason)."""
+    import dataclasses
+
+    from scaffold import compile_op
+
+    lines = ["scaffold fused runs:"]
+    for op in ops:
+        plan = compile_op(dataclasses.replace(_in_rows(op, 1024), fuse=True)).plan
+        if plan.rows is None:
+            lines.append(f"- {op.name}: torch.compile ({plan.rows_reason})")
+        elif str(device).startswith("cuda"):
+            lines.append(f"- {op.name}: its Triton row kernels")
+        else:
+            lines.append(f"- {op.name}: torch.compile (its Triton row kernels run on CUDA; on the CPU only in Triton's "
+                         "interpreter, a correctness check, not a speed)")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # scaffold without installing it; the catalogue
@@ -63,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = bench.resolve_device(args.device)
     bandwidth = bench.copy_bandwidth(device)
     print(f"{bench.machine_description(device)}; copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + written)\n")
+    print(_fused_paths([catalogue[n] for n in names], device), flush=True)
     print("| op | width | dtype | candidate | fwd+bwd µs | vs native | vs torch.compile | share of copy bandwidth |")
     print("|---|---:|---|---|---:|---:|---:|---:|", flush=True)
     for dtype in (d.strip() for d in args.dtypes.split(",")):

@@ -1314,6 +1314,7 @@ class RowsView:
     conditions: tuple[str, ...]
     accumulated: list[str]
     suffix: str
+    comment: list[str]  # the lines of the comment above the kernels
 
 
 def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsView:
@@ -1334,6 +1335,17 @@ def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsVie
             allocate = f"torch.empty_like({name}, memory_format=torch.contiguous_format)"
         grads.append(RowGradient(f"grad_{name}", name, arguments.index(name), allocate, summed))
     by_name = {g.argument: g.name for g in grads}
+    summed = [a.name for a in kernels.accumulated]
+    comment = (
+        "fuse = true: Triton kernels written from the same derivation as the Function's code. Forward runs one "
+        "program per row of the last dimension, the row in registers. Backward runs a few programs per "
+        "multiprocessor, each looping over its rows: it recomputes the forward from the inputs (in registers, "
+        "no memory traffic) and passes the gradient back step by step"
+        + (f", summing the gradient of {' and '.join(summed)} over its rows" if summed else "")
+        + ". Values are computed in float32 (float64 for float64 tensors) and stored in the tensors' dtype. "
+        "v_<name> is the forward's value <name>, d_<name> its gradient, p_<name> a tensor's pointer. "
+        "_runtime.RowKernel compiles each kernel on its first launch."
+    )
     return RowsView(
         forward=kernels.forward,
         backward=kernels.backward,
@@ -1351,8 +1363,9 @@ def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsVie
         floats=[a.name for a in kernels.tensors if not a.integer],
         indices=[a.name for a in kernels.tensors if a.integer],
         conditions=kernels.conditions,
-        accumulated=[a.name for a in kernels.accumulated],
+        accumulated=summed,
         suffix=suffix,
+        comment=textwrap.wrap(comment, DOC_WIDTH - 2),
     )
 
 
