@@ -90,10 +90,16 @@ def _print(expr: sympy.Basic) -> str:  # noqa: C901, PLR0911, PLR0912 - one case
     if isinstance(expr, (sympy.Integer, sympy.Rational, sympy.Float)) or expr in (sympy.pi, sympy.E):
         return _number(expr)
     if isinstance(expr, sympy.Add):
-        terms = [_print(a) for a in sympy.Add.make_args(expr)]
-        return " + ".join(terms[:1] + [_wrapped(t) for t in terms[1:]]) if len(terms) > 1 else terms[0]
+        # a term with a minus sign as a subtraction; a term (a product, a call) binds tighter than + and -
+        terms = sorted(sympy.Add.make_args(expr), key=lambda t: t.could_extract_minus_sign())
+        text = _print(terms[0])
+        for term in terms[1:]:
+            text += f" - {_print(-term)}" if term.could_extract_minus_sign() else f" + {_print(term)}"
+        return text
     if isinstance(expr, sympy.Mul):
         coefficient, factors = expr.as_coeff_mul()
+        if coefficient == -1:
+            return f"-{_wrapped(_print(sympy.Mul(*factors)))}"
         numerator = [_wrapped(_print(f)) for f in factors if not _is_reciprocal(f)]
         denominator = [_wrapped(_print(1 / f)) for f in factors if _is_reciprocal(f)]
         if coefficient != 1 or not numerator:

@@ -38,6 +38,7 @@ second derivative differentiates the op's derived Function, recomputed from the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import sympy
@@ -70,6 +71,18 @@ ROWS = (ROW, ROW_FLAT)
 #: the longest row the kernels take: a row is held in registers (Liger-Kernel's limit too)
 MAX_ROW = 65536
 _INF = 'float("inf")'
+
+
+def _live(lines: list[str], after: list[str]) -> list[str]:
+    """The assignments of ``lines`` whose targets the lines ``after`` them read, directly or not."""
+    used = set(re.findall(r"\w+", "\n".join(after)))
+    kept = []
+    for line in reversed(lines):
+        target, _, value = line.partition(" = ")
+        if target in used:
+            kept.append(line)
+            used |= set(re.findall(r"\w+", value))
+    return kept[::-1]
 
 
 class NotRowWiseError(Exception):
@@ -371,12 +384,10 @@ class _Builder:
         for a in self.accumulated:
             size = "[BLOCK]" if a.role == COLUMN else "[1]"
             accumulators.append(f"d_{a.name}_sum = tl.zeros({size}, dtype=ACC)")
-        loop = [
-            "offsets = row * n_cols + cols",
-            *self._loads((VECTOR, ROW, ROW_FLAT)),
-            *self._steps(),
-            *self._reverse(),
-        ]
+        reverse = self._reverse()
+        # the loads and steps of the forward that backward reads: the rest is not recomputed (nor loaded)
+        recomputed = _live([*self._loads((VECTOR, ROW, ROW_FLAT)), *self._steps()], reverse)
+        loop = ["offsets = row * n_cols + cols", *recomputed, *reverse]
         ends = []
         for a in self.accumulated:
             pointer, total = f"p_d_{a.name}", f"d_{a.name}_sum"
@@ -389,7 +400,7 @@ class _Builder:
             "program = tl.program_id(0)",
             "cols = tl.arange(0, BLOCK)",
             "inside = cols < n_cols",
-            *self._loads((COLUMN, WHOLE)),
+            *_live(self._loads((COLUMN, WHOLE)), loop),
             *accumulators,
             "first = program.to(tl.int64) * rows_per_program",
             "for row in range(first, tl.minimum(first + rows_per_program, n_rows)):",

@@ -369,6 +369,7 @@ def test_a_fresh_project_with_its_ops_is_clean_under_its_own_ruff_settings(proje
     ops = [
         ["softmax", "--forward", "exp(x) / sum(exp(x), dim=-1, keepdim=True)", "--tensor", "x=3,4"],
         ["gelu_fused", "--forward", "x * ndtr(x)", "--tensor", "x", "--fuse"],
+        ["rms_rows", "--forward", "x / sqrt(mean(x**2, dim=-1, keepdim=True) + 1e-6)", "--tensor", "x=3,4", "--fuse"],
         ["mish_op", "--forward", "x * tanh(softplus(x))", "--tensor", "x", "--target", "custom_op"],
         ["ste", "--forward", "Abs(x)", "--tensor", "x", "--gradient", "x=grad"],
         [
@@ -747,6 +748,19 @@ def test_a_structured_op_in_a_project_passes_its_tests(project, scaffold):
     assert (project / ".scaffold/row_softmax_linear/record.toml").is_file()
     result = project_tests(project)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_a_fused_row_op_in_a_project_runs_its_triton_kernels_in_its_tests(project, scaffold):
+    """A fused norm in a project (whose package imports every op): the project's conftest turns Triton's
+    interpreter on before that, so the op's test_row_kernels runs its kernels on the CPU, not skipped."""
+    args = ["new", "op", "rms_rows", "--forward", "x / sqrt(mean(x**2, dim=-1, keepdim=True) + 1e-6)"]
+    code, out, err = scaffold(*args, "--tensor", "x=4,8", "--fuse", cwd=project)
+    assert code == 0, err
+    assert "def _backward_kernel(" in (project / "src/demo_ops/ops/rms_rows.py").read_text()
+    result = project_tests(project)
+    assert result.returncode == 0, result.stdout[-3000:]
+    skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]  # -ra lists every skip
+    assert skips and all(line.endswith("CUDA is not available") for line in skips), result.stdout[-3000:]
 
 
 def test_a_project_keeps_one_runtime_in_its_ops_package_and_merges_edits_into_it(project, scaffold):

@@ -129,7 +129,8 @@ def test_pyproject_package_and_conftest(tmp_path):
     assert pyproject["project"]["name"] == "demo" and pyproject["project"]["version"] == "0.1.0"
     assert pyproject["project"]["requires-python"] == ">=3.10"
     assert pyproject["project"]["dependencies"] == ["torch>=2.9"]
-    assert pyproject["project"]["optional-dependencies"]["test"] == ["pytest>=7"]
+    test = pyproject["project"]["optional-dependencies"]["test"]
+    assert test == ["pytest>=7", "triton>=3.2; platform_system == 'Linux' and platform_machine == 'x86_64'"]
     assert pyproject["tool"]["scaffold"] == {"package": "demo"}
     assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/demo"]
     assert pyproject["tool"]["pytest"]["ini_options"]["pythonpath"] == ["src"]
@@ -140,6 +141,8 @@ def test_pyproject_package_and_conftest(tmp_path):
     assert "from __future__ import annotations" in init and '__version__ = "0.1.0"' in init
     conftest = (project / "tests" / "conftest.py").read_text()
     assert "def device(" in conftest and "torch.cuda.is_available()" in conftest
+    # before any op imports Triton: its interpreter runs fused ops' kernels on the CPU
+    assert 'os.environ.setdefault("TRITON_INTERPRET", "1")' in conftest
     ignored = [line.strip() for line in (project / ".gitignore").read_text().splitlines()]
     assert not [p for p in ignored if p.startswith(".scaffold")], ".scaffold/ must be committed, not ignored"
     workflow = yaml.safe_load((project / ".github" / "workflows" / "tests.yml").read_text())

@@ -12,6 +12,7 @@ nothing imports scaffold.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -19,11 +20,6 @@ import types
 import warnings
 
 import torch
-
-try:
-    import triton
-except ImportError:  # the ops' Triton kernels need it; without it, their Functions run (rows_ready)
-    triton = None
 
 __all__ = [
     "Fused",
@@ -298,10 +294,21 @@ MAX_ROW = 65536
 _ROW_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+@functools.cache
+def _triton_installed() -> bool:
+    """Whether Triton can be imported: imported on the first call of an op with Triton kernels on a CUDA (or
+    interpreted) tensor, not with this module, so that a test file can turn the interpreter on first."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _interpreting() -> bool:
     """Whether Triton's interpreter runs kernels, on CPU tensors: TRITON_INTERPRET=1, set before Triton was
     imported (triton.language's own functions are made for the interpreter or for the GPU on import)."""
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or not _triton_installed():
         return False
     import triton.language as tl
 
@@ -322,6 +329,8 @@ class RowKernel:
         interpreting = _interpreting()
         kernel = self.compiled.get(interpreting)
         if kernel is None:
+            import triton
+
             kernel = self.compiled[interpreting] = triton.jit(self.function)
         self.launches += 1
         return kernel[grid]
@@ -333,10 +342,10 @@ def rows_ready(lead, floats, indices=()):
     float ones (``lead`` first, whose last dimension the rows run along) of one dtype, the ``indices`` int64;
     and no torch.func transform, forward-mode AD, tracer or autocast is at work, which differentiate, batch
     or cast the Function's torch code but cannot see into a kernel."""
-    if triton is None or type(lead) not in _PLAIN or lead.dim() == 0 or lead.numel() == 0:
-        return False
+    if torch.compiler.is_compiling() or type(lead) not in _PLAIN or lead.dim() == 0 or lead.numel() == 0:
+        return False  # (a tracer first: Dynamo then follows none of the rest)
     device = lead.device
-    if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())):
+    if not (device.type == "cuda" or (device.type == "cpu" and _interpreting())) or not _triton_installed():
         return False
     if lead.dtype not in _ROW_DTYPES or lead.shape[-1] > MAX_ROW:
         return False
@@ -344,7 +353,7 @@ def rows_ready(lead, floats, indices=()):
         return False
     if any(type(t) not in _PLAIN or t.device != device or t.dtype != torch.int64 for t in indices):
         return False
-    if torch.compiler.is_compiling() or transforms_active() or _forward_ad_active():
+    if transforms_active() or _forward_ad_active():
         return False
     return not (_any_autocast_enabled() and torch.is_autocast_enabled(device.type))
 
@@ -361,6 +370,7 @@ def row_launch(lead, rows_per_program=False):
     to a power of two) and ``num_warps`` (by ``BLOCK``, as Liger-Kernel sets it). With ``rows_per_program``,
     backward's: ``(programs, rows each, n_rows, n_cols, settings)``, a few programs per multiprocessor on a
     GPU, each looping over its rows (its weight gradients then sum once per program)."""
+    import triton
     import triton.language as tl
 
     n_cols = lead.shape[-1]
