@@ -133,14 +133,21 @@ def row_kernels(derivation: ProgramDerivation, dtypes: dict[str, str]) -> RowKer
     """The row kernels of the derived program, or why it gets none. ``dtypes``: each tensor argument's
     dtype as the spec gives it ("float", "int64", "bool")."""
     try:
-        return _Builder(derivation, dtypes).build()
+        roles = _Roles(derivation, dtypes)
+        writer = _KernelWriter(roles)
+        return RowKernels(
+            roles.arguments, roles.outputs, roles.lead, writer.forward(), writer.backward(), roles.conditions()
+        )
     except NotRowWiseError as exc:
         return str(exc)
     except NotPrintableError as exc:
         return f"Triton's interpreter has no faithful form of a part of it: {exc}"
 
 
-class _Builder:
+class _Roles:
+    """Each value's role in a row (the module's docstring lists them), the arguments and outputs the kernels
+    take and write, and the conditions on the call's shapes; NotRowWiseError where a value has none."""
+
     def __init__(self, derivation: ProgramDerivation, dtypes: dict[str, str]) -> None:
         self.derivation = derivation
         self.program = derivation.program
@@ -148,10 +155,9 @@ class _Builder:
         self.roles: dict[str, str] = {}
         self.integers = set(self.program.integers)
         self.positive_dims = False  # a dim written from the front (dim=1): the last only at the example's rank
+        self._find()
 
-    # -- roles -------------------------------------------------------------------------------------------
-
-    def build(self) -> RowKernels:
+    def _find(self) -> None:
         program = self.program
         if not program.structured:
             raise NotRowWiseError("it is elementwise: torch.compile fuses it into one pass at the copy bandwidth")
@@ -187,9 +193,6 @@ class _Builder:
         self.arguments = tuple(arguments)
         self.outputs = tuple(outputs)
         self.lead = leads[0].name
-        return RowKernels(
-            self.arguments, self.outputs, self.lead, self._forward(), self._backward(), self._conditions()
-        )
 
     def _last(self, dims: tuple[int, ...]) -> bool:
         """Whether ``dims`` is the last dimension alone, noting a dim counted from the front."""
@@ -256,9 +259,8 @@ class _Builder:
             return ROW
         raise NotRowWiseError(f"{value.name!r} is a {type(expr).__name__}, which the row kernels do not compute")
 
-    # -- host conditions ---------------------------------------------------------------------------------
-
-    def _conditions(self) -> tuple[str, ...]:
+    def conditions(self) -> tuple[str, ...]:
+        """Python conditions on the op's arguments under which the kernels take them."""
         lead = self.lead
         shapes = {
             VECTOR: f"{lead}.shape",
@@ -275,7 +277,18 @@ class _Builder:
             conditions.append(f"{a.name}.shape == {shapes[a.role]}")
         return tuple(conditions)
 
-    # -- kernels -----------------------------------------------------------------------------------------
+
+class _RowCode:
+    """The kernels' shared pieces, from the roles: their parameters, the loads of the arguments and the
+    forward's steps in a row."""
+
+    def __init__(self, roles: _Roles) -> None:
+        self.derivation = roles.derivation
+        self.program = roles.program
+        self.roles = roles.roles
+        self.integers = roles.integers
+        self.arguments = roles.arguments
+        self.outputs = roles.outputs
 
     @property
     def accumulated(self) -> tuple[RowArgument, ...]:
@@ -361,7 +374,12 @@ class _Builder:
             return [f"{name} = tl.sum(tl.where(inside & (cols == {index}), {a}, 0.0), axis=0)"]
         return [f"{name} = {a}"]  # a squeeze or unsqueeze of one value per row
 
-    def _forward(self) -> tuple[str, ...]:
+
+class _KernelWriter(_RowCode):
+    """The two kernels' source lines: forward's steps in a row, then backward's, which recomputes what it
+    reads of the forward and passes the gradient back step by step."""
+
+    def forward(self) -> tuple[str, ...]:
         body = [
             "row = tl.program_id(0).to(tl.int64)",
             "cols = tl.arange(0, BLOCK)",
@@ -379,7 +397,7 @@ class _Builder:
         parameters = [*self._parameters(backward=False), "ACC: tl.constexpr", "BLOCK: tl.constexpr"]
         return (f"def _forward_kernel({', '.join(parameters)}):", *(f"    {line}" for line in body))
 
-    def _backward(self) -> tuple[str, ...]:
+    def backward(self) -> tuple[str, ...]:
         accumulators = []
         for a in self.accumulated:
             size = "[BLOCK]" if a.role == COLUMN else "[1]"

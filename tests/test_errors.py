@@ -706,7 +706,7 @@ def test_ruff_failing_on_a_projects_settings_says_where_to_look(cube_project, tm
     err = capsys.readouterr().err
     assert err == (
         f"scaffold: error: {root}/src/demo/ops/cube.py: ruff could not format the generated src/demo/ops/cube.py "
-        "with the project's ruff settings: Failed to parse pyproject.toml; TOML parse error at line 28, column 15; "
+        "with the project's ruff settings: Failed to parse pyproject.toml; TOML parse error at line 29, column 15; "
         'invalid type: string "long", expected i64\n'
         "  hint: check the project's ruff settings (pyproject.toml [tool.ruff], ruff.toml): `ruff format` should "
         "run in the project; if it does, this is a bug in scaffold: please report this\n"

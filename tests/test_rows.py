@@ -32,11 +32,11 @@ NLL = "-squeeze(gather(log_softmax(z, dim=-1), dim=-1, index=unsqueeze(t, -1)), 
 #: the issue's ops beyond the catalogue's: integer-target cross-entropy, with torch's ignore_index, and NLL
 INTEGER_TARGETS = {
     "ce_ignored": (
-        make_spec("ce_ignored", f"where(t == -100, 0, {CE})", {"z": LOGITS, "t": TARGETS}, fuse=True),
+        make_spec("rows_ce_ignored", f"where(t == -100, 0, {CE})", {"z": LOGITS, "t": TARGETS}, fuse=True),
         lambda z, t: functional.cross_entropy(z.flatten(0, -2), t.flatten(), reduction="none").view(t.shape),
     ),
     "nll": (
-        make_spec("nll", NLL, {"z": LOGITS, "t": TARGETS}, fuse=True),
+        make_spec("rows_nll", NLL, {"z": LOGITS, "t": TARGETS}, fuse=True),
         lambda z, t: functional.nll_loss(
             functional.log_softmax(z, -1).flatten(0, -2), t.flatten(), reduction="none"
         ).view(t.shape),
@@ -47,7 +47,9 @@ ISSUE_OPS += ["logsumexp_textbook"]
 
 
 def _fused(name: str):
-    return dataclasses.replace(spec_from_mapping(CATALOGUE[name].mapping(), source=f"{name}.toml"), fuse=True)
+    """The catalogue op, fused, under a name of its own (other tests import modules of the catalogue's names)."""
+    spec = spec_from_mapping(CATALOGUE[name].mapping(), source=f"{name}.toml")
+    return dataclasses.replace(spec, fuse=True, name=f"rows_{name}")
 
 
 def _draw(spec, batch: tuple[int, ...], width: int, dtype: torch.dtype, generator: torch.Generator):
@@ -153,7 +155,7 @@ def test_a_second_derivative_differentiates_the_derived_function(tmp_path):
     spec = _fused("layer_norm")
     module = import_generated(tmp_path, spec)
     x, weight, bias = _draw(spec, (2, 3), 6, torch.float64, torch.Generator().manual_seed(2))
-    out = module.layer_norm(x, weight, bias, 1e-5)
+    out = module.rows_layer_norm(x, weight, bias, 1e-5)
     expected = functional.layer_norm(x, (6,), weight, bias, 1e-5)
     upstream = torch.randn_like(out)
     grads = torch.autograd.grad(out, (x, weight, bias), upstream, create_graph=True)
@@ -163,16 +165,16 @@ def test_a_second_derivative_differentiates_the_derived_function(tmp_path):
     second_want = torch.autograd.grad(sum((g * p).sum() for g, p in zip(wants, probe)), (x, weight))
     for got, want in zip(second, second_want):
         torch.testing.assert_close(got, want)
-    assert torch.autograd.gradgradcheck(lambda *t: module.layer_norm(*t, 1e-5), (x, weight, bias))
+    assert torch.autograd.gradgradcheck(lambda *t: module.rows_layer_norm(*t, 1e-5), (x, weight, bias))
 
 
 def test_only_the_needed_gradients_are_written(tmp_path):
     module = import_generated(tmp_path, _fused("rms_norm"))
     x, weight = _draw(_fused("rms_norm"), (4,), 9, torch.float64, torch.Generator().manual_seed(3))
     weight = weight.detach()
-    (grad,) = torch.autograd.grad(module.rms_norm(x, weight, 1e-6).sum(), x)
+    (grad,) = torch.autograd.grad(module.rows_rms_norm(x, weight, 1e-6).sum(), x)
     torch.testing.assert_close(grad, torch.autograd.grad(functional.rms_norm(x, (9,), weight, 1e-6).sum(), x)[0])
-    source = (tmp_path / "rms_norm.py").read_text()
+    source = (tmp_path / "rows_rms_norm.py").read_text()
     assert "need_weight=grad_weight is not None" in source and "if need_weight:" in source
 
 
@@ -186,10 +188,10 @@ def test_where_the_kernels_cannot_stand_in_the_function_runs(tmp_path, monkeypat
     launched = module._forward_rows.launches
     with monkeypatch.context() as patch:
         patch.setenv("TRITON_INTERPRET", "0")
-        torch.testing.assert_close(module.rms_norm(x, weight, 1e-6), expected)
-    torch.testing.assert_close(torch.func.vmap(lambda r: module.rms_norm(r, weight, 1e-6))(x), expected)
+        torch.testing.assert_close(module.rows_rms_norm(x, weight, 1e-6), expected)
+    torch.testing.assert_close(torch.func.vmap(lambda r: module.rows_rms_norm(r, weight, 1e-6))(x), expected)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert module.rms_norm(x.float(), weight.float(), 1e-6).dtype == torch.float32
+        assert module.rows_rms_norm(x.float(), weight.float(), 1e-6).dtype == torch.float32
     assert module._forward_rows.launches == launched
     columns = make_spec("columns_last", "softmax(x, dim=1)", {"x": {"shape": [4, 6]}}, fuse=True)
     softmax = import_generated(tmp_path / "columns", columns)
@@ -212,7 +214,7 @@ def test_where_the_kernels_cannot_stand_in_the_function_runs(tmp_path, monkeypat
 def test_ops_that_do_not_work_row_by_row_keep_torch_compile_and_say_why(name, why):
     plan = compile_op(_fused(name)).plan
     assert plan.rows is None and why in plan.rows_reason
-    source = generate_op(_fused(name), time_limit=None)[f"{name}.py"]
+    source = generate_op(_fused(name), time_limit=None)[f"rows_{name}.py"]
     assert "_forward_kernel" not in source and "_runtime.Fused(_forward" in source
 
 
