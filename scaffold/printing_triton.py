@@ -139,6 +139,14 @@ def _print(expr: sympy.Basic) -> str:  # noqa: C901, PLR0911, PLR0912 - one case
         return f"tl.where({_print(condition)}, {_print(value)}, {_print(inside)})"
     if isinstance(expr, stable.kept):
         return _print(expr.args[0])
+    if isinstance(expr, stable.xexpy):  # x * exp(y), 0 where x is 0 even where exp(y) overflows
+        x, y = (_print(a) for a in expr.args)
+        return f"tl.where({_wrapped(x)} == 0, 0.0, {_wrapped(x)} * tl.exp({y}))"
+    if isinstance(expr, (stable.softplus, stable.logsigmoid)):
+        return _softplus(expr.args[0]) if isinstance(expr, stable.softplus) else f"-{_softplus(-expr.args[0])}"
+    if isinstance(expr, stable.silu):
+        x = _print(expr.args[0])
+        return f"{_wrapped(x)} * tl.sigmoid({x})"
     if isinstance(expr, sympy.core.relational.Relational) and expr.rel_op in _RELATIONS:
         return f"{_wrapped(_print(expr.lhs))} {_RELATIONS[expr.rel_op]} {_wrapped(_print(expr.rhs))}"
     if isinstance(expr, (sympy.And, sympy.Or)):
@@ -147,6 +155,15 @@ def _print(expr: sympy.Basic) -> str:  # noqa: C901, PLR0911, PLR0912 - one case
     if isinstance(expr, sympy.Not):
         return f"~{_wrapped(_print(expr.args[0]))}"
     raise NotPrintableError(expr)
+
+
+def _softplus(arg: sympy.Basic) -> str:
+    """log(1 + exp(t)) without libdevice's log1p, within an ulp: ``max(t, 0) + log(u) + (e - (u - 1))``
+    with ``e = exp(-|t|)`` and ``u = 1 + e`` (the last term is the rounding error of u), as fused code
+    prints it for inductor (:mod:`.plan`)."""
+    t = _wrapped(_print(arg))
+    e = f"tl.exp(-tl.abs({t}))"
+    return f"(tl.maximum({t}, 0.0) + tl.log(1.0 + {e}) + ({e} - ((1.0 + {e}) - 1.0)))"
 
 
 def _is_reciprocal(factor: sympy.Basic) -> bool:

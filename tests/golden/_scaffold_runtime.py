@@ -364,12 +364,13 @@ def _forward_ad_active() -> bool:
     return getattr(torch.autograd.forward_ad, "_current_level", 0) >= 0
 
 
-def row_launch(lead, rows_per_program=False):
+def row_launch(lead, rows_per_program=False, summed=True):
     """The launch settings of an op's row kernels over ``lead``: ``(n_rows, n_cols, settings)``, the settings
     being the constexprs ``ACC`` (float64 for float64 tensors, else float32) and ``BLOCK`` (the row's length,
     to a power of two) and ``num_warps`` (by ``BLOCK``, as Liger-Kernel sets it). With ``rows_per_program``,
-    backward's: ``(programs, rows each, n_rows, n_cols, settings)``, a few programs per multiprocessor on a
-    GPU, each looping over its rows (its weight gradients then sum once per program)."""
+    backward's: ``(programs, rows each, n_rows, n_cols, settings)``: where it sums a weight's gradient over
+    the rows (``summed``), a few programs per multiprocessor on a GPU, each looping over its rows (the sums
+    then add up once per program); else one program per row, as forward."""
     import triton
     import triton.language as tl
 
@@ -380,6 +381,8 @@ def row_launch(lead, rows_per_program=False):
     settings = {"ACC": tl.float64 if lead.dtype == torch.float64 else tl.float32, "BLOCK": block, "num_warps": warps}
     if not rows_per_program:
         return n_rows, n_cols, settings
+    if not summed:
+        return n_rows, 1, n_rows, n_cols, settings
     if lead.device.type == "cuda":
         slots = 2 * torch.cuda.get_device_properties(lead.device).multi_processor_count
     else:
