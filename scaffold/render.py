@@ -43,7 +43,7 @@ from .plan import (
 )
 from .printing import IMPORTS, NEG_ABS, is_finite, print_torch
 from .program import Program, RankRequirement, _broadcast_checked, build_program, rank_requirements, spread_reduction
-from .rows import COLUMN, ROW, ROW_FLAT, VECTOR, WHOLE, RowKernels
+from .rows import COLUMN, ROW, ROW_FLAT, TOTAL, VECTOR, WHOLE, RowKernels, RowTotal
 from .rules import ProgramDerivation, unsqueezed
 from .spec import RUNTIME_FILE, OpSpec, linear_weight
 from .temporaries import name_parts
@@ -1315,12 +1315,21 @@ class RowsView:
     accumulated: list[str]
     suffix: str
     comment: list[str]  # the lines of the comment above the kernels
+    # sums and means over every row: each row's part from the forward kernel, added up on the host
+    parts: list[dict[str, str]] = dataclasses.field(default_factory=list)  # name, total (its formula)
+    totals: list[str] = dataclasses.field(default_factory=list)  # the totals' names, as _totals takes them
+    epilogue: list[str] = dataclasses.field(default_factory=list)  # _totals' lines
+    total_outputs: list[str] = dataclasses.field(default_factory=list)  # the outputs _totals returns
+    total_upstream: list[str] = dataclasses.field(default_factory=list)  # their gradients
+    kernel_outputs: list[str] = dataclasses.field(default_factory=list)  # the outputs the kernel writes
+    kernel_upstream: list[str] = dataclasses.field(default_factory=list)  # their gradients
+    imports: list[str] = dataclasses.field(default_factory=list)  # what _totals' math needs
 
 
 def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsView:
     """The row kernels' view: the kernels' text and what the host passes them, allocates and returns."""
     lead = kernels.lead
-    shapes = {VECTOR: f"{lead}.shape", ROW: f"{lead}.shape[:-1] + (1,)", ROW_FLAT: f"{lead}.shape[:-1]"}
+    shapes = {VECTOR: f"{lead}.shape", ROW: f"{lead}.shape[:-1] + (1,)", ROW_FLAT: f"{lead}.shape[:-1]", TOTAL: ""}
     tensors = [a.name for a in kernels.tensors]
     upstream = [f"grad_{i}" for i in range(len(kernels.outputs))]
     grads = []
@@ -1336,6 +1345,10 @@ def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsVie
         grads.append(RowGradient(f"grad_{name}", name, arguments.index(name), allocate, summed))
     by_name = {g.argument: g.name for g in grads}
     summed = [a.name for a in kernels.accumulated]
+    outputs = [
+        {"name": f"out{i}", "shape": shapes[o.role], "total": o.role == TOTAL} for i, o in enumerate(kernels.outputs)
+    ]
+    epilogue, imports = _rows_epilogue(kernels)
     comment = (
         "fuse = true: Triton kernels written from the same derivation as the Function's code. Forward runs one "
         "program per row of the last dimension, the row in registers. Backward runs a few programs per "
@@ -1350,7 +1363,7 @@ def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsVie
         forward=kernels.forward,
         backward=kernels.backward,
         lead=lead,
-        outputs=[{"name": f"out{i}", "shape": shapes[o.role]} for i, o in enumerate(kernels.outputs)],
+        outputs=outputs,
         tensors=tensors,
         contiguous=[f"{n}.contiguous()" for n in tensors],
         numbers=[a.name for a in kernels.numbers],
@@ -1366,7 +1379,38 @@ def rows_view(kernels: RowKernels, arguments: list[str], suffix: str) -> RowsVie
         accumulated=summed,
         suffix=suffix,
         comment=textwrap.wrap(comment, DOC_WIDTH - 2),
+        parts=[{"name": f"part_{t.name}", "total": _total_formula(t, lead)} for t in kernels.totals],
+        totals=[t.name for t in kernels.totals],
+        epilogue=epilogue,
+        total_outputs=[o["name"] for o in outputs if o["total"]],
+        total_upstream=[u for u, o in zip(upstream, outputs) if o["total"]],
+        kernel_outputs=[o["name"] for o in outputs if not o["total"]],
+        kernel_upstream=[u for u, o in zip(upstream, outputs) if not o["total"]],
+        imports=imports,
     )
+
+
+def _total_formula(total: RowTotal, lead: str) -> str:
+    """A total from its rows' parts, on the host: their sum, or mean over the elements it reduces."""
+    part = f"part_{total.name}.sum()"
+    if not total.mean:
+        return part
+    return f"{part} / {lead}.numel()" if total.per_element else f"{part} / len(part_{total.name})"
+
+
+def _rows_epilogue(kernels: RowKernels) -> tuple[list[str], list[str]]:
+    """_totals' lines: the math on the totals (elementwise, on 0-d tensors) and its return of the outputs
+    that are totals, in order; with the imports it needs."""
+    lines, imports = [], set()
+    totals = {t.name for t in kernels.totals} | {name for name, _ in kernels.epilogue}
+    for name, formula in kernels.epilogue:
+        printed = print_torch(formula, totals, where=f"the totals' {name}")
+        lines.append(f"{name} = {printed.text}")
+        imports |= printed.imports
+    returned = [o.value for o in kernels.outputs if o.role == TOTAL]
+    if returned:
+        lines.append(f"return {', '.join(returned)}{',' if len(returned) == 1 else ''}")
+    return lines, sorted(IMPORTS[i] for i in imports)
 
 
 @dataclass(frozen=True)
@@ -1420,13 +1464,21 @@ def program_module_view(
     fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
     blocks = _program_blocks(plan, tensor_names)
     suffix = ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""  # the visible outputs of _apply
+    rows = rows_view(plan.rows, arguments, suffix) if plan.rows else None
     return ProgramView(
         version=__version__,
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
         **_program_docs(spec, derivation, plan, arguments),
-        imports=sorted({*plan.imports, *double_imports, *([IMPORTS["math"]] if module.reset_imports_math else [])}),
+        imports=sorted(
+            {
+                *plan.imports,
+                *double_imports,
+                *([IMPORTS["math"]] if module.reset_imports_math else []),
+                *(rows.imports if rows else []),
+            }
+        ),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -1474,7 +1526,7 @@ def program_module_view(
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         double=double,
-        rows=rows_view(plan.rows, arguments, suffix) if plan.rows else None,
+        rows=rows,
     )
 
 

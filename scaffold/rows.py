@@ -66,6 +66,7 @@ ROW_FLAT = "row_flat"
 COLUMN = "column"
 WHOLE = "whole"
 NUMBER = "number"
+TOTAL = "total"
 #: the roles of one value per row (a scalar in the kernel)
 ROWS = (ROW, ROW_FLAT)
 #: the longest row the kernels take: a row is held in registers (Liger-Kernel's limit too)
@@ -74,12 +75,16 @@ _INF = 'float("inf")'
 
 
 def _live(lines: list[str], after: list[str]) -> list[str]:
-    """The assignments of ``lines`` whose targets the lines ``after`` them read, directly or not."""
+    """``lines`` without the assignments whose targets neither a later line nor the lines ``after`` read
+    (the other lines, stores and sums, stay)."""
     used = set(re.findall(r"\w+", "\n".join(after)))
     kept = []
     for line in reversed(lines):
-        target, _, value = line.partition(" = ")
-        if target in used:
+        target, assigns, value = line.partition(" = ")
+        if not assigns or not target.isidentifier():
+            kept.append(line)
+            used |= set(re.findall(r"\w+", line))
+        elif target in used:
             kept.append(line)
             used |= set(re.findall(r"\w+", value))
     return kept[::-1]
@@ -104,6 +109,17 @@ class RowOutput:
 
 
 @dataclass(frozen=True)
+class RowTotal:
+    """A sum or mean over every row (a mean loss): the forward kernel writes each row's part, the host adds
+    them up; backward's kernel reads the total's gradient, the same for every row."""
+
+    name: str
+    operand: str
+    per_element: bool  # the operand has a value per element (its row's part is the row's sum), not per row
+    mean: bool
+
+
+@dataclass(frozen=True)
 class RowKernels:
     """The op's two kernels as source lines, and what the host code around them needs."""
 
@@ -114,6 +130,9 @@ class RowKernels:
     backward: tuple[str, ...]  # the backward kernel
     # Python conditions, over the op's arguments, under which the kernels stand in for the op
     conditions: tuple[str, ...]
+    totals: tuple[RowTotal, ...] = ()
+    # the math on the totals, on the host: (value, its formula over the totals and the numbers), in order
+    epilogue: tuple[tuple[str, sympy.Expr], ...] = ()
 
     @property
     def tensors(self) -> tuple[RowArgument, ...]:
@@ -136,7 +155,14 @@ def row_kernels(derivation: ProgramDerivation, dtypes: dict[str, str]) -> RowKer
         roles = _Roles(derivation, dtypes)
         writer = _KernelWriter(roles)
         return RowKernels(
-            roles.arguments, roles.outputs, roles.lead, writer.forward(), writer.backward(), roles.conditions()
+            roles.arguments,
+            roles.outputs,
+            roles.lead,
+            writer.forward(),
+            writer.backward(),
+            roles.conditions(),
+            roles.totals,
+            roles.epilogue,
         )
     except NotRowWiseError as exc:
         return str(exc)
@@ -155,7 +181,10 @@ class _Roles:
         self.roles: dict[str, str] = {}
         self.integers = set(self.program.integers)
         self.positive_dims = False  # a dim written from the front (dim=1): the last only at the example's rank
+        self.totals: list[RowTotal] = []
+        self.epilogue: list[tuple[str, sympy.Expr]] = []
         self._find()
+        self.totals, self.epilogue = tuple(self.totals), tuple(self.epilogue)
 
     def _find(self) -> None:
         program = self.program
@@ -178,7 +207,7 @@ class _Roles:
         outputs = []
         for output in program.outputs:
             role = self.roles.get(output.value, "")
-            if role not in (VECTOR, *ROWS) or output.value in self.integers:
+            if role not in (VECTOR, *ROWS, TOTAL) or output.value in self.integers:
                 raise NotRowWiseError(f"an output is not one value per element or per row: {output.value!r}")
             if program.value(output.value).kind == TENSOR:
                 raise NotRowWiseError(f"an output is an input as it is: {output.value!r}")
@@ -223,6 +252,11 @@ class _Roles:
         expr = value.expr
         if value.kind == ELEMENTWISE:
             reads = [self.roles[s.name] for s in expr.free_symbols if s.name in self.roles]
+            if TOTAL in reads:
+                if set(reads) - {TOTAL, NUMBER}:
+                    raise NotRowWiseError(f"{value.name!r} reads a total over the rows beside values of a row")
+                self.epilogue.append((value.name, self.derivation.node(value.name).forward))
+                return TOTAL
             if any(r == ROW_FLAT for r in reads) and len(shape) == rank:
                 raise NotRowWiseError(f"{value.name!r} broadcasts a value per row along the last dimension")
             role = (
@@ -234,6 +268,9 @@ class _Roles:
             return role  # WHOLE or NUMBER: computed once per program, a kernel's scalar
         operand = expr.args[0]
         operand_role = self.roles.get(getattr(operand, "name", ""), "")
+        total = self._total(value, operand_role)
+        if total:
+            return total
         if isinstance(expr, (ReduceSum, ReduceMean, LogSumExp, AMax, AMin)):
             if operand_role != VECTOR or not self._last(expr.dims):
                 raise NotRowWiseError(f"{value.name!r} reduces over other dimensions than the last")
@@ -258,6 +295,24 @@ class _Roles:
                 self.positive_dims = True
             return ROW
         raise NotRowWiseError(f"{value.name!r} is a {type(expr).__name__}, which the row kernels do not compute")
+
+    def _total(self, value, operand_role: str) -> str:
+        """TOTAL for a sum or mean over every dimension of values of a row (each row's part summed on the
+        host), else ""."""
+        expr = value.expr
+        if not isinstance(expr, (ReduceSum, ReduceMean)) or operand_role not in (VECTOR, *ROWS):
+            return ""
+        rank = len(self.program.value(expr.args[0].name).shape)
+        if expr.dims and len({d % rank for d in expr.dims}) < rank:
+            return ""
+        if expr.keepdim:
+            raise NotRowWiseError(f"{value.name!r} sums over every row with keepdim")
+        if expr.dims:
+            self.positive_dims = True  # every dimension at the example's rank alone
+        self.totals.append(
+            RowTotal(value.name, expr.args[0].name, operand_role == VECTOR, isinstance(expr, ReduceMean))
+        )
+        return TOTAL
 
     def conditions(self) -> tuple[str, ...]:
         """Python conditions on the op's arguments under which the kernels take them."""
@@ -289,6 +344,7 @@ class _RowCode:
         self.integers = roles.integers
         self.arguments = roles.arguments
         self.outputs = roles.outputs
+        self.totals = roles.totals
 
     @property
     def accumulated(self) -> tuple[RowArgument, ...]:
@@ -297,13 +353,17 @@ class _RowCode:
     def _parameters(self, backward: bool) -> list[str]:
         tensors = [f"p_{a.name}" for a in self.arguments if a.role != NUMBER]
         numbers = [value_name(a.name) for a in self.arguments if a.role == NUMBER]
+        rows = [i for i, o in enumerate(self.outputs) if o.role != TOTAL]  # the host computes the totals' math
         if backward:
-            upstream = [f"p_g{i}" for i in range(len(self.outputs))]
+            upstream = [f"p_g{i}" for i in rows]
             grads = [f"p_d_{a.name}" for a in self.arguments if a.differentiable]
+            totals = [f"p_d_{t.name}" for t in self.totals]
             needs = [f"need_{a.name}: tl.constexpr" for a in self.arguments if a.differentiable]
-            return [*tensors, *upstream, *grads, *numbers, "n_rows", "n_cols", "rows_per_program", *needs]
-        outputs = [f"p_out{i}" for i in range(len(self.outputs))]
-        return [*tensors, *outputs, *numbers, "n_cols"]
+            rest = ["n_rows", "n_cols", "rows_per_program", *needs]
+            return [*tensors, *upstream, *grads, *totals, *numbers, *rest]
+        outputs = [f"p_out{i}" for i in rows]
+        parts = [f"p_part_{t.name}" for t in self.totals]
+        return [*tensors, *outputs, *parts, *numbers, "n_cols"]
 
     def _loads(self, roles: tuple[str, ...]) -> list[str]:
         """Load the tensor arguments of ``roles``, as the computation's dtype (int64 indices as they are)."""
@@ -327,7 +387,7 @@ class _RowCode:
         """The forward's steps, each value by its kernel name."""
         lines = []
         for value in self.program.values:
-            if value.kind in (TENSOR, SCALAR):
+            if value.kind in (TENSOR, SCALAR) or self.roles[value.name] == TOTAL:
                 continue
             lines.extend(self._step(value))
         return lines
@@ -388,8 +448,15 @@ class _KernelWriter(_RowCode):
             *self._loads((VECTOR, COLUMN, ROW, ROW_FLAT, WHOLE)),
             *self._steps(),
         ]
+        for t in self.totals:  # each row's part of a total
+            part = value_name(t.operand)
+            if t.per_element:
+                part = f"tl.sum(tl.where(inside, {part}, 0.0), axis=0)"
+            body.append(f"tl.store(p_part_{t.name} + row, {part})")
         for i, output in enumerate(self.outputs):
             pointer, name = f"p_out{i}", value_name(output.value)
+            if output.role == TOTAL:
+                continue
             if output.role == VECTOR:
                 body.append(f"tl.store({pointer} + offsets, {name}.to({pointer}.dtype.element_ty), mask=inside)")
             else:
@@ -402,10 +469,10 @@ class _KernelWriter(_RowCode):
         for a in self.accumulated:
             size = "[BLOCK]" if a.role == COLUMN else "[1]"
             accumulators.append(f"d_{a.name}_sum = tl.zeros({size}, dtype=ACC)")
-        reverse = self._reverse()
-        # the loads and steps of the forward that backward reads: the rest is not recomputed (nor loaded)
-        recomputed = _live([*self._loads((VECTOR, ROW, ROW_FLAT)), *self._steps()], reverse)
-        loop = ["offsets = row * n_cols + cols", *recomputed, *reverse]
+        # what backward reads of the forward, and the gradients it stores or sums: nothing else is loaded,
+        # recomputed or computed
+        steps = [*self._loads((VECTOR, ROW, ROW_FLAT)), *self._steps(), *self._reverse()]
+        loop = ["offsets = row * n_cols + cols", *_live(steps, [])]
         ends = []
         for a in self.accumulated:
             pointer, total = f"p_d_{a.name}", f"d_{a.name}_sum"
@@ -418,7 +485,10 @@ class _KernelWriter(_RowCode):
             "program = tl.program_id(0)",
             "cols = tl.arange(0, BLOCK)",
             "inside = cols < n_cols",
-            *_live(self._loads((COLUMN, WHOLE)), loop),
+            *_live(
+                [*self._loads((COLUMN, WHOLE)), *(f"d_{t.name} = tl.load(p_d_{t.name}).to(ACC)" for t in self.totals)],
+                loop,
+            ),
             *accumulators,
             "first = program.to(tl.int64) * rows_per_program",
             "for row in range(first, tl.minimum(first + rows_per_program, n_rows)):",
@@ -443,13 +513,21 @@ class _KernelWriter(_RowCode):
         lines = []
         for i, output in enumerate(self.outputs):
             upstream = f"g{i}"
+            if output.role == TOTAL:
+                continue  # the host passes its gradient on to the totals (_runtime.total_gradients)
             if output.role == VECTOR:
                 lines.append(f"{upstream} = tl.load(p_g{i} + offsets, mask=inside, other=0.0).to(ACC)")
             else:
                 lines.append(f"{upstream} = tl.load(p_g{i} + row).to(ACC)")
             add(output.value, upstream, output.role)
+        totals = {t.name: t for t in self.totals}
         for value in reversed(self.program.values):
-            if value.name not in terms:
+            if value.name in totals:  # the same for every row: loaded before the loop
+                t = totals[value.name]
+                share = ("(n_rows * n_cols)" if t.per_element else "n_rows") if t.mean else ""
+                add(t.operand, f"d_{t.name} / {share}" if share else f"d_{t.name}", ROW)
+                continue
+            if value.name not in terms or self.roles[value.name] == TOTAL:
                 continue
             grad = f"d_{value.name}"
             lines.append(f"{grad} = {self._sum(terms.pop(value.name), self.roles[value.name])}")

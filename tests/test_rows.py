@@ -46,6 +46,25 @@ ISSUE_OPS = ["rms_norm", "layer_norm", "softmax_textbook", "log_softmax_textbook
 ISSUE_OPS += ["logsumexp_textbook"]
 
 
+#: sums and means over every row: each row's part from the kernel, added up on the host
+WITH_IGNORED = {**TARGETS, "domain": [-1, 4]}
+TOTALS = {
+    "rows_ce_mean": (
+        make_spec(
+            "rows_ce_mean",
+            f"sum(where(t != -1, {CE}, 0)) / sum(where(t != -1, 1.0, 0.0))",
+            {"z": LOGITS, "t": WITH_IGNORED},
+            fuse=True,
+        ),
+        lambda z, t: functional.cross_entropy(z.flatten(0, -2), t.flatten(), ignore_index=-1),
+    ),
+    "rows_mse": (
+        make_spec("rows_mse", "mean((x - y)**2)", {"x": LOGITS, "y": LOGITS}, fuse=True),
+        functional.mse_loss,
+    ),
+}
+
+
 def _fused(name: str):
     """The catalogue op, fused, under a name of its own (other tests import modules of the catalogue's names)."""
     spec = spec_from_mapping(CATALOGUE[name].mapping(), source=f"{name}.toml")
@@ -151,6 +170,32 @@ def _run_native(name, tensors, scalars):
     return out if isinstance(out, tuple) else (out,)
 
 
+@pytest.mark.parametrize("batch", [(6,), (2, 3)], ids=["rank 2", "rank 3"])
+@pytest.mark.parametrize("name", list(TOTALS))
+def test_a_mean_over_every_row_adds_up_each_rows_part(name, batch, tmp_path):
+    """Mean cross-entropy with an ignored class (the Liger form: a masked sum over a count) and MSE: the
+    forward kernel writes each row's part, the host adds them up and divides; backward's kernel takes the
+    totals' gradients."""
+    spec, native = TOTALS[name]
+    module = import_generated(tmp_path, spec)
+    generator = torch.Generator().manual_seed(5)
+    z = torch.randn(*batch, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    if name == "rows_ce_mean":
+        other = torch.randint(0, 5, batch, generator=generator)
+        other.view(-1)[::3] = -1
+    else:
+        other = torch.randn(*batch, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    launched = module._forward_rows.launches, module._backward_rows.launches
+    out = getattr(module, name)(z, other)
+    expected = native(z, other)
+    torch.testing.assert_close(out, expected)
+    floats = [x for x in (z, other) if x.is_floating_point()]
+    for grad, want in zip(torch.autograd.grad(out, floats), torch.autograd.grad(expected, floats)):
+        torch.testing.assert_close(grad, want)
+    assert (module._forward_rows.launches, module._backward_rows.launches) == (launched[0] + 1, launched[1] + 1)
+    assert torch.autograd.gradgradcheck(lambda z: getattr(module, name)(z, other), (z,))
+
+
 def test_a_second_derivative_differentiates_the_derived_function(tmp_path):
     spec = _fused("layer_norm")
     module = import_generated(tmp_path, spec)
@@ -225,8 +270,8 @@ def test_an_elementwise_op_keeps_torch_compile():
 
 def _generated(folder):
     runs = {}
-    for name in ("rms_norm", "logsumexp_textbook", "ce_ignored"):
-        write_files(generate_op(_spec(name)), folder / name)
+    for name in ("rms_norm", "logsumexp_textbook", "ce_ignored", "rows_ce_mean"):
+        write_files(generate_op(TOTALS[name][0] if name in TOTALS else _spec(name)), folder / name)
         runs[name] = GeneratedRun(folder / name, ("-k", "not compile", "-rA"))
     return runs
 

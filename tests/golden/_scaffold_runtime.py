@@ -34,6 +34,7 @@ __all__ = [
     "recomputed_gradients",
     "row_launch",
     "rows_ready",
+    "total_gradients",
     "transforms_active",
 ]
 
@@ -394,6 +395,18 @@ def row_launch(lead, rows_per_program=False, summed=True):
 def accumulation_dtype(lead):
     """The dtype an op's row kernels sum a weight's gradient in: float64 for float64 tensors, else float32."""
     return torch.float64 if lead.dtype == torch.float64 else torch.float32
+
+
+def total_gradients(totals_math, totals, numbers, upstream):
+    """The gradients of an op's sums over every row ``totals`` (0-d tensors) for the gradients ``upstream`` of
+    the outputs that ``totals_math(*totals, *numbers)`` computes from them: autograd of a few 0-d
+    operations; zeros for a total no output reads."""
+    leaves = [t.detach().requires_grad_() for t in totals]
+    with torch.enable_grad():
+        outputs = totals_math(*leaves, *numbers)
+    weights = [u.to(o.dtype) for u, o in zip(upstream, outputs)]
+    grads = torch.autograd.grad(outputs, leaves, weights, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads))
 
 
 def recomputed_gradients(derived, inputs, upstream, needs):
