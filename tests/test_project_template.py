@@ -129,8 +129,8 @@ def test_pyproject_package_and_conftest(tmp_path):
     assert pyproject["project"]["name"] == "demo" and pyproject["project"]["version"] == "0.1.0"
     assert pyproject["project"]["requires-python"] == ">=3.10"
     assert pyproject["project"]["dependencies"] == ["torch>=2.9"]
-    test = pyproject["project"]["optional-dependencies"]["test"]
-    assert test == ["pytest>=7", "triton>=3.2; platform_system == 'Linux' and platform_machine == 'x86_64'"]
+    # no triton: a CUDA build of torch pins its own; without one, fused ops' kernel tests skip, saying why
+    assert pyproject["project"]["optional-dependencies"]["test"] == ["pytest>=7"]
     assert pyproject["tool"]["scaffold"] == {"package": "demo"}
     assert pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["src/demo"]
     assert pyproject["tool"]["pytest"]["ini_options"]["pythonpath"] == ["src"]

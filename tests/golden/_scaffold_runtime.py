@@ -308,12 +308,16 @@ def _triton_installed() -> bool:
 
 def _interpreting() -> bool:
     """Whether Triton's interpreter runs kernels, on CPU tensors: TRITON_INTERPRET=1, set before Triton was
-    imported (triton.language's own functions are made for the interpreter or for the GPU on import)."""
+    imported (triton.language's own functions are made for the interpreter or for the GPU on import), and
+    Triton 3.7 or newer (the interpreter of 3.6 and older cannot run a loop whose bounds are computed, under
+    NumPy 2)."""
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") or not _triton_installed():
         return False
+    import triton
     import triton.language as tl
 
-    return type(tl.sum).__name__ == "InterpretedFunction"
+    version = tuple(int(part) for part in triton.__version__.split(".")[:2] if part.isdigit())
+    return version >= (3, 7) and type(tl.sum).__name__ == "InterpretedFunction"
 
 
 class RowKernel:
