@@ -613,7 +613,7 @@ class _RowKernelChecks:
         forward, backward = self.rows.kernels
         checks = (
             self.check_matches_reference,
-            self.check_second_shape,
+            self._assert_rows_at_another_rank,
             self._rows_gradchecks,
             self._assert_rows_in(torch.float32, {"rtol": 1e-4, "atol": 1e-5}),
             self._assert_rows_in(torch.bfloat16, {"rtol": 1.6e-2, "atol": 1e-3}),
@@ -629,6 +629,19 @@ class _RowKernelChecks:
             check(device)
             ran = forward.launches > launched[0], backward.launches > launched[1]
             assert all(ran), f"{getattr(check, '__name__', check)} ran without the kernels: {ran}"
+
+    def _assert_rows_at_another_rank(self, device: str) -> None:
+        """:meth:`check_second_shape`'s comparison at the lead tensor's second shape (the first float tensor
+        of the highest rank), the others' shapes following it as the kernels take them: a weight (its last
+        dimension), one value per row, a 0-d tensor."""
+        shapes = [i.shape for i in self.inputs]
+        rank = max(len(s) for s in shapes)
+        lead = next(i for i in self.inputs if len(i.shape) == rank and not i.discrete)
+        example, other = lead.shape, lead.second_shape or lead.shape
+        follows = {example: other, example[-1:]: other[-1:], (*example[:-1], 1): (*other[:-1], 1)}
+        follows[example[:-1]] = other[:-1]
+        follows[()] = ()
+        self._assert_matches_reference_at(device, [follows.get(s, s) for s in shapes], SECOND_SHAPE_CLOSE)
 
     def _rows_gradchecks(self, device: str) -> None:
         """gradcheck and gradgradcheck of the op (its entry point, which runs the kernels), in float64."""
