@@ -238,3 +238,16 @@ def test_domain_with_a_spec_file_is_refused(tmp_path, capsys):
     args = ["new", "op", "--spec", str(tmp_path / "op.toml"), "--domain", "x=1,2", "-o", str(tmp_path)]
     assert cli.main(args) == 1
     assert "--spec cannot be combined with --domain" in capsys.readouterr().err
+
+
+def test_update_op_takes_domain_into_the_spec_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["new", "project", "demo", "--defaults", "--data", "project_name=demo-ops"]) == 0
+    monkeypatch.chdir(tmp_path / "demo")
+    assert cli.main(["new", "op", "lg", "--forward", "log(x)", "--tensor", "x", "--domain", "x=0.5,3"]) == 0
+    assert "domain = [0.5, 3.0]" in (tmp_path / "demo" / "specs" / "lg.toml").read_text()
+    assert cli.main(["update", "op", "lg", "--domain", "x=1,2"]) == 0, capsys.readouterr().err
+    spec = (tmp_path / "demo" / "specs" / "lg.toml").read_text()
+    assert "domain = [1.0, 2.0]" in spec and "0.5" not in spec
+    assert cli.main(["update", "op", "lg", "--domain", "w=1,2"]) == 1
+    assert "--domain w=1,2: 'w' is not a tensor argument (tensors: x)" in capsys.readouterr().err
