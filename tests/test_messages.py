@@ -56,6 +56,13 @@ def test_the_hint_names_every_function_the_registries_and_the_parser_take():
 
 
 @pytest.mark.parametrize(
+    ("forward", "meant"), [("sigmod(x)", "sigmoid"), ("sofmax(x, dim=-1)", "softmax"), ("tanhh(x)", "tanh")]
+)
+def test_misspelt_functions_get_did_you_mean(forward, meant):
+    assert f"hint: did you mean {meant!r}? supported: " in _refusal(forward)
+
+
+@pytest.mark.parametrize(
     ("forward", "message", "hint"),
     [
         (
