@@ -68,10 +68,11 @@ class Flags:
     target: str | None = None
     namespace: str | None = None
     sizes: Sequence[str] = ()
+    domains: Sequence[str] = ()
 
     def __bool__(self) -> bool:
         given = (self.forward, self.doc, self.fuse, self.policy, self.target, self.namespace)
-        listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs, self.sizes)
+        listed = (self.tensors, self.scalars, self.learnable, self.gradients, self.outputs, self.sizes, self.domains)
         return any(v is not None for v in given) or any(listed)
 
 
@@ -248,6 +249,7 @@ def _updated_spec(project: Project, name: str, flags: Flags | None) -> tuple[OpS
         target=flags.target,
         namespace=flags.namespace,
         sizes=flags.sizes,
+        domains=flags.domains,
     )
     # The spec file is the user's too: merge the flags' change into it rather than rewrite it.
     merged = merge3(spec_to_toml(spec), text, spec_to_toml(new_spec))

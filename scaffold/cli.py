@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 from ._version import __version__
 from .api import generate_op
 from .changes import FileChange, Flags, new_op_changes, template_update_changes, update_changes
-from .errors import ScaffoldError, ScaffoldWarning, SpecError
+from .errors import ScaffoldError, ScaffoldWarning, SpecError, did_you_mean
 from .limits import TIME_LIMIT
 from .project import RECORDS, Project, find_project, new_project
 from .spec import POLICIES, TARGETS, load_spec, spec_from_flags, spec_with_flags
@@ -299,6 +299,12 @@ def _argument_flags(command: argparse.ArgumentParser, *, tensor: str, learnable:
         ("--learnable", "T[=INIT]", learnable),
         ("--scalar", "S[:TYPE]=DEFAULT", scalar),
         ("--size", "NAME=VALUE", size),
+        (
+            "--domain",
+            "T=LOW,HIGH",
+            "where tensor T's test inputs are drawn, both ends included (x=0.1,10 for log(x)): "
+            "the spec's domain = [LOW, HIGH]",
+        ),
     ):
         command.add_argument(flag, metavar=metavar, action="append", default=[], help=help_text)
 
@@ -354,7 +360,8 @@ def _new_op(args: argparse.Namespace) -> int:
     if args.spec:
         given = [f for f, v in (("NAME", args.name), ("--forward", args.forward), ("--tensor", args.tensor),
                                 ("--scalar", args.scalar), ("--learnable", args.learnable), ("--size", args.size),
-                                ("--gradient", args.gradient), ("--output", args.output)) if v]  # fmt: skip
+                                ("--gradient", args.gradient), ("--output", args.output),
+                                ("--domain", args.domain)) if v]  # fmt: skip
         if given:
             raise SpecError(
                 f"--spec cannot be combined with {', '.join(given)}",
@@ -389,6 +396,7 @@ def _new_op(args: argparse.Namespace) -> int:
             target=args.target or "function",
             namespace=args.namespace or "",
             sizes=args.size,
+            domains=args.domain,
         )
     project = None if args.output_dir is not None else find_project()
     if project is None:
@@ -447,6 +455,7 @@ def _update(args: argparse.Namespace) -> int:
         scalars=getattr(args, "scalar", ()),
         learnable=getattr(args, "learnable", ()),
         sizes=getattr(args, "size", ()),
+        domains=getattr(args, "domain", ()),
         fuse=getattr(args, "fuse", None),
         policy=getattr(args, "policy", None),
         gradients=getattr(args, "gradient", ()),
@@ -534,7 +543,7 @@ def _check_spec(args: argparse.Namespace):
     """The spec ``scaffold check`` holds the target against: the file, or the flags (named after the target)."""
     flags = [f for f, v in (("--forward", args.forward), ("--tensor", args.tensor), ("--scalar", args.scalar),
                             ("--learnable", args.learnable), ("--size", args.size), ("--gradient", args.gradient),
-                            ("--output", args.output)) if v]  # fmt: skip
+                            ("--output", args.output), ("--domain", args.domain)) if v]  # fmt: skip
     if args.spec:
         if flags:
             raise SpecError(f"--spec cannot be combined with {', '.join(flags)}", hint="use the spec file or flags")
@@ -555,6 +564,7 @@ def _check_spec(args: argparse.Namespace):
         gradients=args.gradient,
         outputs=args.output,
         sizes=args.size,
+        domains=args.domain,
     )
 
 
@@ -627,8 +637,33 @@ def _attach_dashed_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The parsed command line; an unknown flag is refused as argparse refuses it (its usage, exit code 2),
+    with the command's nearest flag suggested (--forwad: --forward). Abbreviations work as in argparse."""
+    parser = _parser()
+    args, unknown = parser.parse_known_args(_attach_dashed_values(argv))
+    if unknown:
+        command = _command_parser(parser, args)
+        flags = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+        near = {f: did_you_mean(f.partition("=")[0], flags) for f in unknown if f.startswith("--")}
+        meant = [f"{m} for {f.partition('=')[0]}" if len(near) > 1 else m for f, m in near.items() if m]
+        hint = f"\n  hint: did you mean {', '.join(meant)}? (see {command.prog} --help)" if meant else ""
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` chose: ``scaffold new op``'s for ``scaffold new op ...``."""
+    while True:
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, commands[0].dest, None) if commands else None
+        if chosen not in (commands[0].choices if commands else {}):
+            return parser
+        parser = commands[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(_attach_dashed_values(sys.argv[1:] if argv is None else argv))
+    args = _parse(sys.argv[1:] if argv is None else argv)
     with warnings.catch_warnings():
         warnings.simplefilter("always", ScaffoldWarning)
         warnings.showwarning = _show_warning

@@ -439,7 +439,8 @@ def _checked(
             f"no test inputs were found where the forward and its derivatives are finite and real "
             f"(tried {names} in {', '.join(f'[{low:g}, {high:g}]' for low, high in CANDIDATES)})",
             where=f"{spec.source}: forward",
-            hint=f"declare where the op is defined in the spec file, e.g. [tensors.{free[0]}] domain = [1.0, 2.0]",
+            hint=f"declare where the op is defined: domain = [1.0, 2.0] in the spec's [tensors.{free[0]}], or "
+            f"--domain {free[0]}=1.0,2.0 on the command line",
         )
     return tuple(repaired.values())
 

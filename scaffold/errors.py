@@ -8,7 +8,8 @@ bug in scaffold still shows its traceback.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 
 
 class ScaffoldError(Exception):
@@ -82,3 +83,9 @@ class BenchError(ScaffoldError):
 
 class FormatError(ScaffoldError):
     """Generated code cannot be formatted: ruff is missing, not the pinned version, or fails."""
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, cutoff: float = 0.6) -> str | None:
+    """The choice nearest to a misspelt ``word`` (``forwrd``: ``forward``), if one is near enough."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return near[0] if near else None

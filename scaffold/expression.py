@@ -38,12 +38,9 @@ MAX_POWER_DIGITS = 300
 MAX_SUBSTITUTED_NODES = 20000
 
 CONSTANTS: dict[str, sympy.Expr] = {"pi": sympy.pi, "E": sympy.E, "e": sympy.E}
-KNOWN_NAMES = (
-    frozenset(functions.spellings())
-    | structural.SPELLINGS
-    | frozenset(CONSTANTS)
-    | {"Piecewise", "where", "True", "False"}
-)
+#: Every name a forward may call: the registry's functions, the structural nodes, Piecewise and where.
+FUNCTION_NAMES = frozenset(functions.spellings()) | structural.SPELLINGS | {"Piecewise", "where"}
+KNOWN_NAMES = FUNCTION_NAMES | frozenset(CONSTANTS) | {"True", "False"}
 
 _COMPARISONS = {
     ast.Lt: sympy.StrictLessThan,
@@ -562,7 +559,7 @@ class _AtomBuilder(_BuilderBase):
             return CONSTANTS[name]
         if name in ("True", "False"):
             return sympy.true if name == "True" else sympy.false
-        if functions.by_spelling(name) is not None or name in ("Piecewise", "where") or name in structural.SPELLINGS:
+        if name in FUNCTION_NAMES:
             call = structural.example(name) if name in structural.SPELLINGS else f"{name}(x)"
             raise self.fail(node, f"{name!r} is a function; call it, e.g. {call}")
         declared = ", ".join(self.symbols) or "none"
@@ -612,7 +609,10 @@ class _ArithmeticBuilder(_BuilderBase):
             return a / b
         if isinstance(op, ast.Pow):
             return self._power(node, a, b)
-        raise self.fail(node, f"the operator {_OPERATOR_NAMES.get(type(op), type(op).__name__)} is not allowed")
+        hint = _floor_hint(node, self.text) if isinstance(op, (ast.Mod, ast.FloorDiv)) else None
+        raise self.fail(
+            node, f"the operator {_OPERATOR_NAMES.get(type(op), type(op).__name__)} is not allowed", hint=hint
+        )
 
     def _chain(self, node: ast.BinOp, depth: int) -> sympy.Expr:
         """``a + b - c + ...`` or ``a * b / c * ...``, built in one step.
@@ -750,9 +750,7 @@ def _index_source(index: sympy.Basic) -> sympy.Basic:
 
 def _unknown_function_hint(name: str) -> str:
     """Did you mean the nearest spelling (sigmod: sigmoid, sofmax: softmax), then every function there is."""
-    supported = sorted(
-        {*functions.spellings(), *structural.SPELLINGS, "Piecewise", "where"}, key=lambda n: (n.lower(), n)
-    )
+    supported = sorted(FUNCTION_NAMES, key=lambda n: (n.lower(), n))
     lowered = {n.lower(): n for n in supported}
     near = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.75)
     mean = f"did you mean {lowered[near[0]]!r}? " if near else ""
@@ -768,7 +766,8 @@ class _CallBuilder(_BuilderBase):
             raise self.fail(
                 node,
                 "only functions can be called, by their plain name, e.g. exp(x)",
-                hint="expressions are math only: no attributes, methods, imports or Python builtins",
+                hint=_method_hint(node, self.text)
+                or "expressions are math only: no attributes, methods, imports or Python builtins",
             )
         name = node.func.id
         if name in self.symbols:
@@ -1087,7 +1086,31 @@ def _is_ellipsis(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and node.value is Ellipsis
 
 
-class _Builder(_ShapeBuilder, _IndexBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder):
+class _RefusedBuilder(_BuilderBase):
+    """Python forms the language refuses, each with what to write instead."""
+
+    def build_Attribute(self, node: ast.Attribute, depth: int) -> sympy.Basic:
+        raise self.fail(
+            node,
+            "attribute access ('.') is not allowed in an expression",
+            hint=_method_hint(node, self.text)
+            or "use numbers, argument names, + - * / **, comparisons and functions such as exp(x)",
+        )
+
+    def build_IfExp(self, node: ast.IfExp, depth: int) -> sympy.Basic:
+        value, condition, other = (ast.get_source_segment(self.text, n) for n in (node.body, node.test, node.orelse))
+        scalar = f" (--scalar {condition}=true)" if isinstance(node.test, ast.Name) else ""
+        raise self.fail(
+            node,
+            "an 'if ... else' expression is not allowed",
+            hint=f"write Piecewise(({value}, {condition}), ({other}, True)) for a comparison or a bool "
+            f"scalar{scalar}, or where({condition}, {value}, {other}) for a bool tensor",
+        )
+
+
+class _Builder(
+    _RefusedBuilder, _ShapeBuilder, _IndexBuilder, _CallBuilder, _ConditionBuilder, _ArithmeticBuilder, _AtomBuilder
+):
     """Builds the sympy expression a Python expression's syntax tree spells, refusing anything else."""
 
 
@@ -1111,7 +1134,6 @@ def _describe(node: ast.AST) -> str:
         "List": "a list",
         "Dict": "a dict",
         "Set": "a set",
-        "IfExp": "an 'if ... else' expression (use Piecewise)",
         "NamedExpr": "an assignment ('=')",
         "ListComp": "a comprehension",
         "GeneratorExp": "a comprehension",
@@ -1119,3 +1141,49 @@ def _describe(node: ast.AST) -> str:
         "Await": "await",
         "Starred": "a starred expression",
     }.get(type(node).__name__, f"a {type(node).__name__} node")
+
+
+def _operand(node: ast.AST, text: str) -> str:
+    """The text of ``node``, in parentheses unless it is a name or a number."""
+    segment = ast.get_source_segment(text, node) or "x"
+    return segment if isinstance(node, (ast.Name, ast.Constant)) else f"({segment})"
+
+
+def _floor_hint(node: ast.BinOp, text: str) -> str:
+    """What to write for ``a % b`` or ``a // b``: the floor they stand for, whose gradient is zero."""
+    a, b = _operand(node.left, text), _operand(node.right, text)
+    written = f"{a} - {b}*floor({a}/{b}) for the remainder" if isinstance(node.op, ast.Mod) else f"floor({a}/{b})"
+    return f"write {written}; floor's derivative is 0 almost everywhere (its steps are not differentiated)"
+
+
+#: Modules whose functions a forward writes without the prefix (torch.exp(x) is exp(x)).
+_LIBRARIES = frozenset({"torch", "F", "functional", "nn", "np", "numpy", "math", "sympy", "sp"})
+_TRANSPOSES = frozenset({"T", "mT", "t", "transpose", "permute"})
+
+
+def _method_hint(node: ast.Call | ast.Attribute, text: str) -> str | None:
+    """The function form of ``x.T``, ``x.t()``, ``x.exp()``, ``x.sum(-1)`` or ``torch.exp(x)``, or None."""
+    call = node if isinstance(node, ast.Call) else None
+    attribute = node.func if isinstance(node, ast.Call) else node
+    if not isinstance(attribute, ast.Attribute):
+        return None
+    name, receiver = attribute.attr, attribute.value
+    args = [ast.get_source_segment(text, a) or "?" for a in (call.args if call else ())]
+    keywords = [ast.get_source_segment(text, k) or "?" for k in (call.keywords if call else ())]
+    prefix = ast.get_source_segment(text, receiver) or ""
+    if prefix.split(".")[0] in _LIBRARIES:
+        if call is None or name not in FUNCTION_NAMES:
+            return None
+        return f"write {name}({', '.join(args + keywords)}), without {prefix + '.'!r}"
+    operand = ast.get_source_segment(text, receiver) or "x"
+    if name in _TRANSPOSES:
+        if name == "transpose" and len(args) == 2:
+            return f"write transpose({operand}, {args[0]}, {args[1]})"
+        return f"write transpose({operand}, -2, -1): it swaps the last two dims, as .T does for a matrix"
+    if name == "pow" and len(args) == 1:
+        return f"write {_operand(receiver, text)}**{args[0]}"
+    if call is None or name not in FUNCTION_NAMES:
+        return None
+    if name in structural.SPELLINGS and args and name not in structural.RESHAPES:
+        args[0] = f"dim={args[0]}"  # x.sum(-1) is sum(x, dim=-1)
+    return f"write {name}({', '.join([operand, *args, *keywords])}): functions are called by name"

@@ -11,13 +11,13 @@ import math
 import re
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from . import structural
-from .errors import SpecError, error_context
+from .errors import SpecError, did_you_mean, error_context
 from .limits import MAX_LENGTH, MAX_SPEC_LENGTH
 from .tomlwriter import dumps
 
@@ -819,12 +819,15 @@ _SCALAR_KEYS = {"type", "default"}
 
 
 def _check_keys(table: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
+    unknown = sorted(set(table) - allowed, key=str)
     if unknown:
+        near = {key: did_you_mean(str(key), allowed) for key in unknown}
+        pairs = [(k, near[k]) for k in unknown if near[k] and near[k] not in table]
+        meant = repr(pairs[0][1]) if len(unknown) == 1 and pairs else ", ".join(f"{m!r} for {k!r}" for k, m in pairs)
         raise SpecError(
             f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}",
             where=where,
-            hint=f"allowed keys here: {', '.join(sorted(allowed))}",
+            hint=(f"did you mean {meant}? " if meant else "") + f"allowed keys here: {', '.join(sorted(allowed))}",
         )
 
 
@@ -1056,15 +1059,19 @@ def spec_from_flags(
     target: str = "function",
     namespace: str = "",
     sizes: Sequence[str] = (),
+    domains: Sequence[str] = (),
 ) -> OpSpec:
     """Build an :class:`OpSpec` from the flags of ``scaffold new op``.
 
     ``tensors`` items are ``NAME`` or ``NAME=SHAPE`` (``x=4,5``, ``x=4,features``, ``beta=[]``); ``sizes``
     items ``NAME=VALUE`` (a size name's example value); ``learnable`` items are ``NAME`` or ``NAME=INIT`` (a
     number or a scheme) and declare learnable 0-dim tensors unless also given with ``--tensor``;
-    ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``; ``gradients`` items ``NAME=EXPR``.
+    ``scalars`` items are ``NAME=DEFAULT`` or ``NAME:TYPE=DEFAULT``; ``gradients`` items ``NAME=EXPR``;
+    ``domains`` items ``T=LOW,HIGH`` (a tensor's ``domain``).
     """
     tensor_args, scalar_args = _argument_tables(tensors, scalars, learnable)
+    for arg, domain in _domain_table(domains, tensor_args).items():
+        tensor_args[arg]["domain"] = domain
     custom = _gradient_table(gradients)
     return spec_from_mapping(
         {
@@ -1100,6 +1107,7 @@ def spec_with_flags(
     target: str | None = None,
     namespace: str | None = None,
     sizes: Sequence[str] = (),
+    domains: Sequence[str] = (),
 ) -> OpSpec:
     """``spec`` changed by the flags of ``scaffold update op``.
 
@@ -1107,7 +1115,7 @@ def spec_with_flags(
     the flag names of the argument of that name (``--tensor beta=3`` its shape: a learnable beta stays
     learnable, with its init and domain); one that changes kind (a tensor given as ``--scalar``) is replaced;
     the other arguments are kept. A ``--gradient T=EXPR`` adds or replaces T's custom gradient; ``outputs``
-    (the ``--output`` flags), where given, replace the spec's.
+    (the ``--output`` flags), where given, replace the spec's; a ``--domain T=LOW,HIGH`` sets T's domain.
     """
     data = spec_to_mapping(spec)
     if forward is not None:
@@ -1129,11 +1137,51 @@ def spec_with_flags(
     for kind, given in (("tensors", tensor_args), ("scalars", scalar_args)):
         for arg, table in given.items():
             data[kind][arg] = {**data[kind].get(arg, {}), **table}
+    for arg, domain in _domain_table(domains, data["tensors"]).items():
+        data["tensors"][arg]["domain"] = domain
     data["gradients"] = {**data["gradients"], **_gradient_table(gradients)}
     data["sizes"] = {**data["sizes"], **_size_table(sizes)}
     if outputs:
         data["outputs"] = list(outputs)
     return spec_from_mapping(data, source=spec.source)
+
+
+def _domain_table(domains: Sequence[str], tensors: Iterable[str]) -> dict[str, list[float]]:
+    """The ``domain`` keys the ``--domain T=LOW,HIGH`` flags give the ``tensors`` of those names."""
+    known = list(tensors)
+    table: dict[str, list[float]] = {}
+    for item in domains:
+        arg, sep, text = item.partition("=")
+        arg, where = arg.strip(), f"--domain {item}"
+        parts = text.strip().strip("[]()").split(",")
+        try:
+            low, high = (float(part) for part in parts) if sep and len(parts) == 2 else (math.nan, math.nan)
+        except ValueError:
+            low = high = math.nan
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise SpecError(
+                f"cannot read the domain {item!r}",
+                where=where,
+                hint="write T=LOW,HIGH, two finite numbers, e.g. --domain x=0.1,10 (both ends included)",
+            )
+        if arg not in known:
+            near = did_you_mean(arg, known)
+            raise SpecError(
+                f"{arg!r} is not a tensor argument (tensors: {', '.join(known) or 'none'})",
+                where=where,
+                hint=f"did you mean {near!r}?" if near else f"declare it with --tensor {arg}, or name a tensor",
+            )
+        if low >= high:
+            raise SpecError(
+                f"the domain's low end {low:g} is not below its high end {high:g}",
+                where=where,
+                hint=f"write the lower end first: --domain {arg}={high:g},{low:g}"
+                if low > high
+                else f"give two different ends, e.g. --domain {arg}={low:g},{low + 1:g}",
+            )
+        _once(arg, table, "--domain", where)
+        table[arg] = [low, high]
+    return table
 
 
 def _gradient_table(gradients: Sequence[str]) -> dict[str, str]:

@@ -225,7 +225,7 @@ CASES = [
     ),
     pytest.param(
         ["op", "--forward", "sqrt(sin(x) - 2)", "--tensor", "x"],
-        "scaffold: error: command-line flags: forward: no test inputs were found where the forward and its derivatives are finite and real (tried x in [0.25, 3], [0.1, 0.9], [1.25, 4], [3, 6], [-0.9, -0.1], [-3, -0.25])\n  hint: declare where the op is defined in the spec file, e.g. [tensors.x] domain = [1.0, 2.0]\n",
+        "scaffold: error: command-line flags: forward: no test inputs were found where the forward and its derivatives are finite and real (tried x in [0.25, 3], [0.1, 0.9], [1.25, 4], [3, 6], [-0.9, -0.1], [-3, -0.25])\n  hint: declare where the op is defined: domain = [1.0, 2.0] in the spec's [tensors.x], or --domain x=1.0,2.0 on the command line\n",
         id="never real",
     ),
     pytest.param(
