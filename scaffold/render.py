@@ -1463,22 +1463,14 @@ def program_module_view(
     batched = _program_batching(spec, program, plan, requirements)
     fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
     blocks = _program_blocks(plan, tensor_names)
-    suffix = ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""  # the visible outputs of _apply
-    rows = rows_view(plan.rows, arguments, suffix) if plan.rows else None
+    suffix = ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""  # _apply's visible outputs
     return ProgramView(
         version=__version__,
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
         **_program_docs(spec, derivation, plan, arguments),
-        imports=sorted(
-            {
-                *plan.imports,
-                *double_imports,
-                *([IMPORTS["math"]] if module.reset_imports_math else []),
-                *(rows.imports if rows else []),
-            }
-        ),
+        imports=_program_imports(plan, double_imports, module, plan.rows and rows_view(plan.rows, arguments, suffix)),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
@@ -1526,8 +1518,15 @@ def program_module_view(
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         double=double,
-        rows=rows,
+        rows=rows_view(plan.rows, arguments, suffix) if plan.rows else None,
     )
+
+
+def _program_imports(plan: ProgramPlan, double: set[str], module: ModuleCode, rows: RowsView | None) -> list[str]:
+    """The module's imports: what the plan's code, the double backward, the Module and the row kernels'
+    host math need."""
+    reset = [IMPORTS["math"]] if module.reset_imports_math else []
+    return sorted({*plan.imports, *double, *reset, *(rows.imports if rows else [])})
 
 
 def _program_docs(spec: OpSpec, derivation: ProgramDerivation, plan: ProgramPlan, arguments: list[str]) -> dict:
