@@ -263,8 +263,9 @@ class _Roles:
                 VECTOR if {VECTOR, COLUMN} & set(reads) else
                 ROW if ROW in reads else ROW_FLAT if ROW_FLAT in reads else WHOLE if WHOLE in reads else NUMBER
             )  # fmt: skip
-            if role == VECTOR and shape != self.shape:
-                raise NotRowWiseError(f"{value.name!r} of shape {shape} is not a row")
+            expected = {VECTOR: self.shape, ROW: (*self.shape[:-1], 1), ROW_FLAT: self.shape[:-1]}.get(role, shape)
+            if shape != expected:  # (a value per row beside another: the rows broadcast against each other)
+                raise NotRowWiseError(f"{value.name!r} of shape {shape} is neither a row nor one value per row")
             return role  # WHOLE or NUMBER: computed once per program, a kernel's scalar
         operand = expr.args[0]
         operand_role = self.roles.get(getattr(operand, "name", ""), "")
