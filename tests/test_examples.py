@@ -1,10 +1,12 @@
 """examples/ (issue 37): one spec per op, the reference documents' ops and a few common ones. Each spec loads,
 has a doc line and a line in examples/README.md's table, generates, and passes its own generated tests as
-generated. A new file in examples/ is picked up by every test here."""
+generated, and is what it says it is (tests/examples_against_torch.py, run beside them). A new file in examples/
+is picked up by every test here."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,8 @@ def _generated(folder: Path) -> GeneratedRun:
     # Every example in one folder, their tests in one run: one interpreter and one collection for all.
     for name in NAMES:
         write_files(generate_op(load_spec(EXAMPLES / f"{name}.toml")), folder)
+    # and, beside them, the check that each is what it says it is (torch's own op, the documents' numbers)
+    shutil.copyfile(Path(__file__).with_name("examples_against_torch.py"), folder / "test_examples_against_torch.py")
     compiled = " or ".join(f"test_{name}.py" for name in COMPILED)
     return GeneratedRun(folder, ("-k", f"not compile or {compiled}"))
 
