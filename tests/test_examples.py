@@ -17,6 +17,7 @@ from .conftest import GeneratedRun, background_run
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NAMES = sorted(path.stem for path in EXAMPLES.glob("*.toml"))
+AGAINST_TORCH = Path(__file__).with_name("examples_against_torch.py")
 #: The examples whose generated tests run their torch.compile checks too (the others' leave them out): a
 #: structured op with a product, a mask and a sized Module, and an elementwise op with a custom gradient.
 COMPILED = ("linear_relu", "clip_gradient")
@@ -54,12 +55,18 @@ def test_the_readme_table_lists_every_example_with_its_command():
         assert command == f"scaffold new op --spec examples/{file} -o ops/", (file, command)
 
 
+def test_each_example_is_checked_against_what_it_says():
+    checked = set(re.findall(r"^import (\w+)$", AGAINST_TORCH.read_text(encoding="utf-8"), re.MULTILINE))
+    missing = sorted(set(NAMES) - checked)
+    assert not missing, f"tests/examples_against_torch.py does not check {missing}: compare each with torch's op"
+
+
 def _generated(folder: Path) -> GeneratedRun:
     # Every example in one folder, their tests in one run: one interpreter and one collection for all.
     for name in NAMES:
         write_files(generate_op(load_spec(EXAMPLES / f"{name}.toml")), folder)
     # and, beside them, the check that each is what it says it is (torch's own op, the documents' numbers)
-    shutil.copyfile(Path(__file__).with_name("examples_against_torch.py"), folder / "test_examples_against_torch.py")
+    shutil.copyfile(AGAINST_TORCH, folder / "test_examples_against_torch.py")
     compiled = " or ".join(f"test_{name}.py" for name in COMPILED)
     return GeneratedRun(folder, ("-k", f"not compile or {compiled}"))
 
