@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from scaffold import compile_op, functions, spec
+from scaffold import compile_op, functions, spec, structural
 from scaffold.expression import CONSTANTS, FUNCTION_NAMES
 from scaffold.spec import spec_from_mapping
 
@@ -192,13 +192,35 @@ def _function_row(entry: functions.Function) -> str:
     )
 
 
+def _node(spelling: str) -> str:
+    """The program node kind a form becomes: a structural class (and its family), or elementwise."""
+    named = {
+        **structural.REDUCTIONS,
+        **structural.ALONG_ONE_DIM,
+        **structural.RESHAPES,
+        **structural.ARG_INDICES,
+        "transpose": structural.Transposed,
+        "cat": structural.Concatenated,
+        "stack": structural.Stacked,
+        "one_hot": structural.OneHot,
+        "gather": structural.Gather,
+        "@": structural.MatrixProduct,
+        "[...]": structural.Sliced,
+    }
+    cls = named.get(spelling)
+    if cls is None:
+        return "elementwise"
+    family = cls.__mro__[1].__name__
+    return f"`{cls.__name__}`" + ("" if family == "Structural" else f" ({family})")
+
+
 def _structural_row(spelling: str) -> str:
     form, call, tensors, torch = STRUCTURAL[spelling]
     plan = _compile(call, tensors).plan
     rules = "; ".join(_cell(r) for r in plan.rule_docs) or "; ".join(
         f"{_cell(what)} = {_code(formula)}" for what, formula in plan.elementwise_docs
     )
-    return f"| {_code(form)} | {_code(call)} | {torch} | {rules} | {_saves(plan)} |"
+    return f"| {_code(form)} | {_code(call)} | {_node(spelling)} | {torch} | {rules} | {_saves(plan)} |"
 
 
 HEADER = """\
@@ -215,6 +237,10 @@ kinks they keep away from. In a derivative,
 `Heaviside(u, 0)` is a step that is 0 at u = 0 (PyTorch's convention: `relu'(0) = 0`), and `out` is the
 op's output, which backward reads where it is cheaper than the input.
 
+A forward is a program of nodes: the elementwise functions below are elementwise nodes (sympy expressions,
+differentiated symbolically); the forms of the second table are nodes of their own (the "node" column:
+their class in `scaffold/structural.py`), each with its own backward rule.
+
 Besides the functions: numbers, `+ - * / **`, comparisons, `& | ~` (or `and`, `or`, `not`) in conditions,
 `True`, `False` and the constants {constants}.
 """
@@ -230,8 +256,8 @@ def render() -> str:
     lines.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
     lines += [_function_row(entry) for entry in functions.ENTRIES if entry.spellings]
     lines += ["", "## Reductions, softmax, products, shapes, indices and cases", ""]
-    lines.append("| Form | Example | torch | Derivative | Saved for backward |")
-    lines.append("| --- | --- | --- | --- | --- |")
+    lines.append("| Form | Example | Node | torch | Derivative | Saved for backward |")
+    lines.append("| --- | --- | --- | --- | --- | --- |")
     lines += [_structural_row(spelling) for spelling in STRUCTURAL]
     for table, described in KEYS.items():
         title = "top level" if table == "top" else f"`[{table}]`"
