@@ -83,3 +83,9 @@ def test_every_link_of_the_readme_and_the_docs_to_a_page_resolves():
     for page in [README, *DOCS.rglob("*.md")]:
         for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
             assert (page.parent / target).is_file(), f"{page.relative_to(ROOT)} links to {target}, which is missing"
+
+
+def test_no_page_writes_an_if_else_the_parser_refuses():
+    """The parser refuses `x if flag else -x` (its hint: Piecewise or where); no page may show it as a forward."""
+    for page in [README, *DOCS.rglob("*.md")]:
+        assert "if flag else" not in page.read_text(encoding="utf-8"), page.relative_to(ROOT)
