@@ -21,7 +21,7 @@ from scaffold.errors import DerivationError, ExpressionError
 from scaffold.expression import parse_expression
 from scaffold.printing import TorchPrinter, print_torch
 
-README = Path(__file__).parent.parent / "README.md"
+REFERENCE = Path(__file__).parent.parent / "docs" / "reference" / "functions.md"
 ENTRIES = functions.ENTRIES
 USER = [e for e in ENTRIES if not e.internal]
 SPELLINGS = [(e, s) for e in USER for s in e.spellings]
@@ -179,15 +179,17 @@ def test_a_function_with_a_domain_is_guarded_in_branches():
             assert entry.restricted or entry.growing, entry.name
 
 
-def test_readme_lists_every_spelling():
-    text = README.read_text(encoding="utf-8")
-    marker = text.index("<!-- The supported functions:")
+def test_the_reference_lists_every_spelling():
+    """The generated language reference's table of elementwise functions (docs/reference/functions.md, written
+    by scripts/reference.py; tests/test_docs.py checks that it is up to date) names each spelling once."""
+    text = REFERENCE.read_text(encoding="utf-8")
+    marker = text.index("## Elementwise functions")
     rows = []
-    for line in text[marker:].splitlines()[1:]:
+    for line in text[marker:].splitlines()[2:]:
         if not line.startswith("|"):
             break
         rows.append(line)
-    listed = [m for row in rows[2:] for m in re.findall(r"`([A-Za-z_]\w*)`", row)]
+    listed = [m for row in rows[2:] for m in re.findall(r"`([A-Za-z_]\w*)`", row.split(" | ")[0])]
     assert sorted(listed) == sorted(functions.spellings())
 
 
