@@ -699,6 +699,7 @@ def test_ruff_failing_on_a_projects_settings_says_where_to_look(cube_project, tm
     shutil.copytree(cube_project, root)
     pyproject = root / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace("line-length = 120", 'line-length = "long"'))
+    line = next(i for i, text in enumerate(pyproject.read_text().splitlines(), 1) if text.startswith("line-length"))
     before = _files(root)
     monkeypatch.chdir(root)
     capsys.readouterr()
@@ -706,7 +707,7 @@ def test_ruff_failing_on_a_projects_settings_says_where_to_look(cube_project, tm
     err = capsys.readouterr().err
     assert err == (
         f"scaffold: error: {root}/src/demo/ops/cube.py: ruff could not format the generated src/demo/ops/cube.py "
-        "with the project's ruff settings: Failed to parse pyproject.toml; TOML parse error at line 29, column 15; "
+        f"with the project's ruff settings: Failed to parse pyproject.toml; TOML parse error at line {line}, column 15; "
         'invalid type: string "long", expected i64\n'
         "  hint: check the project's ruff settings (pyproject.toml [tool.ruff], ruff.toml): `ruff format` should "
         "run in the project; if it does, this is a bug in scaffold: please report this\n"
