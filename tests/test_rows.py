@@ -8,7 +8,12 @@ benchmarks/rows.py on a GPU, not here."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,3 +286,30 @@ def test_the_generated_tests_of_row_ops_pass_and_check_the_kernels(background_re
     for name, result in background_results.items():
         assert result.returncode == 0, (name, result.stdout[-3000:])
         assert re.search(r"PASSED \S*::test_row_kernels\[cpu\]", result.stdout), result.stdout[-2000:]
+
+
+def test_the_kernels_compile_for_an_h100(tmp_path):
+    """Triton's own compiler (not its interpreter) builds each kernel for sm_90 down to a cubin, bfloat16 and
+    float64: the issue's ops, a total and a weight summed over rows (tests/rows_compile.py)."""
+    pytest.importorskip("triton.backends.nvidia")
+    specs = [_spec(name) for name in ("rms_norm", "layer_norm", "log_softmax_textbook", "ce_ignored", "nll")]
+    specs += [TOTALS["rows_ce_mean"][0], TOTALS["rows_mse"][0]]
+    description = {}
+    for spec in specs:
+        write_files(generate_op(spec), tmp_path)
+        kernels = compile_op(spec).plan.rows
+        description[spec.name] = {
+            "tensors": [a.name for a in kernels.tensors],
+            "int64": [a.name for a in kernels.tensors if a.integer],
+            "summed": [a.name for a in kernels.accumulated],
+            "scalars": {s.name: s.type for s in spec.scalars},
+        }
+    (tmp_path / "ops.json").write_text(json.dumps(description))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).parent / "rows_compile.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), str(tmp_path / "ops.json")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("compiled ") == 4 * len(specs), result.stdout
