@@ -69,6 +69,10 @@ NUMBER = "number"
 TOTAL = "total"
 #: the roles of one value per row (a scalar in the kernel)
 ROWS = (ROW, ROW_FLAT)
+#: the host code's own names around the kernels (templates/_rows.py.j2), which the program's may not take
+HOST_NAMES = frozenset(
+    {"n_rows", "n_cols", "settings", "programs", "rows_per_program", "totals", "inputs", "ctx", "torch", "tl"}
+)
 #: the longest row the kernels take: a row is held in registers (Liger-Kernel's limit too)
 MAX_ROW = 65536
 _INF = 'float("inf")'
@@ -222,6 +226,17 @@ class _Roles:
         self.arguments = tuple(arguments)
         self.outputs = tuple(outputs)
         self.lead = leads[0].name
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """The kernels name their own values after the program's (a softmax's ``v_<name>_max``, a weight's
+        ``d_<name>_sum``) and the host code has locals of its own: a program whose names meet those gets none."""
+        names = set(self.roles)
+        derived = {f"{n}_{suffix}" for n in names for suffix in ("max", "exp", "sum", "hits")}
+        host = {n for n in names if re.fullmatch(r"out\d+|part_\w+", n)}  # the outputs' and totals' locals
+        clash = sorted(names & (derived | HOST_NAMES) | host)
+        if clash:
+            raise NotRowWiseError(f"its names {', '.join(map(repr, clash))} are names the kernels' code uses")
 
     def _last(self, dims: tuple[int, ...]) -> bool:
         """Whether ``dims`` is the last dimension alone, noting a dim counted from the front."""

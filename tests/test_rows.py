@@ -313,3 +313,21 @@ def test_the_kernels_compile_for_an_h100(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count("compiled ") == 4 * len(specs), result.stdout
+
+
+@pytest.mark.parametrize(
+    ("forward", "tensors", "clash"),
+    [
+        ("softmax(x, dim=-1) * settings", {"x": {"shape": [4, 8]}, "settings": {"shape": [8]}}, "'settings'"),
+        (
+            "probs = softmax(x, dim=-1)\nprobs_max = amax(x, dim=-1, keepdim=True)\nprobs*probs_max",
+            {"x": {}},
+            "'probs_max'",
+        ),
+        ("out0 = softmax(x, dim=-1)\nout0 * 2", {"x": {"shape": [4, 8]}}, "'out0'"),
+    ],
+)
+def test_names_the_kernels_code_uses_keep_torch_compile(forward, tensors, clash):
+    spec = make_spec("clash", forward, {n: {"shape": [4, 8], **t} for n, t in tensors.items()}, fuse=True)
+    plan = compile_op(spec).plan
+    assert plan.rows is None and clash in plan.rows_reason
