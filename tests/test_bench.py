@@ -172,7 +172,7 @@ def test_format_table(tanh_report):
     table = bench.format_table(report)
     header, _, rows = table.partition("\n\n")
     assert "tanh_op: cpu, float32, 1,000 elements" in header
-    assert torch.__version__ in header and f"{torch.get_num_threads()} threads" in header
+    assert torch.__version__ in header and f"{torch.get_num_threads()} thread" in header  # "1 thread", "2 threads"
     assert "x (200, 5)" in header
     for name in (bench.EAGER, bench.PLAIN, "native torch.tanh"):
         assert f"| {name} |" in rows
