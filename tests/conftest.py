@@ -13,11 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-# One thread per torch process: the suite runs two at a time (the tests, and a background lane running generated
-# tests) on CI's two cores, where two threads each only contend. Read when torch is imported: set first.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import torch
 
 # Fused ops' Triton kernels run on the CPU in Triton's interpreter, which must be on before anything imports
