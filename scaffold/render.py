@@ -1463,20 +1463,20 @@ def program_module_view(
     batched = _program_batching(spec, program, plan, requirements)
     fake = "_forward" if spec.fuse else f"{spec.camel}Function.forward"
     blocks = _program_blocks(plan, tensor_names)
-    suffix = ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""  # _apply's visible outputs
+    rows = rows_view(plan.rows, arguments, _visible(plan)) if plan.rows else None
     return ProgramView(
         version=__version__,
         source=spec.source,
         name=spec.name,
         camel=spec.camel,
         **_program_docs(spec, derivation, plan, arguments),
-        imports=_program_imports(plan, double_imports, module, plan.rows and rows_view(plan.rows, arguments, suffix)),
+        imports=_program_imports(plan, double_imports, module, rows),
         arguments=arguments,
         tensor_names=tensor_names,
         scalar_names=scalar_names,
         functional_params=[f"{n}: torch.Tensor" for n in tensor_names] + scalar_params,
         returns_type=f"tuple[{', '.join('torch.Tensor' for _ in plan.visible)}]" if visible > 1 else "torch.Tensor",
-        apply_suffix="" if plan.rows else suffix,
+        apply_suffix="" if plan.rows else _visible(plan),
         forward_lines=_returning(list(plan.forward), list(plan.returns)),
         returns=list(plan.returns),
         unpack=[n if n in tensor_names or n in ctx_scalars else "_" for n in arguments],
@@ -1518,8 +1518,14 @@ def program_module_view(
         rank_check_params=[r.tensor for r in requirements],
         module_check_args=[f"self.{r.tensor}" if r.tensor in learnable else r.tensor for r in requirements],
         double=double,
-        rows=rows_view(plan.rows, arguments, suffix) if plan.rows else None,
+        rows=rows,
     )
+
+
+def _visible(plan: ProgramPlan) -> str:
+    """The subscript that takes _apply's visible outputs (it returns the hidden ones after them), or ""."""
+    visible = len(plan.visible)
+    return ("[0]" if visible == 1 else f"[:{visible}]") if plan.hidden else ""
 
 
 def _program_imports(plan: ProgramPlan, double: set[str], module: ModuleCode, rows: RowsView | None) -> list[str]:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from .printing_triton import NotPrintableError, print_triton, value_name
+from .printing_triton import NotPrintableError, _wrapped, print_triton, value_name
 from .program import ELEMENTWISE, SCALAR, TENSOR
 from .rules import ProgramDerivation
 from .structural import (
@@ -556,7 +556,7 @@ class _KernelWriter(_RowCode):
                 for read, partial in self.derivation.node(value.name).partials:
                     if partial == 0 or read not in self.roles:
                         continue
-                    add(read, grad if partial == 1 else f"{grad} * ({print_triton(partial)})", role)
+                    add(read, grad if partial == 1 else f"{grad} * {_wrapped(print_triton(partial))}", role)
                 continue
             a = expr.args[0].name
             x = value_name(a)
