@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -512,9 +513,8 @@ class _Writer:
         def mask_of(condition: sympy.Basic) -> sympy.Symbol:
             if condition not in self.masks:
                 taken = {*self.graph.values, *self.masks.values()}
-                self.masks[condition] = next(
-                    n for n in ("mask", *(f"mask{k}" for k in range(1, 10**6))) if n not in taken
-                )
+                names = (f"mask{k}" if k else "mask" for k in itertools.count())
+                self.masks[condition] = next(n for n in names if n not in taken)
             return sympy.Symbol(self.masks[condition])
 
         def replace(node: sympy.Basic) -> sympy.Basic:

@@ -1,11 +1,12 @@
-"""pytest runs in fresh processes forked from one that has imported torch and pytest.
+"""pytest runs in fresh processes forked from one that has imported torch, pytest and what they load slowly.
 
 The generated tests of an op, or a generated project's tests, run in an interpreter of their own: their
 modules are imported by name from their folder (the op, the runtime beside it, the project's package),
 which must not meet the suite's or another run's. Started as ``python -m pytest``, each such run paid for
 importing torch (seconds of CPU, more on CI's two busy cores) before its first test, and the suite makes
 dozens of them. Here each run is a child of one multiprocessing forkserver that imported torch and pytest
-once (its preloaded modules): the child starts with them imported, and is otherwise the interpreter
+once, with hypothesis (pytest loads its plugin) and what torch.compile and forward-mode AD import on first
+use (:data:`PRELOADED`): the child starts with them imported, and is otherwise the interpreter
 ``python -m pytest`` would have been in the run's folder: its own working directory, environment and
 sys.path (a fresh interpreter's under that environment, the folder first), nothing of the suite's in
 sys.modules, its own output, and pytest's exit status as its own.
@@ -25,8 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: Imported once, by the forkserver, before any child: what every run imports first.
-PRELOADED = ["torch", "pytest"]
+#: Imported once, by the forkserver, before any child: what every run imports first, and the modules of torch
+#: that a generated test file's torch.compile and forward-mode checks load (a second or two in each run).
+PRELOADED = [
+    "torch",
+    "pytest",
+    "hypothesis",
+    "sympy",
+    "torch._dynamo",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.pattern_matcher",
+    "torch._decomp.decompositions_for_jvp",
+]
 
 
 class PytestRun:
