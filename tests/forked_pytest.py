@@ -1,12 +1,12 @@
-"""pytest runs in fresh processes forked from one that has imported torch, pytest and what they load slowly.
+"""pytest runs in fresh processes forked from one that has imported torch and pytest.
 
 The generated tests of an op, or a generated project's tests, run in an interpreter of their own: their
 modules are imported by name from their folder (the op, the runtime beside it, the project's package),
 which must not meet the suite's or another run's. Started as ``python -m pytest``, each such run paid for
 importing torch (seconds of CPU, more on CI's two busy cores) before its first test, and the suite makes
 dozens of them. Here each run is a child of one multiprocessing forkserver that imported torch and pytest
-once, with hypothesis (pytest loads its plugin) and what torch.compile and forward-mode AD import on first
-use (:data:`PRELOADED`): the child starts with them imported, and is otherwise the interpreter
+once, with what torch.compile and forward-mode AD import on first use (:data:`PRELOADED`): the child starts
+with them imported, and is otherwise the interpreter
 ``python -m pytest`` would have been in the run's folder: its own working directory, environment and
 sys.path (a fresh interpreter's under that environment, the folder first), nothing of the suite's in
 sys.modules, its own output, and pytest's exit status as its own.
@@ -31,7 +31,6 @@ from pathlib import Path
 PRELOADED = [
     "torch",
     "pytest",
-    "hypothesis",
     "sympy",
     "torch._dynamo",
     "torch._functorch.aot_autograd",
@@ -45,7 +44,8 @@ class PytestRun:
     :meth:`wait` (the calling process goes on meanwhile)."""
 
     def __init__(self, directory: Path | str, args: list[str], env: dict[str, str]) -> None:
-        self.args = list(args)
+        # Without hypothesis's pytest plugin, a dev dependency that no run here uses: loading it is a second.
+        self.args = ["-p", "no:hypothesispytest", *args]
         self._output = tempfile.mkdtemp(prefix="scaffold-pytest-run-")
         self._streams = [os.path.join(self._output, name) for name in ("stdout", "stderr")]
         sys_path = _fresh_sys_path(env.get("PYTHONPATH", ""))
