@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import os
 import queue
@@ -9,11 +10,19 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
+
+# torch.compile's and Triton's on-disk caches, fresh for the session (the processes it forks inherit them): a
+# session compiles as CI's fresh machine does, however warm this machine's caches (/tmp/torchinductor_USER,
+# ~/.triton), and writes nothing there. Set either variable to reuse a cache of your own.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="scaffold-inductor-"))
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="scaffold-triton-"))
+
+import torch  # noqa: E402 (after the caches are chosen)
 
 # Fused ops' Triton kernels run on the CPU in Triton's interpreter, which must be on before anything imports
 # Triton (torch.compile does): as a generated test file turns it on, where there is no GPU.
@@ -26,8 +35,10 @@ from scaffold.spec import RUNTIME_FILE
 
 try:
     from .forked_pytest import PytestRun
+    from .forked_pytest import context as forked_pytest_context
 except ImportError:  # tests/ run as a plain folder, not a package
     from forked_pytest import PytestRun
+    from forked_pytest import context as forked_pytest_context
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -98,11 +109,11 @@ def generate(tmp_path: Path):
 
 # --- the background lane ----------------------------------------------------------------------------------------
 # CI has two cores. A test that runs generated tests and waits for them leaves one idle; the suite's heavier
-# such runs are instead decorated ``@background_run(prepare)``: when the session starts, ``prepare(folder)``
-# writes each selected one's files (here) and returns its runs, which then run one after another in the
-# background while the suite goes on; the test reads their results from the ``background_results`` fixture, and
-# runs last in the session (a test's outcome does not depend on the order), so that the lane has the whole
-# suite's time to finish them in.
+# such runs are instead decorated ``@background_run(prepare)``: one after another, in the background while the
+# suite goes on, ``prepare(folder)`` writes each selected test's files and returns its runs (in a forked process
+# of the lane's own, so that generating them takes no time of the suite's process), and the runs run; the test
+# reads their results from the ``background_results`` fixture, and runs last in the session (a test's outcome
+# does not depend on the order), so that the lane has the whole suite's time to finish them in.
 
 
 #: A run's arguments that leave out the generated tests' torch.compile checks (about 2 s of an op's 6), for the ops
@@ -135,7 +146,8 @@ def background_run(prepare):
 
 
 class _Lane:
-    """Runs one after another in a thread of their own (each a forked process: the thread only waits)."""
+    """Prepares and runs one after another in a thread of their own (the thread only waits: each preparation is
+    in the lane's worker process, each run a forked process)."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
@@ -144,12 +156,14 @@ class _Lane:
         self._current: BackgroundPytest | None = None
         self._closed = False
         self._key = ""
+        self._worker = concurrent.futures.ProcessPoolExecutor(1, mp_context=forked_pytest_context())
         self.seconds: dict[str, float] = {}  # each run's wall time, by test and name (pytest --durations)
         threading.Thread(target=self._work, daemon=True).start()
 
-    def submit(self, key: str, runs: GeneratedRun | dict[str, GeneratedRun] | BaseException) -> None:
+    def submit(self, key: str, prepare, folder: Path, params: dict) -> None:
+        """Queue ``prepare(folder, **params)`` (a module-level function: the worker imports it) and its runs."""
         self._done[key] = threading.Event()
-        self._queue.put((key, runs))
+        self._queue.put((key, prepare, folder, params))
 
     def result(self, key: str, timeout: float = 1800):
         """What the run (or runs, by name) gave: CompletedProcess; prepare's exception is raised here."""
@@ -162,11 +176,12 @@ class _Lane:
 
     def _work(self) -> None:
         while True:
-            key, runs = self._queue.get()
+            key, prepare, folder, params = self._queue.get()
             self._key = key
             try:
-                self._results[key] = runs if isinstance(runs, BaseException) else self._run(runs)
-            except Exception as exc:  # a run that timed out: the test fails with it
+                runs = self._worker.submit(_prepared, prepare, folder, params).result()
+                self._results[key] = self._run(runs)
+            except Exception as exc:  # prepare failed, or a run timed out: the test fails with it
                 self._results[key] = exc
             self._done[key].set()
 
@@ -187,6 +202,17 @@ class _Lane:
         self._closed = True
         if self._current is not None:
             self._current.close()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+
+def _prepared(prepare, folder: Path, params: dict) -> GeneratedRun | dict[str, GeneratedRun]:
+    """``prepare(folder, **params)``, in the lane's worker; its failure comes back as a RuntimeError with the
+    traceback (pytest's outcome exceptions do not pickle)."""
+    try:
+        return prepare(folder, **params)
+    except BaseException as exc:
+        detail = "".join(traceback.format_exception(exc))
+        raise RuntimeError(f"preparing the background run failed:\n{detail}") from None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -195,13 +221,9 @@ def _background_lane(request, tmp_path_factory):
     for item in request.session.items:
         marker = item.get_closest_marker("background_run")
         if marker is not None:
-            try:
-                params = item.callspec.params if hasattr(item, "callspec") else {}
-                folder = tmp_path_factory.mktemp(re.sub(r"\W", "_", item.name)[:40])  # as tmp_path names it
-                runs = marker.args[0](folder, **params)
-            except (Exception, pytest.fail.Exception) as exc:  # the test fails with it, not every test here
-                runs = exc
-            lane.submit(item.nodeid, runs)
+            params = item.callspec.params if hasattr(item, "callspec") else {}
+            folder = tmp_path_factory.mktemp(re.sub(r"\W", "_", item.name)[:40])  # as tmp_path names it
+            lane.submit(item.nodeid, marker.args[0], folder, params)
     yield lane
     lane.close()
     _LANES.append(lane)
