@@ -353,7 +353,7 @@ class Truth:
         result: list = [None] * len(previous)
         pending = set(range(len(previous)))
         for digits in PRECISIONS:
-            current = self._at(values, digits)
+            current = self._at(values, digits, pending)
             for k in list(pending):
                 a, b = previous[k], current[k]
                 if a is None and b is None and digits >= PRECISIONS[1]:
@@ -370,7 +370,8 @@ class Truth:
             return [None] * len(result)
         return result
 
-    def _at(self, values: list[float], digits: int) -> list:
+    def _at(self, values: list[float], digits: int, which: set[int] | None = None) -> list:
+        """The quantities ``which`` (default: all; None for the others) at ``digits`` digits."""
         with mpmath.workdps(digits):
             point = [mpmath.mpf(v) for v in values]
             on_switch = self._on_switch(point)
@@ -383,6 +384,9 @@ class Truth:
                 moved.append(m)
             result = []
             for k in range(len(self.functions)):
+                if which is not None and k not in which:
+                    result.append(None)
+                    continue
                 value = None if on_switch else self._evaluate(k, point)
                 if value is None:
                     value = self._limit(k, moved)
