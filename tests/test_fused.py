@@ -55,7 +55,6 @@ def _fused_ops(folder: Path) -> GeneratedRun:
         make_spec(
             "leaky_fused", "Piecewise((x, x > 0), (alpha*x, True))", scalars={"alpha": {"default": 0.1}}, fuse=True
         ),
-        make_spec("silu_fused", "x / (1 + exp(-x))", fuse=True),
         make_spec("logsigmoid_fused", "-log(1 + exp(-x))", fuse=True),
     ):
         write_files(generate_op(spec), folder)

@@ -40,8 +40,8 @@ CLI_SCALARS = ["--scalar", "alpha=0.7", "--scalar", "n:int=3", "--scalar", "flag
 # a call, ten times the work itself. The CLI property and test_every_template_generates go through the worker.
 IN_PROCESS = {"time_limit": None} if "time_limit" in inspect.signature(generate_op).parameters else {}
 MAX_SECONDS = 5.0  # for one generation of a small input: bad input must be refused quickly
-EXPRESSION_EXAMPLES = examples(150, 300)
-TEXT_EXAMPLES = 3000
+EXPRESSION_EXAMPLES = examples(80, 300)
+TEXT_EXAMPLES = examples(1000, 3000)
 CLI_EXAMPLES = 60
 
 PROPERTY = settings(
