@@ -26,10 +26,10 @@ from scaffold import compile_op, generate_op, render, spec_from_mapping
 
 try:
     from .catalogue import OPS, CatalogueOp
-    from .conftest import BackgroundPytest
+    from .conftest import GeneratedRun, background_run
 except ImportError:  # tests/ run as a plain folder, not a package
     from catalogue import OPS, CatalogueOp
-    from conftest import BackgroundPytest
+    from conftest import GeneratedRun, background_run
 
 MARGIN = 0.1  # distance kept from the kinks and poles scaffold reports (the generated tests keep 0.05)
 _counter = itertools.count()
@@ -62,17 +62,21 @@ def _write(op: CatalogueOp, folder: Path) -> None:
         (folder / path).write_text(text, encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def generated_folder(tmp_path_factory):
-    """Every op's files in one folder, and their generated tests running in the background."""
-    folder = tmp_path_factory.mktemp("catalogue")
+def _every_op(folder: Path) -> GeneratedRun:
+    """Every op's files in one folder, their generated tests in one pytest process. An ini file of its own
+    makes the folder the rootdir, so no configuration above it applies."""
     for op in OPS:
         _write(op, folder)
-    # An ini file of its own makes the folder the rootdir, so no configuration above it applies.
     (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    run = BackgroundPytest(folder, "--tb=short", str(folder))
-    yield folder, run
-    run.close()
+    return GeneratedRun(folder, ("--tb=short", str(folder)))
+
+
+@pytest.fixture(scope="module")
+def generated_folder(tmp_path_factory):
+    """Every op's files in one folder (their generated tests run in the background lane: _every_op)."""
+    folder = tmp_path_factory.mktemp("catalogue")
+    _every_op(folder)
+    return folder
 
 
 def _import(path: Path):
@@ -197,7 +201,7 @@ def test_in_place_code_computes_what_out_of_place_code_does(op: CatalogueOp, tmp
 
 
 def test_generated_files_pass_ruff(generated_folder):
-    folder, _ = generated_folder
+    folder = generated_folder
     result = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated", "--select", "E4,E7,E9,F,W,I", "."],
         cwd=folder,
@@ -207,9 +211,9 @@ def test_generated_files_pass_ruff(generated_folder):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
 
 
-def test_generated_tests_pass(generated_folder):
-    """All generated test files, run by one pytest process (started by the first test of this module)."""
-    _, run = generated_folder
-    result = run.wait()
+@background_run(_every_op)
+def test_generated_tests_pass(background_results):
+    """All generated test files, run by one pytest process (in the background lane)."""
+    result = background_results
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"

@@ -28,10 +28,10 @@ from scaffold.bench import saved_bytes
 from scaffold.errors import ScaffoldError, ScaffoldWarning
 
 try:
-    from .conftest import BackgroundPytest, GeneratedRun, background_run, make_spec, run_pytest
+    from .conftest import GeneratedRun, background_run, make_spec, run_pytest
     from .structured_catalogue import STRUCTURED
 except ImportError:  # tests/ run as a plain folder, not a package
-    from conftest import BackgroundPytest, GeneratedRun, background_run, make_spec, run_pytest
+    from conftest import GeneratedRun, background_run, make_spec, run_pytest
     from structured_catalogue import STRUCTURED
 
 _BY_NAME = {op.name: op for op in STRUCTURED}
@@ -71,20 +71,17 @@ def _tuple(value) -> tuple[torch.Tensor, ...]:
     return value if isinstance(value, tuple) else (value,)
 
 
-@pytest.fixture(scope="module")
-def generated_folder(tmp_path_factory):
-    """Every op's files in one folder, and their generated tests running in the background."""
-    folder = tmp_path_factory.mktemp("structured")
+def _every_op(folder: Path) -> GeneratedRun:
+    """Every op's files in one folder, their generated tests in one pytest process (an ini file of its own
+    makes the folder the rootdir, so no configuration above it applies)."""
     for op in STRUCTURED:
         for path, text in _files(op.name).items():
             (folder / path).write_text(text, encoding="utf-8")
     (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-    run = BackgroundPytest(folder, "--tb=short", str(folder))
-    yield folder, run
-    run.close()
+    return GeneratedRun(folder, ("--tb=short", str(folder)))
 
 
-def test_the_catalogue_has_the_issues_ops(generated_folder):
+def test_the_catalogue_has_the_issues_ops():
     wanted = {
         "logsumexp_textbook", "softmax_textbook", "log_softmax_textbook", "soft_cross_entropy", "mse_mean",
         "rms_norm", "layer_norm", "linear_relu", "bilinear_form", "attention", "cosine_similarity",
@@ -391,10 +388,10 @@ def test_jvp_takes_the_tangents_autograd_materializes(tmp_path: Path):
     torch.testing.assert_close(tangent_of(module.matvec), tangent_of(_BY_NAME["matvec"].native), rtol=1e-9, atol=1e-10)
 
 
-def test_generated_tests_pass(generated_folder):
+@background_run(_every_op)
+def test_generated_tests_pass(background_results):
     """Every op's generated tests, as generated, in one pytest process."""
-    _, run = generated_folder
-    result = run.wait()
+    result = background_results
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-80:])
     assert result.returncode == 0, f"generated tests failed (exit {result.returncode}):\n{tail}"
 
