@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import os
 import queue
@@ -156,7 +155,7 @@ class _Lane:
         self._current: BackgroundPytest | None = None
         self._closed = False
         self._key = ""
-        self._worker = concurrent.futures.ProcessPoolExecutor(1, mp_context=forked_pytest_context())
+        self._worker = _Worker()
         self.seconds: dict[str, float] = {}  # each run's wall time, by test and name (pytest --durations)
         threading.Thread(target=self._work, daemon=True).start()
 
@@ -179,7 +178,7 @@ class _Lane:
             key, prepare, folder, params = self._queue.get()
             self._key = key
             try:
-                runs = self._worker.submit(_prepared, prepare, folder, params).result()
+                runs = self._worker.prepare(prepare, folder, params)
                 self._results[key] = self._run(runs)
             except Exception as exc:  # prepare failed, or a run timed out: the test fails with it
                 self._results[key] = exc
@@ -202,17 +201,49 @@ class _Lane:
         self._closed = True
         if self._current is not None:
             self._current.close()
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._worker.close()
 
 
-def _prepared(prepare, folder: Path, params: dict) -> GeneratedRun | dict[str, GeneratedRun]:
-    """``prepare(folder, **params)``, in the lane's worker; its failure comes back as a RuntimeError with the
-    traceback (pytest's outcome exceptions do not pickle)."""
-    try:
-        return prepare(folder, **params)
-    except BaseException as exc:
-        detail = "".join(traceback.format_exception(exc))
-        raise RuntimeError(f"preparing the background run failed:\n{detail}") from None
+class _Worker:
+    """One forked process (tests/forked_pytest.py's forkserver) that prepares runs, asked by the lane's thread
+    alone, one request at a time, over a pipe: imports and caches of scaffold stay warm between them."""
+
+    def __init__(self) -> None:
+        self._connection, child = forked_pytest_context().Pipe()
+        # Not a daemon: generating an op forks a process of its own (scaffold.limits), which a daemon may not.
+        self._process = forked_pytest_context().Process(target=_serve, args=(child,))
+        self._process.start()
+        child.close()
+
+    def prepare(self, prepare, folder: Path, params: dict) -> GeneratedRun | dict[str, GeneratedRun]:
+        """``prepare(folder, **params)`` (a module-level function: the worker imports it by name)."""
+        self._connection.send((prepare, folder, params))
+        try:
+            status, value = self._connection.recv()
+        except EOFError:
+            raise RuntimeError(f"the lane's worker died (exit code {self._process.exitcode})") from None
+        if status == "error":
+            raise RuntimeError(f"preparing the background run failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        self._process.kill()
+        self._process.join()
+        self._connection.close()
+
+
+def _serve(connection) -> None:
+    """The worker: each request's runs, or its traceback (pytest's outcome exceptions do not pickle)."""
+    while True:
+        try:
+            prepare, folder, params = connection.recv()
+        except EOFError:  # the suite's process is gone
+            return
+        try:
+            answer = ("ok", prepare(folder, **params))
+        except BaseException as exc:
+            answer = ("error", "".join(traceback.format_exception(exc)))
+        connection.send(answer)
 
 
 @pytest.fixture(scope="session", autouse=True)
