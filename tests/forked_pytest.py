@@ -6,10 +6,11 @@ which must not meet the suite's or another run's. Started as ``python -m pytest`
 importing torch (seconds of CPU, more on CI's two busy cores) before its first test, and the suite makes
 dozens of them. Here each run is a child of one multiprocessing forkserver that imported torch and pytest
 once, with what torch.compile and forward-mode AD import on first use (:data:`PRELOADED`): the child starts
-with them imported, and is otherwise the interpreter
-``python -m pytest`` would have been in the run's folder: its own working directory, environment and
-sys.path (a fresh interpreter's under that environment, the folder first), nothing of the suite's in
-sys.modules, its own output, and pytest's exit status as its own.
+with them imported, and is otherwise the interpreter ``python -m pytest -p no:hypothesispytest`` would have
+been in the run's folder: its own working directory, environment and sys.path (a fresh interpreter's under
+that environment, the folder first), nothing of the suite's in sys.modules, its own output, and pytest's
+exit status as its own. An exit status of 255 is multiprocessing's for a status it could not read from the
+forkserver, not pytest's.
 
 This module imports only the standard library: the forkserver imports it to run :func:`_run` in a child.
 """
